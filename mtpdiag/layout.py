@@ -1,0 +1,221 @@
+"""Megatron-core's rank layout, recomputed without megatron-core.
+
+``ParallelLayout`` gives every rank's TP/CP/EP/DP/PP coordinates and every process-group instance of
+each kind, exactly as megatron-core's ``RankGenerator`` in ``initialize_model_parallel`` builds them:
+a rank is a mixed-radix number whose digits are the parallel ranks, in ``order`` (first = fastest).
+The expert groups (ep, etp, edp, ...) come from a second generator with tp=etp, cp=1 and ep set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterable
+
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+
+# group kind -> (generator, tokens). "dense" is megatron's decoder generator, "expert" its expert one.
+GROUP_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "tp": ("dense", ("tp",)),
+    "cp": ("dense", ("cp",)),
+    "dp": ("dense", ("dp",)),
+    "pp": ("dense", ("pp",)),
+    "dp_cp": ("dense", ("dp", "cp")),
+    "tp_cp": ("dense", ("tp", "cp")),
+    "tp_dp": ("dense", ("tp", "dp")),
+    "tp_dp_cp": ("dense", ("tp", "dp", "cp")),
+    "mp": ("dense", ("tp", "pp")),
+    "world": ("dense", ("tp", "cp", "dp", "pp")),
+    "ep": ("expert", ("ep",)),
+    "etp": ("expert", ("tp",)),
+    "edp": ("expert", ("dp",)),
+    "tp_ep": ("expert", ("tp", "ep")),
+    "tp_ep_pp": ("expert", ("tp", "ep", "pp")),
+}
+
+# Group kinds a person thinks in, smallest first; used when a site's group must be inferred.
+INFERENCE_ORDER = ("tp", "cp", "ep", "pp", "dp", "etp", "edp", "tp_cp", "dp_cp", "tp_dp", "tp_ep", "mp",
+                   "tp_dp_cp", "tp_ep_pp", "world")
+
+
+class LayoutError(ValueError):
+    """Parallel sizes that cannot describe the world (an input error)."""
+
+
+@dataclass(frozen=True)
+class _Generator:
+    """One megatron RankGenerator: ordered (name, size) digits, fastest first."""
+
+    digits: tuple[tuple[str, int], ...]
+
+    @property
+    def world_size(self) -> int:
+        out = 1
+        for _, size in self.digits:
+            out *= size
+        return out
+
+    def coords(self, rank: int) -> dict[str, int]:
+        out = {}
+        for name, size in self.digits:
+            out[name] = rank % size
+            rank //= size
+        return out
+
+    def groups(self, tokens: Iterable[str]) -> list[tuple[int, ...]]:
+        """Same result, same order, as RankGenerator.get_ranks('-'.join(tokens))."""
+        wanted = set(tokens)
+        strides, stride = {}, 1
+        for name, size in self.digits:
+            strides[name] = stride
+            stride *= size
+        inner = [(strides[n], s) for n, s in self.digits if n in wanted]
+        outer = [(strides[n], s) for n, s in self.digits if n not in wanted]
+        result = []
+        for group_index in range(_product(s for _, s in outer)):
+            base = _place(group_index, outer)
+            result.append(tuple(base + _place(i, inner) for i in range(_product(s for _, s in inner))))
+        return result
+
+
+def _product(values: Iterable[int]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def _place(index: int, dims: list[tuple[int, int]]) -> int:
+    """Decompose ``index`` over ``dims`` (stride, size), first fastest, and return the global offset."""
+    offset = 0
+    for stride, size in dims:
+        offset += (index % size) * stride
+        index //= size
+    return offset
+
+
+def _ordered(order: str, sizes: dict[str, int]) -> tuple[tuple[str, int], ...]:
+    tokens = order.lower().split("-")
+    if len(set(tokens)) != len(tokens) or not set(tokens) <= set(sizes):
+        raise LayoutError(f"invalid order {order!r}: use the tokens tp, cp, ep, dp, pp once each")
+    for name, size in sizes.items():
+        if name not in tokens:
+            if size != 1:
+                raise LayoutError(f"order {order!r} lacks {name}, whose size is {size}")
+            tokens.append(name)
+    return tuple((t, sizes[t]) for t in tokens)
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Parallel sizes of a job. ``dp`` is derived from the world size (see ``for_world``)."""
+
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    dp: int = 1
+    pp: int = 1
+    vpp: int | None = None
+    etp: int | None = None
+    order: str = DEFAULT_ORDER
+
+    @staticmethod
+    def for_world(
+        world_size: int,
+        tp: int = 1,
+        cp: int = 1,
+        pp: int = 1,
+        ep: int = 1,
+        vpp: int | None = None,
+        etp: int | None = None,
+        order: str = DEFAULT_ORDER,
+    ) -> "ParallelLayout":
+        """Derive dp from the world size; sizes that do not divide it are a ``LayoutError``."""
+        for name, value in (("tp", tp), ("cp", cp), ("pp", pp), ("ep", ep), ("etp", etp or 1)):
+            if not isinstance(value, int) or value < 1:
+                raise LayoutError(f"{name} must be a positive integer, got {value!r}")
+        if world_size < 1:
+            raise LayoutError(f"world size must be positive, got {world_size}")
+        model = tp * cp * pp
+        if world_size % model:
+            raise LayoutError(
+                f"tp*cp*pp = {tp}*{cp}*{pp} = {model} does not divide the world size {world_size}"
+            )
+        expert_model = (etp or tp) * ep * pp
+        if world_size % expert_model:
+            raise LayoutError(
+                f"etp*ep*pp = {etp or tp}*{ep}*{pp} = {expert_model} does not divide the world size "
+                f"{world_size}"
+            )
+        if vpp is not None and pp < 2:
+            raise LayoutError("vpp needs pp > 1 (interleaved schedule)")
+        layout = ParallelLayout(tp=tp, cp=cp, ep=ep, dp=world_size // model, pp=pp, vpp=vpp, etp=etp,
+                                order=order)
+        layout._dense  # validate the order now
+        layout._expert
+        return layout
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @cached_property
+    def _dense(self) -> _Generator:
+        return _Generator(_ordered(self.order, {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp,
+                                                "pp": self.pp}))
+
+    @cached_property
+    def _expert(self) -> _Generator:
+        etp = self.etp or self.tp
+        edp = self.world_size // (etp * self.ep * self.pp)
+        return _Generator(_ordered(self.order, {"tp": etp, "cp": 1, "ep": self.ep, "dp": edp,
+                                                "pp": self.pp}))
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """tp, cp, ep, dp, pp coordinates of a global rank (ep from the expert generator)."""
+        if not 0 <= rank < self.world_size:
+            raise LayoutError(f"rank {rank} is outside a world of {self.world_size}")
+        dense = self._dense.coords(rank)
+        return {"tp": dense["tp"], "cp": dense["cp"], "ep": self._expert.coords(rank)["ep"],
+                "dp": dense["dp"], "pp": dense["pp"]}
+
+    def groups(self, kind: str) -> list[tuple[int, ...]]:
+        """Every instance of a group kind, in megatron's order."""
+        return list(self._groups[kind]) if kind in GROUP_KINDS else _unknown_kind(kind)
+
+    def group_of(self, kind: str, rank: int) -> tuple[int, ...]:
+        """The instance of ``kind`` that holds ``rank``."""
+        if kind not in GROUP_KINDS:
+            _unknown_kind(kind)
+        return self._group_index[kind][rank]
+
+    @cached_property
+    def _groups(self) -> dict[str, tuple[tuple[int, ...], ...]]:
+        out = {}
+        for kind, (gen, tokens) in GROUP_KINDS.items():
+            generator = self._dense if gen == "dense" else self._expert
+            out[kind] = tuple(generator.groups(tokens))
+        return out
+
+    @cached_property
+    def _group_index(self) -> dict[str, dict[int, tuple[int, ...]]]:
+        return {kind: {r: g for g in groups for r in g} for kind, groups in self._groups.items()}
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp,
+                                  "pp": self.pp, "order": self.order}
+        if self.vpp is not None:
+            out["vpp"] = self.vpp
+        if self.etp is not None:
+            out["etp"] = self.etp
+        return out
+
+    def describe(self, rank: int) -> str:
+        """``tp0 cp1 pp1`` style label; sizes of 1 are left out, except tp, cp and pp."""
+        c = self.coords(rank)
+        keep = [k for k in ("tp", "cp", "ep", "dp", "pp") if k in ("tp", "cp", "pp") or getattr(self, k) > 1]
+        return " ".join(f"{k}{c[k]}" for k in keep)
+
+
+def _unknown_kind(kind: str):
+    raise LayoutError(f"unknown group kind {kind!r}; known: {', '.join(GROUP_KINDS)}")

@@ -1,0 +1,406 @@
+"""The data that flows through mtpdiag: captures in, reports out.
+
+Frozen dataclasses with versioned JSON (de)serialization and no other I/O. Capture code builds
+``Snapshot``s; analysis turns a ``Snapshot`` (plus an optional layout) into a ``Report``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+BUNDLE_SCHEMA = "mtpdiag.bundle/1"
+REPORT_SCHEMA = "mtpdiag.report/1"
+
+# Environment keys of a target process that may be read. Nothing else from the environment is kept.
+ENV_WHITELIST = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "GROUP_RANK",
+    "LOCAL_WORLD_SIZE",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WG_PREFIX",
+    "RAY_LOCAL_WORLD_SIZE",
+)
+
+# Process states (from /proc/PID/stat, or how the capture went).
+STATE_RUNNING = "R"
+STATE_SLEEPING = "S"
+STATE_DISK = "D"
+STATE_STOPPED = "T"
+STATE_ZOMBIE = "Z"
+
+
+class SchemaError(ValueError):
+    """A document that is not a valid mtpdiag bundle or report."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One Python frame. ``file`` is a display path (site-packages-relative where possible)."""
+
+    function: str
+    file: str
+    line: int
+    # Whitelisted integer arguments of torch.distributed frames (dst, src, group_dst, group_src, tag).
+    args: tuple[tuple[str, int], ...] = ()
+
+    def arg(self, name: str) -> int | None:
+        for key, value in self.args:
+            if key == name:
+                return value
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"file": self.file, "line": self.line, "function": self.function}
+        if self.args:
+            out["args"] = dict(self.args)
+        return out
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "Frame":
+        args = d.get("args") or {}
+        if not isinstance(args, Mapping):
+            raise SchemaError("frame args must be an object")
+        return Frame(
+            function=_str(d, "function"),
+            file=_str(d, "file"),
+            line=_int(d, "line"),
+            args=tuple(sorted((str(k), int(v)) for k, v in args.items())),
+        )
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """One thread's stack, innermost frame first."""
+
+    thread_id: int
+    name: str
+    frames: tuple[Frame, ...]
+    native_id: int | None = None
+    active: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "thread_id": self.thread_id,
+            "name": self.name,
+            "native_id": self.native_id,
+            "active": self.active,
+            "frames": [f.to_dict() for f in self.frames],
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "ThreadStack":
+        frames = d.get("frames")
+        if not isinstance(frames, list):
+            raise SchemaError("thread frames must be a list")
+        return ThreadStack(
+            thread_id=_int(d, "thread_id"),
+            name=str(d.get("name") or ""),
+            native_id=_opt_int(d, "native_id"),
+            active=d.get("active") if isinstance(d.get("active"), bool) else None,
+            frames=tuple(Frame.from_dict(_obj(f)) for f in frames),
+        )
+
+
+@dataclass(frozen=True)
+class RankCapture:
+    """What was captured of one worker process.
+
+    ``env`` holds whitelisted keys only. ``state`` is the /proc state letter (R, S, D, T, Z, ...)
+    or ``"gone"``/``"unreadable"`` when the process could not be read. ``error`` says why a capture
+    is missing or partial. ``main_cpu_ticks`` is the main thread's utime+stime (for ``watch``).
+    ``layout_hints`` are parallel sizes read from the command lines of the process and its
+    ancestors (never the command lines themselves).
+    """
+
+    pid: int | None
+    host: str
+    rank: int | None
+    state: str
+    threads: tuple[ThreadStack, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    error: str | None = None
+    nonblocking: bool = False
+    main_cpu_ticks: int | None = None
+    layout_hints: tuple[tuple[str, int], ...] = ()
+    source: str | None = None  # file the capture was read from, for analyze
+
+    @property
+    def world_size(self) -> int | None:
+        for key in ("WORLD_SIZE", "SLURM_NTASKS"):
+            value = dict(self.env).get(key)
+            if value is not None and value.isdigit():
+                return int(value)
+        return None
+
+    @property
+    def main_thread(self) -> ThreadStack | None:
+        """The thread whose native id equals the pid, else the one named MainThread, else the first."""
+        for t in self.threads:
+            if self.pid is not None and t.native_id == self.pid:
+                return t
+        for t in self.threads:
+            if t.name == "MainThread":
+                return t
+        return self.threads[0] if self.threads else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "host": self.host,
+            "rank": self.rank,
+            "state": self.state,
+            "env": dict(self.env),
+            "error": self.error,
+            "nonblocking": self.nonblocking,
+            "main_cpu_ticks": self.main_cpu_ticks,
+            "layout_hints": dict(self.layout_hints),
+            "source": self.source,
+            "threads": [t.to_dict() for t in self.threads],
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "RankCapture":
+        env = d.get("env") or {}
+        hints = d.get("layout_hints") or {}
+        threads = d.get("threads") or []
+        if not isinstance(env, Mapping) or not isinstance(hints, Mapping) or not isinstance(threads, list):
+            raise SchemaError("capture env, layout_hints and threads have the wrong type")
+        return RankCapture(
+            pid=_opt_int(d, "pid"),
+            host=str(d.get("host") or "unknown"),
+            rank=_opt_int(d, "rank"),
+            state=str(d.get("state") or "unreadable"),
+            threads=tuple(ThreadStack.from_dict(_obj(t)) for t in threads),
+            env=tuple(sorted((str(k), str(v)) for k, v in env.items() if k in ENV_WHITELIST)),
+            error=d.get("error") if isinstance(d.get("error"), str) else None,
+            nonblocking=bool(d.get("nonblocking", False)),
+            main_cpu_ticks=_opt_int(d, "main_cpu_ticks"),
+            layout_hints=tuple(sorted((str(k), int(v)) for k, v in hints.items())),
+            source=d.get("source") if isinstance(d.get("source"), str) else None,
+        )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every rank captured at one moment (or read from files), plus what could not be captured."""
+
+    captures: tuple[RankCapture, ...]
+    host: str = "unknown"
+    created: str = ""
+    tool_version: str = ""
+    errors: tuple[str, ...] = ()  # targets that yielded no capture at all, one line each
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": BUNDLE_SCHEMA,
+            "host": self.host,
+            "created": self.created,
+            "tool_version": self.tool_version,
+            "errors": list(self.errors),
+            "captures": [c.to_dict() for c in self.captures],
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "Snapshot":
+        if not isinstance(d, Mapping) or d.get("schema") != BUNDLE_SCHEMA:
+            raise SchemaError(f"not an {BUNDLE_SCHEMA} document")
+        captures = d.get("captures")
+        if not isinstance(captures, list):
+            raise SchemaError("bundle captures must be a list")
+        errors = d.get("errors") or []
+        return Snapshot(
+            captures=tuple(RankCapture.from_dict(_obj(c)) for c in captures),
+            host=str(d.get("host") or "unknown"),
+            created=str(d.get("created") or ""),
+            tool_version=str(d.get("tool_version") or ""),
+            errors=tuple(str(e) for e in errors) if isinstance(errors, list) else (),
+        )
+
+
+# ---------------------------------------------------------------- report
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a rank waits: the first frame outside torch.distributed and its wrappers."""
+
+    file: str
+    line: int
+    function: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "Site":
+        return Site(file=_str(d, "file"), line=_int(d, "line"), function=_str(d, "function"))
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank as the report shows it. ``state`` is collective|running|stopped|gone|unreadable."""
+
+    rank: int | None
+    pid: int | None
+    host: str
+    state: str
+    coords: Mapping[str, int] | None
+    op: str | None
+    site: Site | None
+    stack: tuple[Frame, ...]
+    peer: int | None = None  # the other end of a send/recv, when known
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "rank": self.rank,
+            "pid": self.pid,
+            "host": self.host,
+            "state": self.state,
+            "coords": dict(self.coords) if self.coords is not None else None,
+            "op": self.op,
+            "site": self.site.to_dict() if self.site else None,
+            "stack": [f.to_dict() for f in self.stack],
+        }
+        if self.peer is not None:
+            out["peer"] = self.peer
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True)
+class SiteGroup:
+    """Ranks that wait in the same op at the same site (op None: running at that user frame)."""
+
+    op: str | None
+    site: Site | None
+    ranks: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "site": self.site.to_dict() if self.site else None,
+            "ranks": list(self.ranks),
+        }
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A process-group instance that only some of its members entered at a site."""
+
+    op: str
+    site: Site | None
+    group: str
+    members: tuple[int, ...]
+    entered: tuple[int, ...]
+    absent: tuple[int, ...]
+    gate: Mapping[str, int] | None
+    absent_doing: Mapping[int, str] = field(default_factory=dict)  # rank -> "all_gather in ring_attention"
+    role: str = "root"  # root | consequence
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "site": self.site.to_dict() if self.site else None,
+            "group": self.group,
+            "members": list(self.members),
+            "entered": list(self.entered),
+            "absent": list(self.absent),
+            "gate": dict(self.gate) if self.gate is not None else None,
+            "absent_doing": {str(k): v for k, v in sorted(self.absent_doing.items())},
+            "role": self.role,
+        }
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A diagnosed problem, with a stable ``id`` users script against (see docs/design.md)."""
+
+    id: str
+    ranks: tuple[int, ...]
+    summary: str
+    remedy: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "ranks": list(self.ranks), "summary": self.summary}
+        out["remedy"] = self.remedy
+        if self.details:
+            out["details"] = dict(self.details)
+        return out
+
+
+@dataclass(frozen=True)
+class Report:
+    """The diagnosis. ``verdict``: ok | problem | incomplete."""
+
+    verdict: str
+    world_size: int | None
+    layout: Mapping[str, Any] | None
+    ranks: tuple[RankView, ...]
+    sites: tuple[SiteGroup, ...]
+    mismatches: tuple[Mismatch, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    layout_source: str | None = None
+    notes: tuple[str, ...] = ()  # what is missing or uncertain, in plain words
+    progress: Mapping[str, Any] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # e.g. flight recorder correlation
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema": REPORT_SCHEMA,
+            "verdict": self.verdict,
+            "world_size": self.world_size,
+            "layout": dict(self.layout) if self.layout is not None else None,
+            "layout_source": self.layout_source,
+            "ranks": [r.to_dict() for r in self.ranks],
+            "sites": [s.to_dict() for s in self.sites],
+            "mismatches": [m.to_dict() for m in self.mismatches],
+            "findings": [f.to_dict() for f in self.findings],
+            "notes": list(self.notes),
+        }
+        if self.progress is not None:
+            out["progress"] = dict(self.progress)
+        for key, value in self.extra.items():
+            out.setdefault(key, value)
+        return out
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _obj(value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SchemaError("expected an object")
+    return value
+
+
+def _str(d: Mapping[str, Any], key: str) -> str:
+    value = d.get(key)
+    if not isinstance(value, str):
+        raise SchemaError(f"field {key!r} must be a string")
+    return value
+
+
+def _int(d: Mapping[str, Any], key: str) -> int:
+    value = d.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SchemaError(f"field {key!r} must be an integer")
+    return value
+
+
+def _opt_int(d: Mapping[str, Any], key: str) -> int | None:
+    value = d.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SchemaError(f"field {key!r} must be an integer or null")
+    return value
