@@ -1,0 +1,48 @@
+"""``mtpdiag inspect``: capture the live ranks on this host and print the diagnosis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from mtpdiag.commands import options as o
+from mtpdiag.errors import InputError
+
+
+def inspect(
+    pid: Optional[List[int]] = o.PID,
+    all_: bool = o.ALL,
+    native: bool = o.NATIVE,
+    nonblocking: bool = o.NONBLOCKING,
+    timeout: float = o.TIMEOUT,
+    tp: Optional[int] = o.TP,
+    cp: Optional[int] = o.CP,
+    pp: Optional[int] = o.PP,
+    ep: Optional[int] = o.EP,
+    etp: Optional[int] = o.ETP,
+    vpp: Optional[int] = o.VPP,
+    order: Optional[str] = o.ORDER,
+    config: Optional[str] = o.CONFIG,
+    override: Optional[List[str]] = o.OVERRIDE,
+    as_json: bool = o.JSON,
+    markdown: bool = o.MARKDOWN,
+    html: Optional[Path] = o.HTML,
+) -> None:
+    """Capture every rank (py-spy, in parallel) and say which collective only part of a group entered."""
+    from mtpdiag.capture import capture
+
+    if not pid and not all_:
+        raise InputError("give --pid PID (a worker or its torchrun agent) or --all")
+    snapshot = capture(list(pid or []), scan_all=all_, native=native, nonblocking=nonblocking,
+                       timeout=timeout, progress=True)
+    layout_options = o.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
+                                     config=config, overrides=tuple(override or ()))
+    report = o.diagnose_snapshot(snapshot, layout_options)
+    o.emit(report, as_json, markdown, html)
+    raise typer.Exit(o.exit_code(report))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("inspect")(inspect)

@@ -1,0 +1,115 @@
+"""Options shared by several subcommands, and the capture → diagnose → report plumbing they share."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError
+from mtpdiag.model import Report, Snapshot
+
+# typer options (module-level so every command spells them the same way)
+PID = typer.Option(None, "--pid", help="A worker pid, or a launcher (torchrun agent, raylet) to expand. Repeatable.")
+ALL = typer.Option(False, "--all", help="Every process on this host whose environment has RANK and WORLD_SIZE.")
+NATIVE = typer.Option(False, "--native", help="Pass --native to py-spy (C/C++ frames too).")
+NONBLOCKING = typer.Option(False, "--nonblocking", help="Never pause the targets (py-spy --nonblocking).")
+TIMEOUT = typer.Option(10.0, "--timeout", min=0.1, help="Seconds to wait for each py-spy dump.")
+TP = typer.Option(None, "--tp", min=1, help="Tensor-parallel size.")
+CP = typer.Option(None, "--cp", min=1, help="Context-parallel size.")
+PP = typer.Option(None, "--pp", min=1, help="Pipeline-parallel size.")
+EP = typer.Option(None, "--ep", min=1, help="Expert-parallel size.")
+ETP = typer.Option(None, "--etp", min=1, help="Expert tensor-parallel size.")
+VPP = typer.Option(None, "--vpp", min=1, help="Virtual pipeline size.")
+ORDER = typer.Option(None, "--order", help="Megatron rank order (default tp-cp-ep-dp-pp).")
+CONFIG = typer.Option(None, "--config", help="A verl config YAML to read the parallel sizes from.")
+OVERRIDE = typer.Option(None, "--override", help="A hydra key=value override for --config. Repeatable.")
+JSON = typer.Option(False, "--json", help="Print the mtpdiag.report/1 JSON document.")
+MARKDOWN = typer.Option(False, "--markdown", help="Print a markdown report for an incident ticket.")
+HTML = typer.Option(None, "--html", help="Also write a self-contained HTML report to this file.")
+
+
+@dataclass(frozen=True)
+class LayoutOptions:
+    tp: Optional[int] = None
+    cp: Optional[int] = None
+    pp: Optional[int] = None
+    ep: Optional[int] = None
+    etp: Optional[int] = None
+    vpp: Optional[int] = None
+    order: Optional[str] = None
+    config: Optional[str] = None
+    overrides: tuple[str, ...] = ()
+
+    def flags(self) -> dict:
+        out = {k: getattr(self, k) for k in ("tp", "cp", "pp", "ep", "etp", "vpp")}
+        if self.order:
+            out["order"] = self.order
+        return out
+
+
+def world_size_of(snapshot: Snapshot) -> int | None:
+    sizes = [c.world_size for c in snapshot.captures if c.world_size]
+    return max(sizes) if sizes else None
+
+
+def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions) -> Report:
+    """Resolve the layout (flags, config, target command lines) and diagnose the snapshot."""
+    from mtpdiag.analysis import diagnose
+    from mtpdiag.layout_sources import resolve_layout
+
+    hints = [dict(c.layout_hints) for c in snapshot.captures if c.layout_hints]
+    layout, source = resolve_layout(world_size_of(snapshot), flags=layout_options.flags(),
+                                    config=layout_options.config, overrides=list(layout_options.overrides),
+                                    hints=hints)
+    return diagnose(snapshot, layout, source)
+
+
+def emit(report: Report, as_json: bool, as_markdown: bool, html: Optional[Path] = None) -> None:
+    """Write the report to stdout in the chosen format (and HTML to a file when asked)."""
+    if as_json and as_markdown:
+        raise InputError("choose one of --json and --markdown")
+    if html is not None:
+        from mtpdiag.report import html as html_report
+
+        _write_text(html, html_report.render(report))
+    if as_json:
+        from mtpdiag.report import json_report
+
+        sys.stdout.write(json_report.render(report) + "\n")
+    elif as_markdown:
+        from mtpdiag.report import markdown
+
+        sys.stdout.write(markdown.render(report))
+    else:
+        from mtpdiag.report import console
+
+        sys.stdout.write(console.render(report, color=sys.stdout.isatty(), width=_width()))
+    sys.stdout.flush()
+
+
+def exit_code(report: Report) -> int:
+    return EXIT_PROBLEM if report.verdict == "problem" else EXIT_OK
+
+
+def _width() -> int:
+    import shutil
+
+    return max(100, min(shutil.get_terminal_size((140, 40)).columns, 200))
+
+
+def _write_text(path: Path, text: str) -> None:
+    import os
+    import tempfile
+
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -1,0 +1,168 @@
+"""The console report: findings first in plain words, then split collectives, site groups and a rank grid."""
+
+from __future__ import annotations
+
+import io
+from typing import Mapping
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from mtpdiag.model import RankView, Report
+from mtpdiag.report import words
+
+PALETTE = ("red", "cyan", "yellow", "green", "magenta", "blue", "bright_red", "bright_cyan",
+           "bright_yellow", "bright_green", "bright_magenta", "bright_blue")
+GRID_MAX_CELLS = 512  # beyond this the grid is summarised; use --html for big worlds
+VERDICT_STYLE = {"problem": "bold red", "incomplete": "bold yellow", "ok": "bold green"}
+
+
+def group_letter(index: int) -> str:
+    """A, B, ..., Z, AA, AB, ... for site groups."""
+    out = ""
+    index += 1
+    while index:
+        index, rem = divmod(index - 1, 26)
+        out = chr(65 + rem) + out
+    return out
+
+
+def site_groups_by_rank(report: Report) -> dict[int, int]:
+    return {r: i for i, g in enumerate(report.sites) for r in g.ranks}
+
+
+def render(report: Report, color: bool = False, width: int = 120) -> str:
+    """Render to a string (ANSI colour codes only when ``color``)."""
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=color, no_color=not color, width=width, highlight=False,
+                      soft_wrap=False)
+    print_report(console, report)
+    return buf.getvalue()
+
+
+def print_report(console: Console, report: Report) -> None:
+    views = {v.rank: v for v in report.ranks if v.rank is not None}
+    layout = report.layout
+    console.print(Text(words.headline(report), style=VERDICT_STYLE.get(report.verdict, "bold")))
+    layout_line = _layout_line(report)
+    if layout_line:
+        console.print(Text(layout_line, style="dim"))
+
+    if report.findings:
+        console.print()
+        console.print(Text("Findings", style="bold underline"))
+        for f in report.findings:
+            line = Text()
+            line.append(f"[{f.id}] ", style="bold red" if f is report.findings[0] else "bold")
+            line.append(f.summary)
+            console.print(line)
+            if f.remedy:
+                console.print(Text(f"    remedy: {f.remedy}", style="green"))
+
+    roots = [m for m in report.mismatches if m.role == "root"]
+    if report.mismatches:
+        console.print()
+        console.print(Text("Split collectives", style="bold underline"))
+        for m in roots + [m for m in report.mismatches if m.role != "root"]:
+            tag = "" if m.role == "root" else "(consequence) "
+            console.print(Text(f"- {tag}{words.mismatch_sentence(m, views, layout)}",
+                               style=None if m.role == "root" else "dim"))
+
+    console.print()
+    console.print(_sites_table(report))
+    grid = _grid(report)
+    if grid is not None:
+        console.print()
+        console.print(grid)
+
+    odd = [v for v in report.ranks if v.state in ("stopped", "gone", "unreadable")]
+    if odd:
+        console.print()
+        console.print(Text("Ranks that could not be read normally", style="bold underline"))
+        for v in odd:
+            label = words.rank_label(v, v.rank, layout) if v.rank is not None else f"pid {v.pid}"
+            console.print(Text(f"- {label} on {v.host}: {words.doing(v)}", style="yellow"))
+    if report.notes:
+        console.print()
+        for note in report.notes:
+            console.print(Text(f"note: {note}", style="dim"))
+
+
+def _layout_line(report: Report) -> str:
+    if not report.layout:
+        return "layout: unknown (pass --tp/--cp/--pp or --config to find split process groups)"
+    sizes = " ".join(f"{k}={report.layout[k]}" for k in ("tp", "cp", "ep", "dp", "pp") if k in report.layout)
+    source = f" from {report.layout_source}" if report.layout_source else ""
+    return f"layout: {sizes}{source}"
+
+
+def _sites_table(report: Report) -> Table:
+    table = Table(title="Where each rank waits", title_justify="left", show_lines=False, expand=False)
+    table.add_column("grp", no_wrap=True)
+    table.add_column("ranks")
+    table.add_column("op", no_wrap=True)
+    table.add_column("call site")
+    for i, g in enumerate(report.sites):
+        style = PALETTE[i % len(PALETTE)]
+        op = g.op or "(running)"
+        table.add_row(Text(group_letter(i), style=f"bold {style}"), _ranks_text(g.ranks), op,
+                      words.site_label(g.site))
+    return table
+
+
+def _ranks_text(ranks: tuple[int, ...], limit: int = 12) -> str:
+    """Compact rank list: ``0-3, 8, 10`` and an ellipsis past ``limit`` runs."""
+    runs: list[str] = []
+    start = prev = None
+    for r in ranks:
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = r
+    if start is not None:
+        runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+    text = ", ".join(runs[:limit])
+    return text + (f", … ({len(ranks)} ranks)" if len(runs) > limit else "")
+
+
+def _grid(report: Report) -> Table | Text | None:
+    """pp stages × (dp, cp, tp) cells, each showing the rank and coloured by its site group."""
+    views = [v for v in report.ranks if v.rank is not None and v.coords]
+    if not report.layout or not views:
+        return None
+    if len(views) > GRID_MAX_CELLS:
+        return Text(f"rank grid omitted for {len(views)} ranks (over {GRID_MAX_CELLS}); use --html",
+                    style="dim")
+    by_rank = site_groups_by_rank(report)
+    columns = sorted({_column_key(v.coords) for v in views})
+    stages = sorted({v.coords["pp"] for v in views})
+    table = Table(title="Rank grid (letter = site group)", title_justify="left")
+    table.add_column("", no_wrap=True)
+    for col in columns:
+        table.add_column(f"dp{col[0]} cp{col[1]} tp{col[2]}", no_wrap=True, justify="center")
+    cells: dict[tuple[int, tuple[int, int, int]], RankView] = {
+        (v.coords["pp"], _column_key(v.coords)): v for v in views}
+    for stage in stages:
+        row: list[Text] = [Text(f"pp{stage}", style="bold")]
+        for col in columns:
+            v = cells.get((stage, col))
+            if v is None:
+                row.append(Text("·", style="dim"))
+                continue
+            group = by_rank.get(v.rank)
+            letter = group_letter(group) if group is not None else "?"
+            style = PALETTE[group % len(PALETTE)] if group is not None else "dim"
+            mark = {"stopped": " T", "gone": " ✗", "unreadable": " ?"}.get(v.state, "")
+            row.append(Text(f"{letter} r{v.rank}{mark}", style=f"bold {style}"))
+        table.add_row(*row)
+    return table
+
+
+def _column_key(coords: Mapping[str, int]) -> tuple[int, int, int]:
+    return (coords.get("dp", 0), coords.get("cp", 0), coords.get("tp", 0))
+
+

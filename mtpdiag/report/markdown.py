@@ -1,0 +1,48 @@
+"""A markdown report for pasting into an incident ticket."""
+
+from __future__ import annotations
+
+from mtpdiag.model import Report
+from mtpdiag.report import words
+
+
+def render(report: Report) -> str:
+    views = {v.rank: v for v in report.ranks if v.rank is not None}
+    layout = report.layout
+    out = [f"## mtpdiag: {report.verdict}", "", f"**{words.headline(report)}**", ""]
+    if layout:
+        sizes = ", ".join(f"{k}={layout[k]}" for k in ("tp", "cp", "ep", "dp", "pp") if k in layout)
+        source = f" (from {report.layout_source})" if report.layout_source else ""
+        out += [f"Layout: {sizes}{source}. World size: {report.world_size}.", ""]
+    if report.findings:
+        out += ["### Findings", ""]
+        for f in report.findings:
+            out.append(f"- **`{f.id}`** ranks {_ranks(f.ranks)}: {f.summary}")
+            if f.remedy:
+                out.append(f"  - remedy: `{f.remedy}`" if f.remedy.startswith("mtpdiag") else
+                           f"  - remedy: {f.remedy}")
+        out.append("")
+    if report.mismatches:
+        out += ["### Split collectives", ""]
+        for m in report.mismatches:
+            tag = "" if m.role == "root" else "*(consequence)* "
+            out.append(f"- {tag}{words.mismatch_sentence(m, views, layout)}")
+        out.append("")
+    out += ["### Where each rank waits", "", "| ranks | op | call site |", "|---|---|---|"]
+    for g in report.sites:
+        out.append(f"| {_ranks(g.ranks)} | {g.op or '(running)'} | `{words.site_label(g.site)}` |")
+    out.append("")
+    out += ["### Ranks", "", "| rank | host | pid | coords | state | doing |", "|---|---|---|---|---|---|"]
+    for v in report.ranks:
+        out.append(f"| {v.rank if v.rank is not None else '?'} | {v.host} | {v.pid or ''} | "
+                   f"{words.coords_label(v.coords, layout)} | {v.state} | {words.doing(v)} |")
+    if report.notes:
+        out += ["", "### Notes", ""] + [f"- {n}" for n in report.notes]
+    return "\n".join(out) + "\n"
+
+
+def _ranks(ranks) -> str:
+    ranks = list(ranks)
+    if len(ranks) > 16:
+        return f"{ranks[:16]}… ({len(ranks)} ranks)".replace("]…", ", …]")
+    return str(ranks)

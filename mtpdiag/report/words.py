@@ -1,0 +1,87 @@
+"""Plain-words phrasing shared by the console, markdown and HTML reports."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from mtpdiag.model import Mismatch, RankView, Report, Site
+
+GROUP_NAMES = {
+    "tp": "TP", "cp": "CP", "dp": "DP", "pp": "PP", "ep": "EP", "dp_cp": "DP×CP", "tp_cp": "TP×CP",
+    "tp_dp": "TP×DP", "tp_dp_cp": "TP×DP×CP", "mp": "model-parallel (TP×PP)", "world": "world",
+    "etp": "expert-TP", "edp": "expert-DP", "tp_ep": "TP×EP", "tp_ep_pp": "TP×EP×PP",
+}
+
+COORD_ORDER = ("tp", "cp", "ep", "dp", "pp")
+
+
+def site_label(site: Site | None) -> str:
+    if site is None:
+        return "?"
+    return f"{short_function(site.function)} ({site.file}:{site.line})"
+
+
+def short_function(function: str) -> str:
+    """``MTPLossLoggingHelper.reduce_loss_in_tracker`` -> ``reduce_loss_in_tracker``."""
+    return function.rsplit(".", 1)[-1] if "<locals>" not in function else function
+
+
+def coords_label(coords: Mapping[str, int] | None, layout: Mapping | None) -> str:
+    """``tp0 cp1 pp1``: tp, cp and pp always, ep and dp when their size is above 1."""
+    if not coords:
+        return ""
+    keep = [k for k in COORD_ORDER if k in coords and
+            (k in ("tp", "cp", "pp") or (layout and int(layout.get(k, 1)) > 1))]
+    return " ".join(f"{k}{coords[k]}" for k in keep)
+
+
+def rank_label(view: RankView | None, rank: int, layout: Mapping | None) -> str:
+    coords = coords_label(view.coords if view else None, layout)
+    return f"rank {rank} ({coords})" if coords else f"rank {rank}"
+
+
+def doing(view: RankView | None) -> str:
+    """What a rank is doing, in a few words."""
+    if view is None:
+        return "not captured"
+    if view.state in ("gone", "unreadable"):
+        return view.state + (f" ({view.error})" if view.error else "")
+    prefix = "stopped (SIGSTOP/frozen), " if view.state == "stopped" else ""
+    if view.op:
+        direction = "from" if view.op in ("recv", "irecv") else "to"
+        peer = f" {direction} rank {view.peer}" if view.peer is not None else ""
+        return f"{prefix}at {view.op}{peer} in {short_function(view.site.function) if view.site else '?'}"
+    if view.site:
+        return f"{prefix}running in {short_function(view.site.function)} ({view.site.file}:{view.site.line})"
+    return prefix.rstrip(", ") or "no stack"
+
+
+def gate_phrase(gate: Mapping[str, int] | None) -> str:
+    if not gate:
+        return "no single coordinate separates the ranks that entered from those that did not"
+    where = " and ".join(f"{k} == {v}" for k, v in sorted(gate.items()))
+    excluded = " or ".join(f"{k} > 0" if v == 0 else f"{k} != {v}" for k, v in sorted(gate.items()))
+    return f"entered only where {where}: a condition that excludes {excluded} gates this collective"
+
+
+def mismatch_sentence(m: Mismatch, views: Mapping[int, RankView], layout: Mapping | None) -> str:
+    group = GROUP_NAMES.get(m.group, m.group)
+    entered = ", ".join(rank_label(views.get(r), r, layout) for r in m.entered)
+    absent = "; ".join(
+        f"{rank_label(views.get(r), r, layout)}, which is {m.absent_doing.get(r) or doing(views.get(r))}"
+        for r in m.absent
+    )
+    where = short_function(m.site.function) if m.site else "?"
+    return (f"collective {m.op} at {where} on the {group} group {list(m.members)}: entered by {entered}; "
+            f"absent: {absent}. {gate_phrase(m.gate).capitalize()}.")
+
+
+def headline(report: Report) -> str:
+    n = len(report.ranks)
+    world = f" of {report.world_size}" if report.world_size else ""
+    if report.verdict == "problem":
+        first = report.findings[0]
+        return f"PROBLEM: {first.summary}"
+    if report.verdict == "incomplete":
+        return f"INCOMPLETE: {n}{world} ranks captured; nothing wrong found in what was captured"
+    return f"OK: {n}{world} ranks captured; no split collective, straggler or frozen rank found"
