@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The test suite: install, then run every test (real torchrun/gloo jobs, real py-spy, real verl wheels).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec python3 -m pytest -q -p no:cacheprovider "$@"
