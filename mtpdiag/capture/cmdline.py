@@ -1,0 +1,98 @@
+"""Parallel sizes read from a command line (Megatron-LM flags, verl hydra overrides, short flags).
+
+Only the sizes leave this module: a command line may carry secrets, so callers pass argv in and get
+``{"tp": 2, ...}`` back, and must not keep argv.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Megatron-LM argparse flags. ``--num-layers-per-virtual-pipeline-stage`` is a layer count, not a size.
+MEGATRON_FLAGS = {
+    "--tensor-model-parallel-size": "tp",
+    "--context-parallel-size": "cp",
+    "--pipeline-model-parallel-size": "pp",
+    "--expert-model-parallel-size": "ep",
+    "--expert-tensor-parallel-size": "etp",
+    "--virtual-pipeline-model-parallel-size": "vpp",
+}
+
+# Short flags (our reproducer and many scripts); used only when followed by an integer.
+SHORT_FLAGS = {"--tp": "tp", "--cp": "cp", "--pp": "pp", "--ep": "ep"}
+
+# The last component of a verl/hydra override key (megatron-core's TransformerConfig names).
+HYDRA_KEYS = {
+    "tensor_model_parallel_size": "tp",
+    "context_parallel_size": "cp",
+    "pipeline_model_parallel_size": "pp",
+    "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
+    "virtual_pipeline_model_parallel_size": "vpp",
+}
+
+# Hydra prefixes that describe the trained model (the actor, or the SFT trainer's engine). Other
+# ``*.megatron.*`` groups (ref, critic, reward model) count only where these say nothing; a rollout's
+# ``tensor_model_parallel_size`` is the inference engine's and never counts.
+_PRIMARY_PREFIXES = ("actor_rollout_ref.actor.megatron.", "engine.")
+
+_OVERRIDE = re.compile(r"^\+{0,2}(?P<key>[A-Za-z_][\w.]*)=(?P<value>.*)$")
+_INT = re.compile(r"^\d+$")
+
+
+def layout_hints(argv: list[str]) -> dict[str, int]:
+    """Parallel sizes named on ``argv``; when one size is given twice the last one wins."""
+    primary: dict[str, int] = {}
+    secondary: dict[str, int] = {}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        flag, eq, inline = token.partition("=")
+        if flag in MEGATRON_FLAGS or flag in SHORT_FLAGS:
+            key = MEGATRON_FLAGS.get(flag) or SHORT_FLAGS[flag]
+            if eq:
+                _put(primary, key, inline)
+            elif i + 1 < len(argv) and _size(argv[i + 1]) is not None:
+                _put(primary, key, argv[i + 1])
+                i += 1
+        else:
+            match = _OVERRIDE.match(token)
+            if match:
+                _take_override(match["key"], match["value"], primary, secondary)
+        i += 1
+    return {**secondary, **primary}
+
+
+def merge_hints(*sources: dict[str, int]) -> dict[str, int]:
+    """Merge hint dicts; an earlier source wins over a later one for the same key."""
+    out: dict[str, int] = {}
+    for hints in sources:
+        for key, value in hints.items():
+            out.setdefault(key, value)
+    return out
+
+
+def _take_override(path: str, value: str, primary: dict[str, int], secondary: dict[str, int]) -> None:
+    head, _, last = path.rpartition(".")
+    key = HYDRA_KEYS.get(last)
+    if key is None or not head:
+        return
+    if path.startswith(_PRIMARY_PREFIXES):
+        _put(primary, key, value)
+    elif "megatron" in head.split("."):
+        _put(secondary, key, value)
+
+
+def _put(into: dict[str, int], key: str, raw: str) -> None:
+    size = _size(raw)
+    if size is not None:
+        into.pop(key, None)
+        into[key] = size
+
+
+def _size(raw: str) -> int | None:
+    raw = raw.strip().strip("'\"")
+    if not _INT.match(raw):
+        return None
+    value = int(raw)
+    return value if value >= 1 else None
