@@ -1,0 +1,156 @@
+"""Live capture: find the workers, read /proc, dump every worker's stacks with py-spy in parallel.
+
+The only package of mtpdiag that touches other processes. ``capture()`` returns a ``Snapshot``.
+``py-spy dump --json`` ignores ``--subprocesses``, so ``discover`` finds the workers itself.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from typing import Callable, Iterable
+
+import mtpdiag
+from mtpdiag.capture import cmdline, procfs, pyspy
+from mtpdiag.capture.discover import find_targets
+from mtpdiag.capture.pyspy import CaptureFailed
+from mtpdiag.errors import NothingCaptured
+from mtpdiag.model import STATE_STOPPED, RankCapture, Snapshot
+
+STATE_GONE = "gone"
+STATE_UNREADABLE = "unreadable"
+_STOPPED = (STATE_STOPPED, "t")  # job-control stop, tracing stop
+_MAX_PARALLEL = 32
+
+__all__ = ["capture", "find_targets", "CaptureFailed", "STATE_GONE", "STATE_UNREADABLE"]
+
+
+def capture(pids: Iterable[int] = (), *, scan_all: bool = False, native: bool = False,
+            nonblocking: bool = False, timeout: float = 10.0, progress: bool = False,
+            host: str | None = None) -> Snapshot:
+    """Capture every worker behind ``pids`` (and, with ``scan_all``, every ranked process here)."""
+    targets = find_targets(list(pids), scan_all)
+    pyspy.find_pyspy()  # fail early, with one line, when py-spy is missing
+    label = host or socket.gethostname()
+    hints = _HintReader()
+    # /proc reads first, all at once: the moment the stacks describe should be one moment.
+    pending = [(pid, _read_proc(pid, hints)) for pid in targets]
+
+    def one(item: tuple[int, dict]) -> RankCapture:
+        pid, proc = item
+        return _capture_one(pid, proc, label, native=native, nonblocking=nonblocking, timeout=timeout)
+
+    with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(pending))) as pool:
+        captures = _run_with_progress(pool, one, pending, show=progress and len(pending) > 4
+                                      and sys.stderr.isatty())
+    if not any(c.threads for c in captures):
+        reasons = "; ".join(f"pid {c.pid}: {c.error or c.state}" for c in captures[:3])
+        raise NothingCaptured(f"could not capture any of {len(captures)} target(s) ({reasons})")
+    return Snapshot(
+        captures=tuple(sorted(captures, key=_order)),
+        host=label,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        tool_version=mtpdiag.__version__,
+    )
+
+
+def _read_proc(pid: int, hints: "_HintReader") -> dict:
+    """What /proc says about a worker: stat, whitelisted env, rank, main-thread CPU, layout hints."""
+    stat = procfs.read_stat(pid)
+    env = procfs.read_env(pid) or {}
+    return {
+        "stat": stat,
+        "env": env,
+        "rank": _rank(env),
+        "ticks": procfs.main_thread_ticks(pid),
+        "hints": hints.for_process(pid) if stat is not None else {},
+    }
+
+
+def _capture_one(pid: int, proc: dict, host: str, *, native: bool, nonblocking: bool,
+                 timeout: float) -> RankCapture:
+    stat = proc["stat"]
+    base = dict(pid=pid, host=host, rank=proc["rank"], env=tuple(sorted(proc["env"].items())),
+                main_cpu_ticks=proc["ticks"], layout_hints=tuple(sorted(proc["hints"].items())))
+    if stat is None or stat.state == "Z":
+        return RankCapture(state=STATE_GONE, error="the process exited before it could be captured", **base)
+    use_nonblocking = nonblocking or stat.state in _STOPPED
+    try:
+        threads = pyspy.dump(pid, native=native, nonblocking=use_nonblocking, timeout=timeout)
+    except CaptureFailed as exc:
+        now = procfs.read_stat(pid)
+        if now is None or now.state == "Z":
+            return RankCapture(state=STATE_GONE, error="the process exited during the capture", **base)
+        if use_nonblocking or now.state not in _STOPPED:
+            return RankCapture(state=STATE_UNREADABLE, error=str(exc), **base)
+        stat, use_nonblocking = now, True
+        try:
+            threads = pyspy.dump(pid, native=native, nonblocking=True, timeout=timeout)
+        except CaptureFailed as exc2:
+            return RankCapture(state=STATE_UNREADABLE, error=str(exc2), **base)
+    return RankCapture(state=stat.state, threads=threads, nonblocking=use_nonblocking, **base)
+
+
+def _run_with_progress(pool: ThreadPoolExecutor, fn: Callable, items: list, *, show: bool) -> list:
+    futures = [pool.submit(fn, item) for item in items]
+    if not show:
+        return [f.result() for f in futures]
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("py-spy dump", total=len(futures))
+        for f in futures:
+            f.add_done_callback(lambda _f: bar.advance(task))
+        return [f.result() for f in futures]
+
+
+def _rank(env: dict[str, str]) -> int | None:
+    for key in ("RANK", "SLURM_PROCID"):
+        value = env.get(key, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def _order(c: RankCapture) -> tuple:
+    return (c.rank is None, c.rank if c.rank is not None else 0, c.pid or 0)
+
+
+class _HintReader:
+    """Layout hints of a worker: its own argv, its ancestors', then its session's Python processes.
+
+    verl's Ray workers carry no sizes on their command lines; the driver of the same session does.
+    Argv is read, reduced to sizes and dropped here.
+    """
+
+    def __init__(self) -> None:
+        self._own = {os.getpid(), *procfs.ancestors(os.getpid())}
+        self._argv_hints: dict[int, dict[str, int]] = {}
+        self._session_hints: dict[int, dict[str, int]] = {}
+
+    def for_process(self, pid: int) -> dict[str, int]:
+        lineage = [pid, *procfs.ancestors(pid)]
+        sources = [self._hints_of(p) for p in lineage if p not in self._own]
+        stat = procfs.read_stat(pid)
+        if stat is not None and stat.session > 0:
+            sources.append(self._of_session(stat.session))
+        return cmdline.merge_hints(*sources)
+
+    def _hints_of(self, pid: int) -> dict[str, int]:
+        if pid not in self._argv_hints:
+            self._argv_hints[pid] = cmdline.layout_hints(procfs.read_cmdline(pid) or [])
+        return self._argv_hints[pid]
+
+    def _of_session(self, session: int) -> dict[str, int]:
+        if session not in self._session_hints:
+            members = []
+            for pid in procfs.all_pids():
+                stat = procfs.read_stat(pid)
+                if stat and stat.session == session and pid not in self._own and procfs.is_python(pid):
+                    members.append(pid)
+            self._session_hints[session] = cmdline.merge_hints(*(self._hints_of(p) for p in members))
+        return self._session_hints[session]

@@ -7,6 +7,7 @@ and dropped here.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from mtpdiag.model import ENV_WHITELIST
@@ -24,6 +25,7 @@ class ProcStat:
     ppid: int
     pgid: int
     cpu_ticks: int  # utime + stime
+    session: int = 0  # session id: a job's driver and its workers often share one
 
 
 def _parse_stat(text: str) -> ProcStat:
@@ -33,7 +35,7 @@ def _parse_stat(text: str) -> ProcStat:
     comm = text[open_paren + 1 : close_paren]
     fields = text[close_paren + 2 :].split()
     return ProcStat(pid=pid, comm=comm, state=fields[0], ppid=int(fields[1]), pgid=int(fields[2]),
-                    cpu_ticks=int(fields[11]) + int(fields[12]))
+                    cpu_ticks=int(fields[11]) + int(fields[12]), session=int(fields[3]))
 
 
 def read_stat(pid: int) -> ProcStat | None:
@@ -62,6 +64,34 @@ def read_cmdline(pid: int) -> list[str] | None:
     except OSError:
         return None
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def read_exe(pid: int) -> str | None:
+    """Path of the executable, or None when it cannot be read (gone, or another user's process)."""
+    try:
+        return os.readlink(f"{PROC}/{pid}/exe")
+    except OSError:
+        return None
+
+
+_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)*)?[dmtu]*$")
+
+
+def is_python(pid: int) -> bool:
+    """Whether the process runs a Python interpreter (Ray workers retitle themselves ``ray::...``)."""
+    exe = read_exe(pid)
+    if exe is not None:
+        name = os.path.basename(exe.removesuffix(" (deleted)"))
+        if _PYTHON_NAME.match(name):
+            return True
+    stat = read_stat(pid)
+    if stat is not None and (stat.comm.startswith("python") or stat.comm.startswith("ray::")):
+        return True
+    argv = read_cmdline(pid) or []
+    if argv:
+        first = os.path.basename(argv[0].split(" ")[0])
+        return bool(_PYTHON_NAME.match(first)) or argv[0].startswith("ray::")
+    return False
 
 
 def read_env(pid: int, keys: tuple[str, ...] = ENV_WHITELIST) -> dict[str, str] | None:

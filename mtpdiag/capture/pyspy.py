@@ -1,0 +1,129 @@
+"""Run ``py-spy dump --json`` on one process and turn its output into ``ThreadStack``s.
+
+``--locals`` is asked for because torch.distributed frames carry the peer of a send/recv (``dst``,
+``src``). Locals may hold secrets, so every local except a few integer arguments of
+torch.distributed frames is dropped while parsing, before anything else sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import Any, Iterable
+
+from mtpdiag.errors import InputError
+from mtpdiag.model import Frame, ThreadStack
+
+# Locals kept, and only from frames under torch/distributed/, and only as integer literals.
+KEPT_ARGS = ("dst", "src", "group_dst", "group_src", "tag")
+_TORCH_DISTRIBUTED = "torch/distributed/"
+_INT_LITERAL = re.compile(r"^-?\d+$")
+_PACKAGE_ROOTS = ("/site-packages/", "/dist-packages/")
+
+
+class CaptureFailed(Exception):
+    """py-spy could not dump a process; the message is one line saying why."""
+
+
+def find_pyspy() -> str:
+    """The py-spy executable: on PATH, else next to this interpreter (a venv without activation)."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    raise InputError("py-spy not found on PATH (pip install py-spy)")
+
+
+def dump(pid: int, *, native: bool = False, nonblocking: bool = False,
+         timeout: float = 10.0) -> tuple[ThreadStack, ...]:
+    """Every thread of ``pid``, innermost frame first. Raises CaptureFailed on failure or timeout."""
+    cmd = [find_pyspy(), "dump", "--json", "--locals"]
+    if native:
+        cmd.append("--native")
+    if nonblocking:
+        cmd.append("--nonblocking")
+    cmd += ["--pid", str(pid)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise CaptureFailed(f"py-spy timed out after {timeout:g}s") from None
+    if proc.returncode != 0:
+        raise CaptureFailed(one_line(err.decode("utf-8", "replace")) or f"py-spy exited with {proc.returncode}")
+    try:
+        return threads_from_json(json.loads(out))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CaptureFailed(f"py-spy printed unreadable JSON ({exc})") from None
+
+
+def one_line(text: str) -> str:
+    """py-spy's stderr reduced to one line: its ``Error:`` lines first, blank lines dropped."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if line.lower().startswith("error")]
+    return "; ".join(errors or lines)[:300]
+
+
+def threads_from_json(data: Any) -> tuple[ThreadStack, ...]:
+    """Threads of one ``py-spy dump --json`` document (a list of thread objects)."""
+    if not isinstance(data, list):
+        raise ValueError("a py-spy dump is a JSON list of threads")
+    return tuple(_thread(t) for t in data)
+
+
+def display_path(filename: str) -> str:
+    """A path relative to site-packages/dist-packages when it is installed there, else as given."""
+    for root in _PACKAGE_ROOTS:
+        cut = filename.rfind(root)
+        if cut >= 0:
+            return filename[cut + len(root):]
+    return filename
+
+
+def kept_args(file: str, locals_: Iterable[tuple[str, str | None]]) -> tuple[tuple[str, int], ...]:
+    """The whitelisted integer locals of a torch.distributed frame; every other local is dropped."""
+    if not (file.startswith(_TORCH_DISTRIBUTED) or "/" + _TORCH_DISTRIBUTED in file):
+        return ()
+    out = {}
+    for name, repr_ in locals_:
+        if name in KEPT_ARGS and isinstance(repr_, str) and _INT_LITERAL.match(repr_.strip()):
+            out[name] = int(repr_)
+    return tuple(sorted(out.items()))
+
+
+def _thread(t: Any) -> ThreadStack:
+    if not isinstance(t, dict) or not isinstance(t.get("frames"), list):
+        raise ValueError("a py-spy thread needs a list of frames")
+    native_id = t.get("os_thread_id")
+    thread_id = t.get("thread_id")
+    return ThreadStack(
+        thread_id=thread_id if isinstance(thread_id, int) else 0,
+        name=t.get("thread_name") or "",
+        native_id=native_id if isinstance(native_id, int) else None,
+        active=t.get("active") if isinstance(t.get("active"), bool) else None,
+        frames=tuple(_frame(f) for f in t["frames"]),
+    )
+
+
+def _frame(f: Any) -> Frame:
+    if not isinstance(f, dict):
+        raise ValueError("a py-spy frame must be an object")
+    filename = f.get("filename") or f.get("short_filename") or "<unknown>"
+    file = display_path(str(filename))
+    line = f.get("line")
+    locals_ = f.get("locals") or []
+    pairs = [(str(v.get("name")), v.get("repr")) for v in locals_ if isinstance(v, dict)]
+    return Frame(
+        function=str(f.get("name") or "<unknown>"),
+        file=file,
+        line=line if isinstance(line, int) and not isinstance(line, bool) else 0,
+        args=kept_args(file, pairs),
+    )
