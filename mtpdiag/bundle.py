@@ -1,0 +1,82 @@
+"""Save and load capture bundles: one ``Snapshot`` as versioned JSON (``mtpdiag.bundle/1``).
+
+Saving is atomic (temp file in the target directory, fsync, rename), so a bundle that a job
+scheduler copies away mid-write is either whole or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+
+from mtpdiag.errors import InputError
+from mtpdiag.model import SchemaError, Snapshot
+
+BUNDLE_SUFFIX = ".mtpdiag.json"
+
+
+def bundle_path(snapshot: Snapshot, path: str) -> str:
+    """Where ``save_bundle`` writes: ``path``, or ``<path>/<host>.mtpdiag.json`` for a directory."""
+    if os.path.isdir(path):
+        host = re.sub(r"[^A-Za-z0-9._-]", "_", snapshot.host) or "unknown"
+        return os.path.join(path, host + BUNDLE_SUFFIX)
+    return path
+
+
+def save_bundle(snapshot: Snapshot, path: str) -> str:
+    """Write ``snapshot`` to ``path`` atomically; returns the file written."""
+    target = bundle_path(snapshot, path)
+    directory = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(directory):
+        raise InputError(f"cannot write {target}: directory {directory} does not exist")
+    text = json.dumps(snapshot.to_dict(), indent=1, sort_keys=False) + "\n"
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".mtpdiag-", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise InputError(f"cannot write {target}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise InputError(f"cannot write {target}: {exc.strerror or exc}") from None
+    return target
+
+
+def load_bundle(path: str) -> Snapshot:
+    """Read a bundle; InputError (naming the file) when it is unreadable, truncated or not a bundle."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a bundle file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a text file") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: invalid or truncated JSON (line {exc.lineno}, column {exc.colno})") from None
+    return snapshot_from_data(data, path)
+
+
+def snapshot_from_data(data: object, path: str) -> Snapshot:
+    """A Snapshot from parsed bundle JSON; ``path`` names the file in errors."""
+    try:
+        return Snapshot.from_dict(data)  # type: ignore[arg-type]
+    except (SchemaError, TypeError, ValueError, AttributeError) as exc:
+        raise InputError(f"{path}: not a valid mtpdiag bundle ({exc})") from None
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass

@@ -1,0 +1,39 @@
+"""``mtpdiag collect``: capture the ranks on this host and save a bundle for ``mtpdiag analyze``.
+
+Run it on every host of a multi-node job (one bundle per host, e.g. into one shared directory),
+then ``mtpdiag analyze DIR`` merges the bundles by rank.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from mtpdiag.commands import options as o
+
+
+def collect(
+    out: str = typer.Option(..., "--out", help="Bundle file to write, or a directory (writes <host>.mtpdiag.json)."),
+    pid: Optional[List[int]] = o.PID,
+    all_: bool = o.ALL,
+    host: Optional[str] = typer.Option(None, "--host", help="Host label in the bundle (default: this hostname)."),
+    native: bool = o.NATIVE,
+    nonblocking: bool = o.NONBLOCKING,
+    timeout: float = o.TIMEOUT,
+) -> None:
+    """Capture every rank (py-spy, in parallel) and write one bundle; without --pid, like --all."""
+    from mtpdiag.bundle import save_bundle
+    from mtpdiag.capture import capture
+
+    pids = list(pid or [])
+    snapshot = capture(pids, scan_all=all_ or not pids, native=native, nonblocking=nonblocking,
+                       timeout=timeout, progress=True, host=host)
+    written = save_bundle(snapshot, out)
+    captured = sum(1 for c in snapshot.captures if c.threads)
+    missing = len(snapshot.captures) - captured
+    typer.echo(f"wrote {written} ({captured} ranks, {missing} unreadable)", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("collect")(collect)
