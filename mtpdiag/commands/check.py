@@ -1,0 +1,68 @@
+"""``mtpdiag check``: is the installed verl's Megatron engine affected by the MTP/CP deadlock?"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
+
+PATH = typer.Option(None, "--path", help="The engine file (default: the installed verl's "
+                                         "verl/workers/engine/megatron/transformer_impl.py).")
+EXIT_BY_STATUS = {"fixed": EXIT_OK, "not-applicable": EXIT_OK, "affected": EXIT_PROBLEM, "unknown": EXIT_USAGE}
+
+
+def engine_path(path: Optional[Path]) -> Path | None:
+    """--path, or the installed verl's engine file (None when that verl has no Megatron engine)."""
+    from mtpdiag.fix.engine import locate_engine
+
+    return Path(path) if path is not None else locate_engine()
+
+
+def check(
+    path: Optional[Path] = PATH,
+    as_json: bool = typer.Option(False, "--json", help="Print the mtpdiag.check/1 JSON document."),
+) -> None:
+    """Say whether verl's engine gates the MTP loss collection so that cp > 0 ranks skip it (verl #5895).
+
+    Exit 0: fixed or not applicable; 1: affected; 2: unknown shape or a file that cannot be read."""
+    from mtpdiag.fix.engine import ENGINE_PARTS, EngineCheck, check_engine, installed_verl_dirs, verl_version
+
+    target = engine_path(path)
+    if target is None:  # verl is installed but has no Megatron engine
+        where = installed_verl_dirs()[0]
+        result = EngineCheck(path=where.joinpath(*ENGINE_PARTS[1:]), status="not-applicable", lines=None,
+                             reason="this verl has no Megatron engine file", gate=None,
+                             verl_version=verl_version(where.joinpath(*ENGINE_PARTS[1:])))
+    else:
+        result = check_engine(target)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        typer.echo(render(result, explicit_path=path is not None))
+    raise SystemExit(EXIT_BY_STATUS[result.status])
+
+
+def render(result, explicit_path: bool) -> str:
+    """A few plain lines: what was checked, the verdict, and the next step."""
+    version = f"verl {result.verl_version}" if result.verl_version else "verl (version unknown)"
+    where = f" (lines {result.lines[0]}-{result.lines[1]})" if result.lines else ""
+    headline = {
+        "affected": "AFFECTED: the MTP loss collection deadlocks with context parallelism",
+        "fixed": "fixed: the MTP loss collection is safe with context parallelism",
+        "not-applicable": "not applicable: no MTP loss collection to fix",
+        "unknown": "unknown: mtpdiag does not recognise this engine's MTP block",
+    }[result.status]
+    lines = [f"{version}: {result.path}", f"{headline}{where}", f"  {result.reason}"]
+    if result.status == "affected":
+        flag = f" --path {shlex.quote(str(result.path))}" if explicit_path else ""
+        lines.append(f"next step: mtpdiag apply{flag}   (preview with --dry-run; undo with --revert)")
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("check")(check)

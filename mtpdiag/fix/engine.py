@@ -1,0 +1,220 @@
+"""Find verl's Megatron engine and tell whether its MTP-loss block has the context-parallel deadlock.
+
+verl 0.7.1 collects the multi-token-prediction loss in ``forward_backward_batch`` only where
+``is_mp_src_rank_with_outputs()`` holds (tp 0, last pp stage, cp 0). The collection ends in an
+all_reduce over the DP×CP group, which the cp > 0 ranks never enter: training hangs (verl PR #5895).
+verl 0.8.0 gates the collection on the last pipeline stage, a test every member of a DP×CP group
+agrees on, and keeps the src-rank test only around the metric write.
+
+The verdict comes from the source alone (``ast``): verl is never imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from mtpdiag.errors import InputError
+from mtpdiag.fix import lint
+
+ENGINE_PARTS = ("verl", "workers", "engine", "megatron", "transformer_impl.py")
+ENGINE_FUNCTION = "forward_backward_batch"
+# Calls that collect the MTP loss, each ending in the DP×CP all_reduce.
+MTP_COLLECTIONS = frozenset({"get_megatron_mtp_loss", "track_mtp_metrics", "reduce_loss_in_tracker"})
+DP_CP = lint.group_coords("dp_cp")
+PR = "verl PR #5895"
+
+Status = Literal["affected", "fixed", "not-applicable", "unknown"]
+Gate = Literal["buggy", "fixed"]
+
+
+@dataclass(frozen=True)
+class EngineCheck:
+    """The verdict on one engine file. ``gate`` is the gate the engine uses: "buggy", "fixed" or None."""
+
+    path: Path
+    status: Status
+    lines: tuple[int, int] | None
+    reason: str
+    gate: Gate | None
+    verl_version: str | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"schema": "mtpdiag.check/1", "path": str(self.path), "verl_version": self.verl_version,
+                "status": self.status, "lines": list(self.lines) if self.lines else None,
+                "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the source says, before any file or version is attached."""
+
+    status: Status
+    lines: tuple[int, int] | None
+    reason: str
+    gate: Gate | None = None
+    collection: lint.GuardedCall | None = None
+    block: ast.stmt | None = None
+
+
+# ------------------------------------------------------------------------------------ locating verl
+
+def installed_verl_dirs() -> list[Path]:
+    """Where ``import verl`` would look, without running verl (a top-level find_spec imports nothing)."""
+    try:
+        spec = importlib.util.find_spec("verl")
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    if spec.submodule_search_locations:
+        return [Path(p) for p in spec.submodule_search_locations]
+    return [Path(spec.origin).parent] if spec.origin else []
+
+
+def locate_engine() -> Path | None:
+    """The installed verl's Megatron engine file; None when verl is installed without one.
+    Raises InputError when verl is not installed."""
+    dirs = installed_verl_dirs()
+    if not dirs:
+        raise InputError("verl is not installed in this Python; pass --path to verl's "
+                         + "/".join(ENGINE_PARTS))
+    for d in dirs:
+        candidate = d.joinpath(*ENGINE_PARTS[1:])
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def verl_version(engine: Path) -> str | None:
+    """verl's version from the dist-info beside the ``verl`` package (installed or an unpacked wheel),
+    else from the installed distribution when the file belongs to it."""
+    engine = Path(engine).absolute()
+    if engine.parts[-len(ENGINE_PARTS):] != ENGINE_PARTS:
+        return None
+    root = engine.parents[len(ENGINE_PARTS) - 1]
+    for dist in importlib.metadata.distributions(name="verl", path=[str(root)]):
+        return dist.version
+    installed = [d.resolve() for d in installed_verl_dirs()]
+    if engine.parents[len(ENGINE_PARTS) - 2].resolve() in installed:
+        try:
+            return importlib.metadata.version("verl")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    return None
+
+
+def read_source(path: Path) -> bytes:
+    """The file's bytes; an InputError (one line) when it cannot be read."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a Python file")
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def parse_source(data: bytes, path: Path) -> tuple[str, ast.Module]:
+    """Decoded text and its AST; an InputError when the file is not Python."""
+    try:
+        text = data.decode("utf-8")
+        return text, ast.parse(text, filename=str(path))
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a Python file (not UTF-8 text)") from None
+    except (SyntaxError, ValueError) as exc:
+        where = f", line {exc.lineno}" if getattr(exc, "lineno", None) else ""
+        raise InputError(f"{path}: not a Python file ({getattr(exc, 'msg', exc)}{where})") from None
+
+
+# ------------------------------------------------------------------------------------ classification
+
+def check_engine(path: Path) -> EngineCheck:
+    """Classify an engine file. Raises InputError when it is missing, unreadable or not Python."""
+    path = Path(path)
+    text, tree = parse_source(read_source(path), path)
+    verdict = classify(text, tree)
+    return EngineCheck(path=path, status=verdict.status, lines=verdict.lines, reason=verdict.reason,
+                       gate=verdict.gate, verl_version=verl_version(path))
+
+
+def classify_text(text: str) -> Verdict:
+    """``classify`` for source text (SyntaxError when it is not Python)."""
+    return classify(text, ast.parse(text))
+
+
+def classify(text: str, tree: ast.Module) -> Verdict:
+    """Find the MTP-loss collection in forward_backward_batch and judge the condition that gates it."""
+    functions = [n for n in ast.walk(tree)
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == ENGINE_FUNCTION]
+    collections = [gc for gc in lint.guarded_calls(tree) if gc.collective in MTP_COLLECTIONS]
+    inside = [gc for gc in collections if gc.function in functions]
+    if not functions:
+        if collections:
+            first = collections[0]
+            return Verdict("unknown", None, f"no {ENGINE_FUNCTION}, but the MTP loss is collected at line "
+                                            f"{first.call.lineno}; not a layout mtpdiag knows")
+        return Verdict("unknown", None, f"no {ENGINE_FUNCTION} in this file: is it verl's Megatron engine?")
+    if not inside:
+        nested = [gc for gc in collections if gc.function is not None and _within(gc.call, functions)]
+        if nested or collections:
+            where = (nested or collections)[0].call.lineno
+            return Verdict("unknown", None, f"the MTP loss is collected at line {where}, outside the body of "
+                                            f"{ENGINE_FUNCTION}; not a layout mtpdiag knows")
+        return Verdict("not-applicable", None, f"{ENGINE_FUNCTION} collects no MTP loss, so the MTP/CP "
+                                               f"deadlock of {PR} cannot happen here")
+    if len(inside) > 1:
+        lines = ", ".join(str(gc.call.lineno) for gc in inside)
+        return Verdict("unknown", None, f"{ENGINE_FUNCTION} collects the MTP loss {len(inside)} times (lines "
+                                        f"{lines}); mtpdiag knows the single-collection layout")
+    return _judge_collection(inside[0], text)
+
+
+def _within(node: ast.AST, functions: list[ast.AST]) -> bool:
+    return any(f.lineno <= node.lineno <= (f.end_lineno or f.lineno) for f in functions)
+
+
+def _judge_collection(gc: lint.GuardedCall, text: str) -> Verdict:
+    block = _block_of(gc)
+    lines = (block.lineno, block.end_lineno or block.lineno)
+    name = gc.collective
+    splitting: list[tuple[lint.Guard, lint.RankTest]] = []
+    unclear: list[str] = []
+    stage_only: list[str] = []
+    for guard in gc.guards:
+        tests = lint.rank_tests(guard.test, text)
+        splitting += [(guard, t) for t in tests if lint.splits(t.coords, DP_CP)]
+        stage_only += [t.text for t in tests if not lint.splits(t.coords, DP_CP)]
+        unclear += lint.unclassified_calls(guard.test, text)
+    if splitting:
+        guard, test = splitting[0]
+        cond = lint._guard_text(guard, text)
+        return Verdict("affected", lines,
+                       f"{name} (an all_reduce over DP×CP) runs only where `{cond}` holds, and {test.text} "
+                       f"is false on some ranks of that group (e.g. cp > 0): they never join and training "
+                       f"hangs with context parallelism ({PR})", gate="buggy", collection=gc, block=block)
+    if unclear:
+        return Verdict("unknown", lines, f"{name} is gated by {unclear[0]}, which mtpdiag cannot classify "
+                                         f"as rank-free or rank-dependent", collection=gc, block=block)
+    if stage_only:
+        reason = (f"{name} runs on every rank of the DP×CP group that reaches it: its gate tests only "
+                  f"{', '.join(dict.fromkeys(stage_only))}, which all members of that group share")
+    else:
+        reason = f"{name} runs on every rank that reaches it (no rank-dependent gate)"
+    return Verdict("fixed", lines, reason, gate="fixed", collection=gc, block=block)
+
+
+def _block_of(gc: lint.GuardedCall) -> ast.stmt:
+    """The outermost statement of the function body that holds the collection."""
+    function = gc.function
+    for stmt in function.body:
+        if stmt.lineno <= gc.call.lineno <= (stmt.end_lineno or stmt.lineno):
+            if any(node is gc.call for node in ast.walk(stmt)):
+                return stmt
+    raise AssertionError("a collection inside the function is in one of its statements")

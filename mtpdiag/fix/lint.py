@@ -1,0 +1,561 @@
+"""Static finder of collectives that only some ranks can reach.
+
+A collective hangs when part of its process group skips it. In source code that shows up as a
+collective (a ``torch.distributed`` call, or a function known to run one) under a condition that
+depends on the rank. The condition is harmless when the coordinate it tests is constant across the
+collective's group -- a pipeline-stage test around a DP×CP all_reduce splits nothing, because every
+member of a DP×CP group sits on the same stage. This module applies that rule with the group kinds of
+``mtpdiag.layout``, and ``mtpdiag check`` reuses its guard analysis for verl's MTP block.
+
+Everything here is pure ``ast`` work except ``lint_paths``, the one edge that reads files.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from mtpdiag.errors import InputError
+from mtpdiag.layout import GROUP_KINDS
+
+SCHEMA = "mtpdiag.lint/1"
+
+ANY = "*"  # a coordinate set holding ANY means "every coordinate, or one we cannot name"
+EVERY_COORD = frozenset({ANY})
+
+# torch.distributed functions that every member of a group must call (point-to-point ones separately).
+COLLECTIVE_OPS = frozenset({
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
+    "all_gather_coalesced", "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor",
+    "_reduce_scatter_base", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
+    "barrier", "monitored_barrier", "reduce", "gather", "gather_object", "scatter", "scatter_object_list",
+    "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+})
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list",
+                     "batch_isend_irecv"})
+_P2P_PARTNER = {"send": "recv", "recv": "send", "isend": "irecv", "irecv": "isend",
+                "send_object_list": "recv_object_list", "recv_object_list": "send_object_list"}
+
+
+@dataclass(frozen=True)
+class KnownCollective:
+    """A function that runs a collective inside it, over a group of a known kind."""
+
+    name: str
+    group: str  # a kind of mtpdiag.layout.GROUP_KINDS, or "pp+dp_cp" style unions
+    runs: str  # what it does, for the finding's reason
+
+
+KNOWN_COLLECTIVES: dict[str, KnownCollective] = {k.name: k for k in (
+    KnownCollective("get_megatron_mtp_loss", "dp_cp",
+                    "verl's MTP metric helper: track_mtp_metrics -> all_reduce over DP×CP"),
+    KnownCollective("track_mtp_metrics", "dp_cp",
+                    "megatron's MTPLossLoggingHelper: reduce_loss_in_tracker -> all_reduce over DP×CP"),
+    KnownCollective("reduce_loss_in_tracker", "dp_cp",
+                    "megatron's MTPLossLoggingHelper: all_reduce over the tracker's avg_group (DP×CP)"),
+    KnownCollective("track_moe_metrics", "pp+dp_cp",
+                    "megatron's MoE metrics: reduce_aux_losses_tracker_across_ranks -> all_reduce over PP and DP"),
+    KnownCollective("reduce_aux_losses_tracker_across_ranks", "pp+dp_cp",
+                    "megatron's MoE aux-loss tracker: all_reduce over the pipeline group and DP"),
+    KnownCollective("initialize_model_parallel", "world",
+                    "megatron's parallel_state: new_group on every rank of the world"),
+)}
+
+# Calls whose result depends on the calling rank, and the coordinates they test.
+_RANK_CALL_COORDS: dict[str, frozenset[str]] = {
+    "is_pipeline_last_stage": frozenset({"pp"}),
+    "is_pipeline_first_stage": frozenset({"pp"}),
+    "get_pipeline_model_parallel_rank": frozenset({"pp"}),
+    "get_virtual_pipeline_model_parallel_rank": frozenset({"pp"}),
+    "is_rank_in_embedding_group": frozenset({"pp"}),
+    "is_rank_in_position_embedding_group": frozenset({"pp"}),
+    "is_inside_encoder": frozenset({"pp"}),
+    "is_inside_decoder": frozenset({"pp"}),
+    "get_tensor_model_parallel_rank": frozenset({"tp"}),
+    "get_context_parallel_rank": frozenset({"cp"}),
+    "get_data_parallel_rank": frozenset({"dp"}),
+    "get_expert_model_parallel_rank": frozenset({"ep"}),
+    "get_expert_tensor_parallel_rank": frozenset({"tp"}),
+    "get_tensor_and_context_parallel_rank": frozenset({"tp", "cp"}),
+    # verl: tp == 0 and last pp stage and cp == 0
+    "is_mp_src_rank_with_outputs": frozenset({"tp", "pp", "cp"}),
+}
+# Group-returning calls (megatron parallel_state) and the coordinates their members differ in.
+_GROUP_CALL_KINDS: dict[str, str] = {
+    "get_data_parallel_group": "dp",
+    "get_context_parallel_group": "cp",
+    "get_tensor_model_parallel_group": "tp",
+    "get_pipeline_model_parallel_group": "pp",
+    "get_model_parallel_group": "mp",
+    "get_embedding_group": "pp",
+    "get_position_embedding_group": "pp",
+    "get_tensor_and_context_parallel_group": "tp_cp",
+    "get_tensor_and_data_parallel_group": "tp_dp",
+    "get_expert_model_parallel_group": "ep",
+}
+_STAGE_CALL = re.compile(r"^is_\w*_stage$")
+_RANK_WORD = re.compile(r"(^|_)rank(_|$)")
+_RANK_VAR = re.compile(r"^(?:(tp|cp|dp|pp|ep)_|\w+_)?rank$")
+_RANK_ENV = frozenset({"RANK", "LOCAL_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_LOCALID",
+                       "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+_GROUP_TOKENS = {"tp": "tp", "tensor": "tp", "cp": "cp", "context": "cp", "dp": "dp", "data": "dp",
+                 "pp": "pp", "pipeline": "pp", "embedding": "pp", "ep": "ep", "expert": "ep"}
+# Calls in a condition that say nothing about the rank (used by ``mtpdiag check``).
+RANK_FREE_CALLS = frozenset({"len", "isinstance", "getattr", "hasattr", "bool", "callable", "any", "all",
+                             "get_world_size", "get_tensor_model_parallel_world_size",
+                             "get_context_parallel_world_size", "get_pipeline_model_parallel_world_size",
+                             "get_data_parallel_world_size", "get_virtual_pipeline_model_parallel_world_size"})
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A condition the code passes (or, when ``negated``, fails) on the way to a call."""
+
+    test: ast.expr
+    negated: bool
+    kind: str  # "if", "while", "ternary", "early-exit", "short-circuit", "comprehension"
+    node: ast.AST  # the if/while/ifexp/boolop that carries the test
+    line: int
+
+
+@dataclass(frozen=True)
+class GuardedCall:
+    """A call that runs a collective, with every condition that leads to it inside its function."""
+
+    call: ast.Call
+    collective: str  # torch's op name, or the known function's name
+    source: str  # "torch" or "known"
+    guards: tuple[Guard, ...]
+    function: ast.AST | None  # innermost enclosing def, or None at module level
+
+
+@dataclass(frozen=True)
+class RankTest:
+    """One piece of a condition that depends on the rank, and the coordinates it tests."""
+
+    text: str
+    coords: frozenset[str]
+
+
+@dataclass(frozen=True)
+class LintFinding:
+    """A collective that part of its group can skip."""
+
+    file: str
+    line: int
+    collective: str
+    condition: str
+    reason: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"file": self.file, "line": self.line, "collective": self.collective,
+                "condition": self.condition, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class LintResult:
+    findings: tuple[LintFinding, ...]
+    files: int
+    skipped: tuple[str, ...]  # "path: why" for files under a directory that could not be parsed
+
+    def to_dict(self) -> dict[str, object]:
+        return {"schema": SCHEMA, "findings": [f.to_dict() for f in self.findings]}
+
+
+# ---------------------------------------------------------------------------------------------- naming
+
+def dotted_name(node: ast.AST) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain (calls in the chain are skipped: ``x().y`` -> ``x.y``)."""
+    parts = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Name):
+            parts.append(node.id)
+            return ".".join(reversed(parts))
+        else:
+            return ".".join(reversed(parts)) if parts else None
+
+
+def call_name(call: ast.Call) -> str | None:
+    """The last name of the callee: ``mpu.get_rank()`` -> ``get_rank``."""
+    name = dotted_name(call.func)
+    return name.rsplit(".", 1)[-1] if name else None
+
+
+def import_aliases(tree: ast.AST) -> dict[str, str]:
+    """Local name -> dotted origin for every import in the file (any scope: good enough for lint)."""
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    aliases[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".", 1)[0]
+                    aliases[top] = top
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return aliases
+
+
+def _collective_of(call: ast.Call, aliases: dict[str, str]) -> tuple[str, str] | None:
+    """(op name, "torch" | "known") when the call runs a collective."""
+    name = dotted_name(call.func)
+    if not name:
+        return None
+    head, _, rest = name.partition(".")
+    resolved = aliases.get(head, head) + ("." + rest if rest else "")
+    last = name.rsplit(".", 1)[-1]
+    from_torch = resolved.startswith("torch.distributed.") or (head == "dist" and rest and "." not in rest)
+    if from_torch and (last in COLLECTIVE_OPS or last in P2P_OPS):
+        return last, "torch"
+    if last in KNOWN_COLLECTIVES:
+        return last, "known"
+    return None
+
+
+# ------------------------------------------------------------------------------------------ guard walk
+
+def guarded_calls(tree: ast.AST) -> list[GuardedCall]:
+    """Every collective call in the tree with the conditions that lead to it, in source order."""
+    walker = _GuardWalker(import_aliases(tree))
+    if isinstance(tree, ast.Module):
+        walker.block(tree.body, ())
+    else:
+        walker.node(tree, ())
+    return sorted(walker.found, key=lambda g: (g.call.lineno, g.call.col_offset))
+
+
+def _exits(stmts: list[ast.stmt]) -> bool:
+    """True when a statement list always leaves its block (return/raise/continue/break)."""
+    if not stmts:
+        return False
+    last = stmts[-1]
+    if isinstance(last, (ast.Return, ast.Raise, ast.Continue, ast.Break)):
+        return True
+    if isinstance(last, ast.If):
+        return bool(last.orelse) and _exits(last.body) and _exits(last.orelse)
+    return False
+
+
+class _GuardWalker:
+    def __init__(self, aliases: dict[str, str]):
+        self.aliases = aliases
+        self.found: list[GuardedCall] = []
+        self.function: ast.AST | None = None
+
+    def block(self, stmts: list[ast.stmt], guards: tuple[Guard, ...]) -> None:
+        active = guards
+        for stmt in stmts:
+            self.node(stmt, active)
+            if isinstance(stmt, ast.If):
+                body_exits, else_exits = _exits(stmt.body), _exits(stmt.orelse)
+                if body_exits and not else_exits:
+                    active = active + (Guard(stmt.test, True, "early-exit", stmt, stmt.lineno),)
+                elif else_exits and not body_exits:
+                    active = active + (Guard(stmt.test, False, "early-exit", stmt, stmt.lineno),)
+
+    def node(self, node: ast.AST, guards: tuple[Guard, ...]) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
+                self.node(default, guards)
+            outer, self.function = self.function, node
+            if isinstance(node, ast.Lambda):
+                self.node(node.body, ())
+            else:
+                self.block(node.body, ())
+            self.function = outer
+        elif isinstance(node, ast.ClassDef):
+            self.block(node.body, ())
+        elif isinstance(node, (ast.If, ast.While)):
+            kind = "if" if isinstance(node, ast.If) else "while"
+            self.node(node.test, guards)
+            self.block(node.body, guards + (Guard(node.test, False, kind, node, node.lineno),))
+            if isinstance(node, ast.If):
+                self.block(node.orelse, guards + (Guard(node.test, True, kind, node, node.lineno),))
+            else:
+                self.block(node.orelse, guards)
+        elif isinstance(node, ast.IfExp):
+            self.node(node.test, guards)
+            self.node(node.body, guards + (Guard(node.test, False, "ternary", node, node.lineno),))
+            self.node(node.orelse, guards + (Guard(node.test, True, "ternary", node, node.lineno),))
+        elif isinstance(node, ast.BoolOp):
+            active = guards
+            for value in node.values:
+                self.node(value, active)
+                negated = isinstance(node.op, ast.Or)
+                active = active + (Guard(value, negated, "short-circuit", node, value.lineno),)
+        elif isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            active = guards
+            for gen in node.generators:
+                self.node(gen.iter, active)
+                for cond in gen.ifs:
+                    self.node(cond, active)
+                    active = active + (Guard(cond, False, "comprehension", node, cond.lineno),)
+            for part in ((node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,)):
+                self.node(part, active)
+        else:
+            if isinstance(node, ast.Call):
+                found = _collective_of(node, self.aliases)
+                if found:
+                    self.found.append(GuardedCall(node, found[0], found[1], guards, self.function))
+            for field, value in ast.iter_fields(node):
+                if isinstance(value, list):
+                    if value and isinstance(value[0], ast.stmt):
+                        self.block(value, guards)
+                    else:
+                        for item in value:
+                            if isinstance(item, ast.AST):
+                                self.node(item, guards)
+                elif isinstance(value, ast.AST):
+                    self.node(value, guards)
+
+
+# --------------------------------------------------------------------------------- rank dependence
+
+def rank_tests(expr: ast.AST, source: str) -> list[RankTest]:
+    """The parts of a condition whose value depends on the calling rank."""
+    out: list[RankTest] = []
+    _collect_rank_tests(expr, source, out)
+    return out
+
+
+def _collect_rank_tests(node: ast.AST, source: str, out: list[RankTest]) -> None:
+    if isinstance(node, ast.Call):
+        coords = _rank_call_coords(node)
+        if coords is not None:
+            out.append(RankTest(_text(node, source), coords))
+            return
+    elif isinstance(node, (ast.Name, ast.Attribute)):
+        ident = node.id if isinstance(node, ast.Name) else node.attr
+        match = _RANK_VAR.match(ident)
+        if match:
+            coord = match.group(1)
+            out.append(RankTest(_text(node, source), frozenset({coord}) if coord else EVERY_COORD))
+            return
+    elif isinstance(node, ast.Subscript) and _is_rank_env(node):
+        out.append(RankTest(_text(node, source), EVERY_COORD))
+        return
+    for child in ast.iter_child_nodes(node):
+        _collect_rank_tests(child, source, out)
+
+
+def _rank_call_coords(call: ast.Call) -> frozenset[str] | None:
+    name = call_name(call)
+    if not name:
+        return None
+    if name in _RANK_CALL_COORDS:
+        coords = _RANK_CALL_COORDS[name]
+        if name == "get_data_parallel_rank" and _keyword_true(call, "with_context_parallel"):
+            coords = coords | {"cp"}
+        return coords
+    if _STAGE_CALL.match(name):
+        return frozenset({"pp"})
+    if _RANK_WORD.search(name) or name in ("is_main_process", "is_local_main_process"):
+        return EVERY_COORD
+    if name in ("getenv", "get") and call.args and _is_rank_string(call.args[0]):
+        return EVERY_COORD  # os.getenv("RANK"), os.environ.get("LOCAL_RANK")
+    return None
+
+
+def _is_rank_env(node: ast.Subscript) -> bool:
+    return _is_rank_string(node.slice)
+
+
+def _is_rank_string(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in _RANK_ENV
+
+
+def _keyword_true(call: ast.Call, name: str) -> bool:
+    return any(k.arg == name and isinstance(k.value, ast.Constant) and k.value.value is True
+               for k in call.keywords)
+
+
+def unclassified_calls(expr: ast.AST, source: str) -> list[str]:
+    """Calls in a condition that are neither rank tests nor known to be rank-free (check's 'unknown')."""
+    out: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Call):
+            if _rank_call_coords(node) is not None:
+                return
+            if call_name(node) not in RANK_FREE_CALLS:
+                out.append(_text(node, source))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(expr)
+    return out
+
+
+def group_coords(kind: str) -> frozenset[str]:
+    """Coordinates that vary inside a group of this kind (``pp+dp_cp`` unions kinds)."""
+    coords: set[str] = set()
+    for part in kind.split("+"):
+        if part == "world" or part not in GROUP_KINDS:
+            return EVERY_COORD
+        coords.update(GROUP_KINDS[part][1])
+    return frozenset(coords)
+
+
+def splits(test_coords: frozenset[str], span: frozenset[str]) -> bool:
+    """Does a test of these coordinates take different values inside a group spanning ``span``?"""
+    return ANY in test_coords or ANY in span or bool(test_coords & span)
+
+
+def _collective_group(gc: GuardedCall, source: str) -> tuple[str, frozenset[str]]:
+    """(label, coordinates) of the group a collective call runs over."""
+    if gc.source == "known":
+        kind = KNOWN_COLLECTIVES[gc.collective].group
+        return kind.replace("+", " and "), group_coords(kind)
+    group = next((k.value for k in gc.call.keywords if k.arg == "group"), None)
+    if group is None or (isinstance(group, ast.Constant) and group.value is None):
+        return "default (world)", EVERY_COORD
+    label = _text(group, source)
+    if isinstance(group, ast.Call) and call_name(group) in _GROUP_CALL_KINDS:
+        kind = _GROUP_CALL_KINDS[call_name(group)]
+        coords = group_coords(kind)
+        if _keyword_true(group, "with_context_parallel"):
+            coords = coords | {"cp"}
+        return label, coords
+    ident = (dotted_name(group) or "").rsplit(".", 1)[-1].lower()
+    tokens = set(ident.split("_"))
+    if "dcp" in tokens:
+        return label, frozenset({"dp", "cp"})
+    if "mp" in tokens:
+        return label, group_coords("mp")
+    coords = frozenset(_GROUP_TOKENS[t] for t in tokens if t in _GROUP_TOKENS)
+    return label, coords or EVERY_COORD
+
+
+# ------------------------------------------------------------------------------------------ findings
+
+def lint_source(source: str, filename: str) -> list[LintFinding]:
+    """Findings for one file's text. Raises SyntaxError when it is not Python."""
+    tree = ast.parse(source, filename=filename)
+    findings = []
+    for gc in guarded_calls(tree):
+        finding = _judge(gc, source, filename)
+        if finding:
+            findings.append(finding)
+    return findings
+
+
+def _judge(gc: GuardedCall, source: str, filename: str) -> LintFinding | None:
+    label, span = _collective_group(gc, source)
+    p2p = gc.collective in P2P_OPS
+    culprits: list[tuple[Guard, list[RankTest]]] = []
+    for guard in gc.guards:
+        tests = rank_tests(guard.test, source)
+        if not tests:
+            continue
+        if p2p:
+            # Pipelines gate send/recv on the stage by design; a rank test is fine when the other branch
+            # holds the matching partner call.
+            bad = [t for t in tests if t.coords != frozenset({"pp"})]
+            if bad and not _partner_on_other_branch(gc, guard):
+                culprits.append((guard, bad))
+        else:
+            bad = [t for t in tests if splits(t.coords, span)]
+            if bad:
+                culprits.append((guard, bad))
+    if not culprits:
+        return None
+    condition = " and ".join(_guard_text(g, source) for g, _ in culprits)
+    first = culprits[0][1][0]
+    if p2p:
+        reason = (f"{gc.collective} runs only where {first.text} says so, and no matching "
+                  f"{_P2P_PARTNER.get(gc.collective, 'partner call')} is on the other branch: its peer may wait forever")
+    else:
+        varying = "every coordinate" if ANY in first.coords else "/".join(sorted(first.coords))
+        reason = (f"{first.text} depends on {varying}, which differs inside the {label} group of "
+                  f"{gc.collective}; ranks that skip it leave the others waiting in it forever")
+        if gc.source == "known":
+            reason += f" ({KNOWN_COLLECTIVES[gc.collective].runs})"
+    return LintFinding(filename, gc.call.lineno, gc.collective, condition, reason)
+
+
+def _guard_text(guard: Guard, source: str) -> str:
+    text = _text(guard.test, source)
+    if guard.negated:
+        text = f"not ({text})"
+    if guard.kind == "early-exit":
+        text += f" [after the early exit at line {guard.line}]"
+    return text
+
+
+def _partner_on_other_branch(gc: GuardedCall, guard: Guard) -> bool:
+    partner = _P2P_PARTNER.get(gc.collective)
+    if partner is None or not isinstance(guard.node, (ast.If, ast.IfExp)):
+        return False
+    other = guard.node.body if guard.negated else guard.node.orelse
+    nodes = other if isinstance(other, list) else [other]
+    for root in nodes:
+        for node in ast.walk(root):
+            if isinstance(node, ast.Call) and call_name(node) in (partner, "batch_isend_irecv"):
+                return True
+    return False
+
+
+def _text(node: ast.AST, source: str) -> str:
+    text = ast.get_source_segment(source, node)
+    if text is None:
+        text = ast.unparse(node)
+    return " ".join(text.split())
+
+
+# ------------------------------------------------------------------------------------- the file edge
+
+def iter_python_files(paths: Iterable[str | os.PathLike]) -> Iterator[tuple[Path, bool]]:
+    """(file, named explicitly) for each path; directories are walked for ``*.py``, hidden ones skipped."""
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            for root, dirs, files in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+                for name in sorted(files):
+                    if name.endswith(".py"):
+                        yield Path(root) / name, False
+        elif path.exists():
+            yield path, True
+        else:
+            raise InputError(f"{path}: no such file or directory")
+
+
+def lint_paths(paths: Iterable[str | os.PathLike]) -> LintResult:
+    """Lint files and directories. A named file that cannot be read or parsed is an InputError; one found
+    while walking a directory is skipped and listed in ``skipped``."""
+    findings: list[LintFinding] = []
+    skipped: list[str] = []
+    count = 0
+    for path, explicit in iter_python_files(paths):
+        try:
+            source = path.read_bytes().decode("utf-8")
+            findings.extend(lint_source(source, str(path)))
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
+            why = _why(exc)
+            if explicit:
+                raise InputError(f"{path}: {why}") from None
+            skipped.append(f"{path}: {why}")
+            continue
+        count += 1
+    return LintResult(tuple(findings), count, tuple(skipped))
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, SyntaxError):
+        return f"not Python ({exc.msg}, line {exc.lineno})"
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc)
