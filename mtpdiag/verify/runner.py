@@ -1,0 +1,284 @@
+"""Launch a verify world per gate, watch it, diagnose it if it hangs, and never leave a worker behind.
+
+A hang is called as soon as every live worker's main thread has used no CPU for ``quiet_s`` seconds
+and two stack samples taken across that window are the same; the gloo timeout is never waited for.
+The second sample is diagnosed with mtpdiag's own analysis, then the whole job is SIGKILLed.
+torch and megatron-core are imported only by the workers, never here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from mtpdiag.capture import procfs
+from mtpdiag.jobs import Job, start_torchrun
+from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import Report, Snapshot
+from mtpdiag.verify import (
+    OUTCOME_COMPLETED,
+    OUTCOME_DEADLOCK,
+    OUTCOME_ERROR,
+    MetricWrite,
+    RunResult,
+    check_metric,
+)
+
+WORKER_SCRIPT = str(Path(__file__).with_name("worker.py"))
+CONCURRENT_WORKERS = 8  # run several worlds at once only while their workers fit this many processes
+LAYOUT_SOURCE = "verify"
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """How a run is watched. Times in seconds."""
+
+    quiet_s: float = 2.5  # main threads flat this long, with unchanged stacks: a deadlock
+    first_look_s: float = 1.0  # main threads flat this long: take the first stack sample
+    poll_s: float = 0.2
+    timeout_s: float = 180.0  # a run that neither finishes nor hangs by then is an error
+    capture_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One world to run: the engine as the user named it, and the gate it has."""
+
+    engine: str
+    gate: str
+
+
+def run_all(layout: ParallelLayout, specs: Iterable[RunSpec], settings: WatchSettings = WatchSettings(),
+            on_result: Callable[[RunResult], None] | None = None) -> tuple[RunResult, ...]:
+    """Run every spec's world (concurrently when they are small) and return results in spec order."""
+    specs = list(specs)
+    concurrent = layout.world_size * len(specs) <= CONCURRENT_WORKERS
+    runs: list[_WatchedRun] = []
+    results: dict[int, RunResult] = {}
+    with _sigterm_as_interrupt():
+        try:
+            pending = list(enumerate(specs))
+            active: list[tuple[int, _WatchedRun]] = []
+            while pending or active:
+                while pending and (concurrent or not active):
+                    index, spec = pending.pop(0)
+                    run = _WatchedRun(spec, layout, settings)
+                    runs.append(run)
+                    active.append((index, run))
+                    run.start()
+                for index, run in list(active):
+                    result = run.poll()
+                    if result is not None:
+                        active.remove((index, run))
+                        results[index] = result
+                        if on_result is not None:
+                            on_result(result)
+                if active:
+                    time.sleep(settings.poll_s)
+        finally:
+            for run in runs:
+                run.close()
+    return tuple(results[i] for i in range(len(specs)))
+
+
+class _WatchedRun:
+    """One torchrun world and what has been seen of it so far (mutable; private to the runner)."""
+
+    def __init__(self, spec: RunSpec, layout: ParallelLayout, settings: WatchSettings) -> None:
+        self.spec, self.layout, self.settings = spec, layout, settings
+        self.out_dir = tempfile.mkdtemp(prefix=f"mtpdiag-verify-{spec.gate}-")
+        self.job: Job | None = None
+        self.started = self.started_wall = 0.0
+        self.seen: set[int] = set()
+        self.ticks: dict[int, int | None] = {}
+        self.flat_since = 0.0
+        self.first_look: Snapshot | None = None
+        self.phases: dict[str, float] = {}
+
+    def start(self) -> None:
+        layout = self.layout
+        args = ["--tp", str(layout.tp), "--cp", str(layout.cp), "--pp", str(layout.pp), "--ep", str(layout.ep),
+                "--order", layout.order, "--gate", self.spec.gate, "--out", self.out_dir,
+                "--timeout-s", str(int(self.settings.timeout_s + 60))]
+        if layout.etp is not None:
+            args += ["--etp", str(layout.etp)]
+        if layout.vpp is not None:
+            args += ["--vpp", str(layout.vpp)]
+        self.started, self.started_wall = time.monotonic(), time.time()
+        self.flat_since = self.started
+        self.job = start_torchrun(WORKER_SCRIPT, args, nproc=layout.world_size,
+                                  log_path=os.path.join(self.out_dir, "torchrun.log"))
+
+    def poll(self) -> RunResult | None:
+        """One look at the job: a result once it finished, hung or ran out of time, else None."""
+        assert self.job is not None
+        now = time.monotonic()
+        code = self.job.proc.poll()
+        if code is not None:
+            return self._finished(code, now)
+        if now - self.started > self.settings.timeout_s:
+            return self._result(OUTCOME_ERROR, now, error=f"neither finished nor hung within "
+                                f"{self.settings.timeout_s:g} s")
+        live = self._live_workers()
+        if len(self.seen) < self.layout.world_size or not live:
+            return None  # still starting: a hang is judged on the whole world only
+        ticks = {pid: procfs.main_thread_ticks(pid) for pid in live}
+        if ticks != self.ticks:
+            self.ticks, self.flat_since, self.first_look = ticks, now, None
+            return None
+        flat = now - self.flat_since
+        if self.first_look is None and flat >= self.settings.first_look_s:
+            self.first_look = self._capture(live)
+        elif self.first_look is not None and flat >= self.settings.quiet_s:
+            second = self._capture(live)
+            still = {pid: procfs.main_thread_ticks(pid) for pid in live} == ticks
+            if second is not None and still and _stacks(second) == _stacks(self.first_look):
+                return self._deadlock(second, now)
+            self.first_look, self.flat_since = second, time.monotonic()
+        return None
+
+    def close(self) -> None:
+        """Kill whatever is left of the job and remove the result directory."""
+        self._kill()
+        shutil.rmtree(self.out_dir, ignore_errors=True)
+
+    def _kill(self) -> None:
+        """Job.kill while the agent lives (its pid is still ours); else only our own stray workers.
+
+        Once the agent has been reaped its pid, and those of its finished workers, may belong to
+        someone else, so a worker pid is killed only while its command line still names our run.
+        """
+        if self.job is None:
+            return
+        if self.job.proc.poll() is None:
+            self.job.kill()
+            return
+        for pid in self.seen:
+            argv = procfs.read_cmdline(pid) or []
+            if WORKER_SCRIPT in argv and self.out_dir in argv:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    # -------------------------------------------------------------- outcomes
+
+    def _finished(self, code: int, now: float) -> RunResult:
+        done = _read_results(self.out_dir, "done")
+        ready = _read_results(self.out_dir, "ready")
+        if done and len(ready) == self.layout.world_size:
+            last_done = max(d["time"] for d in done)
+            self.phases["collect"] = last_done - max(r["time"] for r in ready)
+            self.phases["teardown"] = time.time() - last_done  # destroy groups, torchrun notices the exits
+        if code == 0 and len(done) == self.layout.world_size:
+            return self._result(OUTCOME_COMPLETED, now)
+        return self._result(OUTCOME_ERROR, now, error=f"the job exited with {code} after "
+                            f"{len(done)} of {self.layout.world_size} ranks finished{self._log_tail()}")
+
+    def _deadlock(self, snapshot: Snapshot, detected: float) -> RunResult:
+        self.phases["hang_detection"] = detected - self.flat_since
+        began = time.monotonic()
+        report, note = _diagnose(snapshot, self.layout)
+        self.phases["diagnosis"] = time.monotonic() - began
+        return self._result(OUTCOME_DEADLOCK, detected, report=report, notes=(note,) if note else ())
+
+    def _result(self, outcome: str, at: float, report: Report | None = None, error: str | None = None,
+                notes: tuple[str, ...] = ()) -> RunResult:
+        ready = _read_results(self.out_dir, "ready")
+        if len(ready) == self.layout.world_size:
+            self.phases["startup"] = max(r["time"] for r in ready) - self.started_wall
+        writes = [MetricWrite(rank=int(m["rank"]), value=float(m["value"]),
+                              avg_group=tuple(int(r) for r in m["avg_group"]))
+                  for m in _read_results(self.out_dir, "metric")]
+        seconds = at - self.started
+        if outcome != OUTCOME_COMPLETED:
+            began = time.monotonic()
+            self._kill()
+            self.phases["cleanup"] = time.monotonic() - began
+        return RunResult(engine=self.spec.engine, gate=self.spec.gate, outcome=outcome, seconds=seconds,
+                         metric=check_metric(self.layout, writes), report=report,
+                         phases=dict(self.phases), error=error, notes=notes)
+
+    # -------------------------------------------------------------- looking
+
+    def _live_workers(self) -> list[int]:
+        assert self.job is not None
+        pids = self.job.workers()
+        self.seen.update(pids)
+        return [p for p in pids if (s := procfs.read_stat(p)) is not None and s.state != "Z"]
+
+    def _capture(self, pids: list[int]) -> Snapshot | None:
+        from mtpdiag.capture import capture
+        from mtpdiag.errors import MtpdiagError
+
+        try:
+            return capture(pids=pids, timeout=self.settings.capture_timeout_s)
+        except MtpdiagError:
+            return None  # the workers moved on or exited meanwhile: not a hang
+
+    def _log_tail(self, lines: int = 4) -> str:
+        try:
+            with open(os.path.join(self.out_dir, "torchrun.log"), errors="replace") as f:
+                text = [line.strip() for line in f if line.strip() and "warn" not in line.lower()]
+        except OSError:
+            return ""
+        return (": " + " | ".join(text[-lines:])) if text else ""
+
+
+def _stacks(snapshot: Snapshot | None) -> dict[int | None, tuple]:
+    """Each worker's main-thread stack, as (function, file, line) tuples, to compare two samples."""
+    if snapshot is None:
+        return {}
+    out = {}
+    for c in snapshot.captures:
+        main = c.main_thread
+        out[c.pid] = tuple((f.function, f.file, f.line) for f in main.frames) if main else ()
+    return out
+
+
+def _diagnose(snapshot: Snapshot, layout: ParallelLayout) -> tuple[Report | None, str | None]:
+    """mtpdiag's own diagnosis of the hung world; on failure a note instead, never an exception."""
+    try:
+        from mtpdiag.analysis import diagnose
+
+        return diagnose(snapshot, layout, LAYOUT_SOURCE), None
+    except Exception as exc:  # the verdict (a deadlock) stands even when the diagnosis cannot be made
+        return None, f"no diagnosis: {type(exc).__name__}: {exc}"
+
+
+def _read_results(out_dir: str, kind: str) -> list[dict]:
+    """Every ``<kind>-<rank>.json`` the workers wrote (complete files only: they are renamed into place)."""
+    out = []
+    for name in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else ():
+        if name.startswith(f"{kind}-") and name.endswith(".json"):
+            try:
+                with open(os.path.join(out_dir, name)) as f:
+                    out.append(json.load(f))
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+class _sigterm_as_interrupt:
+    """While running worlds, turn SIGTERM into KeyboardInterrupt so the cleanup in ``finally`` runs."""
+
+    def __enter__(self) -> None:
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
