@@ -1,0 +1,454 @@
+"""A single self-contained HTML report: findings first, then a rank grid coloured by call site.
+
+Everything is inline (CSS, JS, data) and a Content-Security-Policy forbids every fetch, so the file
+works offline and can be mailed around. Strings from the report (function names, files, hosts) come
+from target processes: each is escaped here, and the script only ever writes them with ``textContent``.
+Per-cell markup is a few bytes so that a 16k-rank world still renders; stacks live in one JSON blob,
+deduplicated, that the script reads for the cell tooltips and the stack pane (``#rank=N`` opens it).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from html import escape
+from typing import Any, Iterable, Mapping
+
+from mtpdiag import __version__
+from mtpdiag.layout import LayoutError, ParallelLayout
+from mtpdiag.model import Frame, RankView, Report
+from mtpdiag.report import words
+from mtpdiag.report.console import group_letter
+
+# The console's colours (red, cyan, yellow, green, magenta, blue, then their bright twins) as CSS, so a
+# group has the same colour in both reports. Past these, hues step by the golden angle.
+PALETTE = ("#d62728", "#17becf", "#e5c100", "#2ca02c", "#c440c4", "#1f77b4",
+           "#ff7b7b", "#7fe3f0", "#ffe066", "#8ce99a", "#f08cf0", "#74c0fc")
+TABLE_MAX_COLUMNS = 16  # above this the grid switches to compact wrapped blocks, one per dp index
+TABLE_MAX_CELLS = 512
+LIST_LIMIT = 200  # long lists of odd ranks are cut here
+VERDICT_CLASS = {"problem": "v-problem", "incomplete": "v-incomplete", "ok": "v-ok"}
+
+
+def render(report: Report) -> str:
+    """The whole report as one HTML document."""
+    views = {v.rank: v for v in report.ranks if v.rank is not None}
+    group_of = {r: i for i, g in enumerate(report.sites) for r in g.ranks}
+    script = _SCRIPT
+    csp = (f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+           f"script-src 'sha256-{_sha256(script)}'")
+    parts = [
+        "<!doctype html>\n<html lang=en><head><meta charset=utf-8>",
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
+        '<meta name=viewport content="width=device-width, initial-scale=1">',
+        f"<title>mtpdiag: {_e(report.verdict)}</title>",
+        f"<style>{_CSS}{_group_css(len(report.sites))}</style></head><body>",
+        _header(report),
+        _findings(report),
+        _mismatches(report, views),
+        _grid_section(report, group_of),
+        _sites_table(report),
+        _odd_ranks(report),
+        _notes(report),
+        f"<footer>mtpdiag {_e(__version__)}</footer>",
+        f'<script type="application/json" id=mtpdiag-data>{_data_json(report)}</script>',
+        f"<script>{script}</script>",
+        "</body></html>\n",
+    ]
+    return "\n".join(p for p in parts if p)
+
+
+# ---------------------------------------------------------------- sections
+
+
+def _header(report: Report) -> str:
+    css = VERDICT_CLASS.get(report.verdict, "")
+    out = [f'<header><h1 data-testid=verdict class="{css}">{_e(words.headline(report))}</h1>']
+    layout = report.layout
+    if layout:
+        sizes = " ".join(f"{k}={layout[k]}" for k in ("tp", "cp", "ep", "dp", "pp") if k in layout)
+        source = f" from {report.layout_source}" if report.layout_source else ""
+        out.append(f"<p class=dim>layout: {_e(sizes)}{_e(source)}; world size {_e(report.world_size)}</p>")
+    else:
+        out.append("<p class=dim>layout: unknown (pass --tp/--cp/--pp or --config to find split process "
+                   "groups)</p>")
+    if report.progress:
+        p = report.progress
+        out.append(f"<p class=dim>progress: {_e(p.get('samples'))} samples every {_e(p.get('interval_s'))} s; "
+                   f"stalled for {_e(p.get('stalled_for_s'))} s</p>")
+    out.append("</header>")
+    return "".join(out)
+
+
+def _findings(report: Report) -> str:
+    if not report.findings:
+        return ""
+    out = ["<section><h2>Findings</h2>"]
+    for i, f in enumerate(report.findings):
+        first = " first" if i == 0 else ""
+        out.append(f'<div class="finding{first}" data-testid=finding data-id="{_e(f.id)}">'
+                   f"<p><code class=fid>{_e(f.id)}</code> <span class=summary>{_e(f.summary)}</span></p>"
+                   f"<p class=dim>ranks {_e(_rank_runs(f.ranks))}</p>")
+        if f.remedy:
+            out.append(f"<p class=remedy>remedy: <code>{_e(f.remedy)}</code></p>")
+        out.append("</div>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def _mismatches(report: Report, views: Mapping[int, RankView]) -> str:
+    if not report.mismatches:
+        return ""
+    ordered = [m for m in report.mismatches if m.role == "root"] + \
+              [m for m in report.mismatches if m.role != "root"]
+    out = ["<section><h2>Split collectives</h2><ul>"]
+    for m in ordered:
+        root = m.role == "root"
+        tag = "" if root else "<em>(consequence)</em> "
+        out.append(f'<li data-testid=mismatch class="{"root" if root else "consequence"}">'
+                   f"{tag}{_e(words.mismatch_sentence(m, views, report.layout))}</li>")
+    out.append("</ul></section>")
+    return "".join(out)
+
+
+def _grid_section(report: Report, group_of: Mapping[int, int]) -> str:
+    legend = ["<ul class=legend data-testid=legend>"]
+    for i, g in enumerate(report.sites):
+        legend.append(f'<li data-g={i} title="show only group {group_letter(i)}"><i class="sw g{i}"></i>'
+                      f"<b>{group_letter(i)}</b> {_e(g.op or '(running)')} at {_e(words.site_label(g.site))}"
+                      f" <span class=dim>({len(g.ranks)} rank{'s' if len(g.ranks) != 1 else ''})</span></li>")
+    legend.append("</ul>")
+    cells = _layout_grid(report, group_of)
+    title = "Rank grid: rows are pp stages, columns (dp, cp, tp); colour and letter = site group"
+    if cells is None:
+        cells = _list_grid(report, group_of)
+        title = "Ranks (no layout: pass --tp/--cp/--pp for the pp × (dp, cp, tp) grid); colour = site group"
+    pane = ("<aside id=pane data-testid=stack-pane hidden><button id=pane-close type=button "
+            "aria-label=close>×</button><h3 id=pane-title></h3><p id=pane-meta class=dim></p>"
+            "<p id=pane-doing></p><ol id=pane-frames data-testid=stack-frames></ol></aside>")
+    return (f"<section><h2>{_e(title)}</h2>{''.join(legend)}"
+            f"<p class=dim>Hover a cell for its stack; click it for the stack pane.</p>"
+            f"<div class=gridwrap><div id=grid data-testid=grid>{cells}</div>{pane}</div></section>")
+
+
+def _layout_grid(report: Report, group_of: Mapping[int, int]) -> str | None:
+    """pp stages × (dp, cp, tp): a labelled table for small worlds, wrapped dp blocks for big ones."""
+    index = {v.rank: i for i, v in enumerate(report.ranks) if v.rank is not None and v.coords}
+    if not index:
+        return None
+    coords = {r: report.ranks[i].coords for r, i in index.items()}
+    coords.update({r: c for r, c in _layout_coords(report).items() if r not in coords})
+    cell_at = {(c["pp"], (c.get("dp", 0), c.get("cp", 0), c.get("tp", 0))): r for r, c in coords.items()}
+    stages = sorted({pp for pp, _ in cell_at})
+    columns = sorted({col for _, col in cell_at})
+
+    def cell(stage: int, col: tuple[int, int, int], text: bool) -> str:
+        rank = cell_at.get((stage, col))
+        if rank is None:
+            return "<i class=gap></i>"
+        if rank not in index:
+            return (f'<i data-testid=rank-cell class=miss title="rank {rank}: not captured">'
+                    f"{'r' + str(rank) if text else ''}</i>")
+        return _cell(report.ranks[index[rank]], index[rank], group_of, text)
+
+    if len(columns) <= TABLE_MAX_COLUMNS and len(cell_at) <= TABLE_MAX_CELLS:
+        out = [f'<div class=tbl style="grid-template-columns:auto repeat({len(columns)},minmax(4.2em,auto))">',
+               "<span></span>"]
+        out += [f"<span class=colh>dp{d}<br>cp{c}<br>tp{t}</span>" for d, c, t in columns]
+        for stage in stages:
+            out.append(f"<span class=rowh>pp{stage}</span>")
+            out += [cell(stage, col, True) for col in columns]
+        out.append("</div>")
+        return "".join(out)
+    tp_size = max(col[2] for col in columns) + 1
+    out = [f"<div class=blocks style=\"--tp:{tp_size}\">"]
+    for stage in stages:
+        out.append(f"<div class=stage><span class=rowh>pp{stage}</span><div class=wrap>")
+        for dp in sorted({col[0] for col in columns}):
+            block = [col for col in columns if col[0] == dp]
+            out.append(f'<div class=blk title="pp{stage} dp{dp}">')
+            out += [cell(stage, col, False) for col in block]
+            out.append("</div>")
+        out.append("</div></div>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def _list_grid(report: Report, group_of: Mapping[int, int]) -> str:
+    order = sorted(range(len(report.ranks)), key=lambda i: (report.ranks[i].rank is None,
+                                                            report.ranks[i].rank or 0, report.ranks[i].pid or 0))
+    return "<div class=list>" + "".join(_cell(report.ranks[i], i, group_of, True) for i in order) + "</div>"
+
+
+def _cell(view: RankView, i: int, group_of: Mapping[int, int], text: bool) -> str:
+    group = group_of.get(view.rank) if view.rank is not None else None
+    css = f"g{group}" if group is not None else "gx"
+    if view.state in ("stopped", "gone", "unreadable"):
+        css += f" s-{view.state}"
+    label = ""
+    if text:
+        letter = group_letter(group) if group is not None else "?"
+        name = f"r{view.rank}" if view.rank is not None else f"pid {view.pid}"
+        mark = {"stopped": " T", "gone": " ✗", "unreadable": " ?"}.get(view.state, "")
+        label = f"<b>{letter}</b> {_e(name)}{mark}"
+    return f'<i data-testid=rank-cell class="{css}" data-i={i}>{label}</i>'
+
+
+def _sites_table(report: Report) -> str:
+    out = ["<section><h2>Where each rank waits</h2><table data-testid=sites><thead><tr><th>grp</th>"
+           "<th>ranks</th><th>op</th><th>call site</th></tr></thead><tbody>"]
+    for i, g in enumerate(report.sites):
+        out.append(f'<tr><td><i class="sw g{i}"></i><b>{group_letter(i)}</b></td>'
+                   f"<td>{_e(_rank_runs(g.ranks))}</td><td>{_e(g.op or '(running)')}</td>"
+                   f"<td><code>{_e(words.site_label(g.site))}</code></td></tr>")
+    out.append("</tbody></table></section>")
+    return "".join(out)
+
+
+def _odd_ranks(report: Report) -> str:
+    odd = [v for v in report.ranks if v.state in ("stopped", "gone", "unreadable")]
+    if not odd:
+        return ""
+    out = ["<section><h2>Ranks that could not be read normally</h2><ul>"]
+    for v in odd[:LIST_LIMIT]:
+        label = words.rank_label(v, v.rank, report.layout) if v.rank is not None else f"pid {v.pid}"
+        out.append(f"<li class=warn>{_e(label)} on {_e(v.host)}: {_e(words.doing(v))}</li>")
+    if len(odd) > LIST_LIMIT:
+        out.append(f"<li class=dim>… and {len(odd) - LIST_LIMIT} more</li>")
+    out.append("</ul></section>")
+    return "".join(out)
+
+
+def _notes(report: Report) -> str:
+    if not report.notes:
+        return ""
+    return "<section class=notes>" + "".join(f"<p class=dim>note: {_e(n)}</p>" for n in report.notes) + \
+        "</section>"
+
+
+# ---------------------------------------------------------------- data for the script
+
+
+def _data_json(report: Report) -> str:
+    """Views as ``[rank, label, host, pid, state, doing, stack]`` with strings, frames and stacks interned."""
+    texts: dict[str, int] = {}
+    frames: dict[Frame, int] = {}
+    stacks: dict[tuple[int, ...], int] = {}
+
+    def text(s: str) -> int:
+        return texts.setdefault(s, len(texts))
+
+    def stack(fs: Iterable[Frame]) -> int:
+        key = tuple(frames.setdefault(f, len(frames)) for f in fs)
+        return stacks.setdefault(key, len(stacks))
+
+    rows = []
+    for v in report.ranks:
+        label = words.rank_label(v, v.rank, report.layout) if v.rank is not None else f"pid {v.pid}"
+        rows.append([v.rank, label, text(v.host), v.pid, text(v.state), text(words.doing(v)), stack(v.stack)])
+    data: dict[str, Any] = {
+        "texts": list(texts),
+        "frames": [[f.function, f.file, f.line] for f in frames],
+        "stacks": [list(s) for s in stacks],
+        "views": rows,
+    }
+    raw = json.dumps(data, ensure_ascii=True, separators=(",", ":"))
+    # Inert inside <script>: no "</script>", no "<!--", no entity games.
+    return raw.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _layout_coords(report: Report) -> dict[int, Mapping[str, int]]:
+    """Coordinates of every rank of the world, so that ranks missing from the capture show as gaps."""
+    layout, world = report.layout, report.world_size
+    if not layout or not world:
+        return {}
+    try:
+        sizes = {k: int(layout.get(k, 1) or 1) for k in ("tp", "cp", "pp", "ep")}
+        full = ParallelLayout.for_world(world, order=str(layout.get("order") or "tp-cp-ep-dp-pp"), **sizes)
+        return {r: full.coords(r) for r in range(world)}
+    except (LayoutError, TypeError, ValueError):
+        return {}
+
+
+def _group_css(n: int) -> str:
+    rules = []
+    for i in range(n):
+        colour = PALETTE[i] if i < len(PALETTE) else f"hsl({(i * 137.508) % 360:.0f},60%,42%)"
+        ink = "#111" if i < len(PALETTE) and _light(PALETTE[i]) else "#fff"
+        rules.append(f".g{i}{{background-color:{colour};color:{ink}}}"
+                     f'#grid[data-focus="{i}"] [data-testid=rank-cell]:not(.g{i}){{opacity:.15}}')
+    return "".join(rules)
+
+
+def _light(hex_colour: str) -> bool:
+    r, g, b = (int(hex_colour[k:k + 2], 16) for k in (1, 3, 5))
+    return 0.299 * r + 0.587 * g + 0.114 * b > 140
+
+
+def _rank_runs(ranks: Iterable[int], limit: int = 24) -> str:
+    """``0-3, 8, 10``, cut after ``limit`` runs."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:limit])
+    count = sum(b - a + 1 for a, b in runs)
+    return text + (f", … ({count} ranks)" if len(runs) > limit else "")
+
+
+def _e(value: object) -> str:
+    return escape("" if value is None else str(value), quote=True)
+
+
+def _sha256(text: str) -> str:
+    return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
+
+
+_CSS = """
+:root{--cell:14px;font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1d2330;background:#fafbfc}
+body{margin:0 auto;padding:1rem 1.5rem 3rem;max-width:110rem}
+h1{font-size:1.35rem;margin:.2rem 0 .3rem;padding:.5rem .8rem;border-radius:6px}
+h2{font-size:1.05rem;margin:1.4rem 0 .5rem;border-bottom:1px solid #dde1e6;padding-bottom:.2rem}
+.v-problem{background:#fde8e8;color:#8b1111}.v-incomplete{background:#fff6d6;color:#6b5200}
+.v-ok{background:#e3f6e5;color:#145a1e}
+.dim{color:#69707d}.warn{color:#8a5a00}p{margin:.25rem 0}
+code{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;word-break:break-all}
+.finding{border-left:4px solid #98a1ad;background:#fff;padding:.4rem .8rem;margin:.5rem 0;border-radius:4px;
+box-shadow:0 1px 2px rgba(0,0,0,.06)}
+.finding.first{border-left-color:#d62728}.fid{font-weight:600}.summary{font-size:1.02rem}
+.remedy{color:#145a1e}
+li.consequence{color:#8b929c}li.root{font-weight:500}ul{padding-left:1.3rem}
+.legend{list-style:none;padding:0;margin:.3rem 0;display:flex;flex-wrap:wrap;gap:.3rem 1.2rem}
+.legend li{cursor:pointer}.legend li.on{text-decoration:underline}
+.sw{display:inline-block;width:.9em;height:.9em;border-radius:2px;vertical-align:-.1em;margin-right:.3em}
+.gridwrap{display:flex;gap:1rem;align-items:flex-start;flex-wrap:wrap}
+#grid{overflow:auto;max-width:100%;max-height:80vh;flex:1 1 30rem}
+#grid [data-testid=rank-cell]{cursor:pointer;font-style:normal}
+#grid .sel{outline:3px solid #111;outline-offset:-1px;z-index:1}
+.gx{background-color:#e1e4e8;color:#333}
+.miss{background:#fff;border:1px dashed #98a1ad;color:#98a1ad}
+.s-stopped{background-image:repeating-linear-gradient(45deg,transparent 0 4px,rgba(0,0,0,.3) 4px 6px)}
+.s-gone,.s-unreadable{background-color:#fff;color:#555;border:1px dashed #555}
+.tbl{display:grid;gap:3px;width:max-content}
+.tbl>i{display:block;padding:.25em .5em;border-radius:3px;text-align:center;white-space:nowrap;font-size:13px}
+.colh{font-size:11px;color:#69707d;text-align:center;line-height:1.2;align-self:end}
+.rowh{font-weight:600;padding-right:.5em;align-self:center}
+.list{display:flex;flex-wrap:wrap;gap:3px}
+.list>i{display:block;padding:.25em .5em;border-radius:3px;white-space:nowrap;font-size:13px}
+.stage{display:flex;gap:.5rem;align-items:flex-start;padding:4px 0;border-bottom:1px solid #e6e9ed}
+.stage>.rowh{min-width:2.6em;align-self:flex-start;position:sticky;top:0}.wrap{display:flex;flex-wrap:wrap;gap:5px}
+.blk{display:grid;grid-template-columns:repeat(var(--tp),var(--cell));gap:1px}
+.blk>i{display:block;width:var(--cell);height:var(--cell)}
+.gap{visibility:hidden}
+#pane{flex:0 1 34rem;min-width:20rem;background:#fff;border:1px solid #dde1e6;border-radius:6px;
+padding:.5rem .9rem;position:sticky;top:.5rem;max-height:85vh;overflow:auto}
+#pane h3{margin:.2rem 0;font-size:1rem}#pane ol{padding-left:1.6rem;margin:.4rem 0}
+#pane li{margin:.1rem 0}#pane li .loc{color:#69707d}
+#pane-close{float:right;border:0;background:none;font-size:1.2rem;cursor:pointer}
+table{border-collapse:collapse}td,th{padding:.2rem .7rem;border-bottom:1px solid #e6e9ed;text-align:left;
+vertical-align:top}
+footer{margin-top:2rem;color:#98a1ad;font-size:12px}
+"""
+
+_SCRIPT = """
+(function () {
+  "use strict";
+  var D = JSON.parse(document.getElementById("mtpdiag-data").textContent);
+  var grid = document.getElementById("grid");
+  var pane = document.getElementById("pane");
+  var byRank = {};
+  D.views.forEach(function (v, i) { if (v[0] !== null) { byRank[v[0]] = i; } });
+  var stackText = {};
+  var MAX_TITLE_FRAMES = 12;
+
+  function frameOf(k) { return D.frames[k]; }
+  function stackOf(v) { return D.stacks[v[6]].map(frameOf); }
+  function where(f) { return f[1] + ":" + f[2]; }
+
+  function titleOf(i) {
+    var v = D.views[i];
+    if (!(v[6] in stackText)) {
+      var fs = stackOf(v);
+      var lines = fs.slice(0, MAX_TITLE_FRAMES).map(function (f) { return "  " + f[0] + "  (" + where(f) + ")"; });
+      if (fs.length > MAX_TITLE_FRAMES) { lines.push("  \\u2026 " + (fs.length - MAX_TITLE_FRAMES) + " more (click)"); }
+      stackText[v[6]] = lines.join("\\n");
+    }
+    return v[1] + ": " + D.texts[v[5]] + "\\n" + stackText[v[6]];
+  }
+
+  var cells = grid.querySelectorAll("[data-i]");
+  for (var c = 0; c < cells.length; c++) { cells[c].title = titleOf(+cells[c].getAttribute("data-i")); }
+
+  function el(tag, text, cls) {
+    var e = document.createElement(tag);
+    if (text !== undefined) { e.textContent = text; }
+    if (cls) { e.className = cls; }
+    return e;
+  }
+
+  function openView(i) {
+    var v = D.views[i];
+    if (!v) { return; }
+    document.getElementById("pane-title").textContent = v[1];
+    document.getElementById("pane-meta").textContent =
+      "host " + D.texts[v[2]] + (v[3] !== null ? ", pid " + v[3] : "") + ", state " + D.texts[v[4]];
+    document.getElementById("pane-doing").textContent = D.texts[v[5]];
+    var ol = document.getElementById("pane-frames");
+    ol.textContent = "";
+    var fs = stackOf(v);
+    if (!fs.length) { ol.appendChild(el("li", "no stack", "dim")); }
+    fs.forEach(function (f) {
+      var li = el("li");
+      li.appendChild(el("code", f[0], "fn"));
+      li.appendChild(document.createTextNode(" "));
+      li.appendChild(el("span", "(" + where(f) + ")", "loc"));
+      ol.appendChild(li);
+    });
+    var old = grid.querySelector(".sel");
+    if (old) { old.classList.remove("sel"); }
+    var cell = grid.querySelector('[data-i="' + i + '"]');
+    if (cell) { cell.classList.add("sel"); }
+    pane.hidden = false;
+    pane.setAttribute("data-view", String(i));
+    if (v[0] !== null) { pane.setAttribute("data-rank", String(v[0])); } else { pane.removeAttribute("data-rank"); }
+  }
+
+  function fromHash() {
+    var m = /^#rank=(\\d+)$/.exec(location.hash);
+    if (m && m[1] in byRank) { openView(byRank[m[1]]); }
+  }
+
+  grid.addEventListener("click", function (ev) {
+    var cell = ev.target.closest("[data-i]");
+    if (!cell) { return; }
+    var i = +cell.getAttribute("data-i");
+    openView(i);
+    if (D.views[i][0] !== null) {
+      try { history.replaceState(null, "", "#rank=" + D.views[i][0]); } catch (e) { /* file: quirks */ }
+    }
+  });
+  document.getElementById("pane-close").addEventListener("click", function () {
+    pane.hidden = true;
+    var old = grid.querySelector(".sel");
+    if (old) { old.classList.remove("sel"); }
+  });
+  var legend = document.querySelector("[data-testid=legend]");
+  legend.addEventListener("click", function (ev) {
+    var item = ev.target.closest("[data-g]");
+    if (!item) { return; }
+    var g = item.getAttribute("data-g");
+    var on = grid.getAttribute("data-focus") !== g;
+    if (on) { grid.setAttribute("data-focus", g); } else { grid.removeAttribute("data-focus"); }
+    legend.querySelectorAll("[data-g]").forEach(function (x) { x.classList.toggle("on", on && x === item); });
+  });
+  window.addEventListener("hashchange", fromHash);
+  fromHash();
+  document.documentElement.setAttribute("data-ready", "1");
+})();
+"""
