@@ -1,0 +1,140 @@
+"""``mtpdiag watch``: sample a job until it hangs (diagnose, save a bundle, exit 1) or the time is up (exit 0).
+
+Each sample first reads every worker's main-thread CPU time from /proc, which costs the targets
+nothing. Only when no main thread moved does it take stacks (one py-spy pause per rank), so a healthy
+job is barely touched. See ``mtpdiag.progress`` for when a hang is called.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from mtpdiag.commands import options as o
+from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError
+from mtpdiag.model import Report, Snapshot
+from mtpdiag.progress import StallTracker, stack_signatures
+
+
+def watch(
+    pid: Optional[List[int]] = o.PID,
+    all_: bool = o.ALL,
+    interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between samples."),
+    stall: float = typer.Option(5.0, "--stall", min=0.5,
+                                help="Call a hang after this many seconds without any progress."),
+    duration: Optional[float] = typer.Option(None, "--duration", min=0.1,
+                                             help="Stop after this many seconds (exit 0 if no hang)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Bundle to write on a hang "
+                                       "(default ./mtpdiag-hang-HOST-TIME.json; a directory works)."),
+    native: bool = o.NATIVE,
+    nonblocking: bool = o.NONBLOCKING,
+    timeout: float = o.TIMEOUT,
+    tp: Optional[int] = o.TP,
+    cp: Optional[int] = o.CP,
+    pp: Optional[int] = o.PP,
+    ep: Optional[int] = o.EP,
+    etp: Optional[int] = o.ETP,
+    vpp: Optional[int] = o.VPP,
+    order: Optional[str] = o.ORDER,
+    config: Optional[str] = o.CONFIG,
+    override: Optional[List[str]] = o.OVERRIDE,
+    as_json: bool = o.JSON,
+    markdown: bool = o.MARKDOWN,
+    html: Optional[Path] = o.HTML,
+) -> None:
+    """Tell a hang from slow progress: sample until nothing moves for --stall seconds."""
+    from mtpdiag.bundle import save_bundle
+    from mtpdiag.capture import capture, find_targets, procfs
+
+    if not pid and not all_:
+        raise InputError("give --pid PID (a worker or its torchrun agent) or --all")
+    layout_options = o.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
+                                     config=config, overrides=tuple(override or ()))
+    status = _Status()
+    start = time.monotonic()
+    tracker = StallTracker.start(start)
+    last: Snapshot | None = None
+    while True:
+        now = time.monotonic()
+        if duration is not None and now - start >= duration:
+            break
+        try:
+            targets = find_targets(list(pid or []), all_)
+        except InputError:
+            if tracker.samples == 0:
+                raise
+            status.done()
+            print(f"mtpdiag watch: the job ended after {now - start:.1f} s ({tracker.samples} samples); "
+                  "no hang", file=sys.stderr)
+            raise typer.Exit(EXIT_OK)
+        ticks = {p: procfs.main_thread_ticks(p) for p in targets}
+        stacks = None
+        if tracker.samples and not tracker.ticks_moved(ticks):
+            last = capture(targets, native=native, nonblocking=nonblocking, timeout=timeout)
+            stacks = stack_signatures(last)
+        tracker = tracker.observe(now, ticks, stacks)
+        status.show(f"watching {len(targets)} ranks: sample {tracker.samples}, "
+                    f"no progress for {tracker.stalled_for(now):.1f} s")
+        if tracker.is_hang(now, stall) and last is not None:
+            status.done()
+            report = o.diagnose_snapshot(last, layout_options)
+            report = replace(report, progress=tracker.progress(now, interval, stall))
+            path = save_bundle(last, str(out or _default_bundle(last)))
+            print(f"mtpdiag watch: hang after {tracker.stalled_for(now):.1f} s without progress; "
+                  f"bundle written to {path}", file=sys.stderr)
+            o.emit(report, as_json, markdown, html)
+            raise typer.Exit(EXIT_PROBLEM)
+        time.sleep(max(0.0, interval - (time.monotonic() - now)))
+
+    status.done()
+    end = time.monotonic()
+    snapshot = last or capture(list(pid or []), scan_all=all_, native=native, nonblocking=nonblocking,
+                               timeout=timeout)
+    report = _progress_report(o.diagnose_snapshot(snapshot, layout_options), tracker, end, interval, stall)
+    o.emit(report, as_json, markdown, html)
+    raise typer.Exit(EXIT_OK)
+
+
+def _progress_report(report: Report, tracker: StallTracker, now: float, interval: float,
+                     stall: float) -> Report:
+    """The job kept moving: a momentary stack sample is not a diagnosis, so no findings are claimed."""
+    note = (f"the job made progress: in {tracker.samples} samples over {now - tracker.started:.1f} s, "
+            f"no {stall:g} s window passed without a main thread using CPU or a stack changing")
+    return replace(report, verdict="ok", findings=(), mismatches=(), notes=(note,),
+                   progress=tracker.progress(now, interval, stall))
+
+
+def _default_bundle(snapshot: Snapshot) -> str:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.join(os.getcwd(), f"mtpdiag-hang-{snapshot.host}-{stamp}.json")
+
+
+class _Status:
+    """A one-line live status on stderr, only on a TTY."""
+
+    def __init__(self) -> None:
+        self._tty = sys.stderr.isatty()
+        self._shown = False
+
+    def show(self, text: str) -> None:
+        if self._tty:
+            sys.stderr.write("\r\033[K" + text)
+            sys.stderr.flush()
+            self._shown = True
+
+    def done(self) -> None:
+        if self._shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+            self._shown = False
+
+
+def register(app: typer.Typer) -> None:
+    app.command("watch")(watch)
