@@ -46,6 +46,7 @@ def save_bundle(snapshot: Snapshot, path: str) -> str:
     except OSError as exc:
         _remove_quietly(tmp)
         raise InputError(f"cannot write {target}: {exc.strerror or exc}") from None
+    _fsync_directory(directory)
     return target
 
 
@@ -73,6 +74,20 @@ def snapshot_from_data(data: object, path: str) -> Snapshot:
         return Snapshot.from_dict(data)  # type: ignore[arg-type]
     except (SchemaError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{path}: not a valid mtpdiag bundle ({exc})") from None
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the rename itself durable (best effort: some filesystems refuse)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _remove_quietly(path: str) -> None:

@@ -81,9 +81,8 @@ def is_python(pid: int) -> bool:
     """Whether the process runs a Python interpreter (Ray workers retitle themselves ``ray::...``)."""
     exe = read_exe(pid)
     if exe is not None:
-        name = os.path.basename(exe.removesuffix(" (deleted)"))
-        if _PYTHON_NAME.match(name):
-            return True
+        return bool(_PYTHON_NAME.match(os.path.basename(exe.removesuffix(" (deleted)"))))
+    # The executable is hidden (another user's process): judge by the title.
     stat = read_stat(pid)
     if stat is not None and (stat.comm.startswith("python") or stat.comm.startswith("ray::")):
         return True

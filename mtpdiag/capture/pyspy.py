@@ -11,10 +11,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from typing import Any, Iterable
 
+from mtpdiag.capture import procfs
 from mtpdiag.errors import InputError
 from mtpdiag.model import Frame, ThreadStack
 
@@ -49,6 +51,7 @@ def dump(pid: int, *, native: bool = False, nonblocking: bool = False,
     if nonblocking:
         cmd.append("--nonblocking")
     cmd += ["--pid", str(pid)]
+    before = procfs.read_stat(pid)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL)
     try:
@@ -56,13 +59,26 @@ def dump(pid: int, *, native: bool = False, nonblocking: bool = False,
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        raise CaptureFailed(f"py-spy timed out after {timeout:g}s") from None
+        note = "" if nonblocking else _resume_if_left_stopped(pid, before)
+        raise CaptureFailed(f"py-spy timed out after {timeout:g}s{note}") from None
     if proc.returncode != 0:
         raise CaptureFailed(one_line(err.decode("utf-8", "replace")) or f"py-spy exited with {proc.returncode}")
     try:
         return threads_from_json(json.loads(out))
     except (ValueError, TypeError, KeyError) as exc:
         raise CaptureFailed(f"py-spy printed unreadable JSON ({exc})") from None
+
+
+def _resume_if_left_stopped(pid: int, before: procfs.ProcStat | None) -> str:
+    """A blocking py-spy killed mid-dump can leave its target stopped; undo that, never a user's stop."""
+    after = procfs.read_stat(pid)
+    if before is None or after is None or before.state in "Tt" or after.state not in "Tt":
+        return ""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except OSError:
+        return " and left the process stopped"
+    return " (the process was resumed with SIGCONT)"
 
 
 def one_line(text: str) -> str:
