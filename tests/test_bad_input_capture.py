@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mtpdiag.bundle import save_bundle
-from mtpdiag.capture import pyspy
-from mtpdiag.errors import InputError
+from mtpdiag.capture import capture, procfs, pyspy
+from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.model import Snapshot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,3 +88,45 @@ def test_bundle_into_missing_directory(tmp_path):
     with pytest.raises(InputError) as exc:
         save_bundle(Snapshot(captures=()), str(tmp_path / "nowhere" / "b.json"))
     assert "nowhere" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_py_spy_errors_become_one_line(started):
+    sleeper = started("sleep", "100")
+    with pytest.raises(pyspy.CaptureFailed) as exc:
+        pyspy.dump(sleeper.pid, timeout=30.0)
+    assert "\n" not in str(exc.value) and "Error" in str(exc.value)
+    assert "backtrace" not in str(exc.value).lower()
+
+
+def test_every_target_failing_is_nothing_captured(started):
+    """A ranked Python process whose dump cannot finish in time: NothingCaptured (exit 3), target untouched."""
+    import os
+
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", WANDB_API_KEY="canary-5e3b")
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100)"], env=env,
+                              stdin=subprocess.DEVNULL)
+    try:
+        _wait_until_python(worker.pid)
+        with pytest.raises(NothingCaptured) as exc:
+            capture([worker.pid], timeout=0.001)  # py-spy cannot even start in a millisecond
+        assert exc.value.exit_code == 3 and "timed out" in str(exc.value) and "\n" not in str(exc.value)
+        assert procfs.read_stat(worker.pid).state != "T"  # not left stopped by the killed py-spy
+        (c,) = capture([worker.pid], timeout=30.0).captures
+        assert c.rank == 0 and c.world_size == 1 and c.main_thread.frames[-1].function == "<module>"
+        assert "canary" not in str(c.to_dict())
+    finally:
+        worker.kill()
+        worker.wait(timeout=10)
+
+
+def _wait_until_python(pid: int) -> None:
+    """Until the interpreter has started (``sys.executable`` may be a launcher that execs it)."""
+    import time
+
+    for _ in range(200):
+        stat = procfs.read_stat(pid)
+        if stat and stat.state in "SR" and procfs.is_python(pid) and (procfs.read_env(pid) or {}).get("RANK"):
+            time.sleep(0.3)  # let it reach its sleep
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} never became a Python process")

@@ -95,11 +95,22 @@ def test_bundle_round_trip_into_a_directory(tmp_path):
     assert again.to_dict() == snapshot.to_dict()
 
 
-@pytest.mark.skipif(not (SCENARIO / "bundle.json").exists(), reason="fixture recorded without mtpdiag collect")
-def test_recorded_collect_bundle_loads():
-    snapshot = load_paths([str(SCENARIO / "bundle.json")])
-    assert [c.rank for c in snapshot.captures] == list(RANKS)
-    assert _stacks(snapshot) == _stacks(load_paths(_files(".json")))
+BUNDLED = sorted(p.parent for p in SCENARIO.parent.glob("*/bundle.json"))
+
+
+@pytest.mark.skipif(not BUNDLED, reason="no fixture recorded with mtpdiag collect yet")
+@pytest.mark.parametrize("scenario", BUNDLED, ids=lambda p: p.name)
+def test_recorded_collect_bundles_match_the_raw_dumps(scenario):
+    """``mtpdiag collect`` ran on the same hang as the raw dumps: same ranks, same stacks."""
+    meta = json.loads((scenario / "scenario.json").read_text())
+    bundle = load_paths([str(scenario / "bundle.json")])
+    raw = load_paths(sorted(str(p) for p in scenario.glob("rank*.json")))
+    assert [c.rank for c in bundle.captures] == list(range(meta["world_size"]))
+    assert _stacks(bundle) == _stacks(raw)
+    assert all(c.world_size == meta["world_size"] for c in bundle.captures)
+    stopped = {c.rank for c in bundle.captures if c.state == "T"}
+    assert stopped == set(meta["stopped_ranks"])
+    assert all(c.nonblocking for c in bundle.captures if c.rank in stopped)
 
 
 @pytest.mark.parametrize("name,rank", [("rank3.json", 3), ("rank-3.txt", 3), ("node1_rank_12.json", 12),
