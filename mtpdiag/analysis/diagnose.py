@@ -1,0 +1,219 @@
+"""``diagnose(snapshot, layout) -> Report``: the pure analysis pipeline.
+
+classify each rank → group ranks by site → split group instances (with gates) → the wait-for graph
+(root cause vs consequence) → findings → verdict and notes. No I/O; near-linear in the number of
+ranks (groups are looked up by rank through the layout's cached index).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping
+
+from mtpdiag.analysis import findings as fnd
+from mtpdiag.analysis.classify import P2P_OPS, classify_capture, rank_state
+from mtpdiag.analysis.known_sites import lookup
+from mtpdiag.analysis.mismatch import find_mismatches, is_point_to_point
+from mtpdiag.analysis.sites import group_sites
+from mtpdiag.analysis.waits import find_causes
+from mtpdiag.layout import LayoutError, ParallelLayout
+from mtpdiag.model import Finding, Mismatch, RankCapture, RankView, Report, Snapshot
+
+NO_LAYOUT_NOTE = "no parallel layout: pass --tp/--cp/--pp or --config to find split groups"
+_LIST = 8  # ranks listed in a note before "…"
+
+
+def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
+             layout_source: str | None = None) -> Report:
+    """Diagnose one snapshot; ``layout`` (and where it came from) makes group analysis possible."""
+    notes: list[str] = []
+    world_size = _world_size(snapshot, layout, notes)
+    layout = _usable_layout(layout, world_size, notes)
+    if world_size is None and layout is not None:
+        world_size = layout.world_size
+    views = tuple(sorted((_view(c, layout) for c in snapshot.captures),
+                         key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.pid or 0)))
+    by_rank = _index(views, layout, notes)
+    missing = [r for r in range(world_size) if r not in by_rank] if world_size is not None else []
+
+    mismatches: tuple[Mismatch, ...] = ()
+    found: list[Finding] = []
+    if layout is not None:
+        coords_cache: dict[int, Mapping[str, int]] = {}
+
+        def coords_of(rank: int) -> Mapping[str, int]:
+            c = coords_cache.get(rank)
+            if c is None:
+                c = coords_cache[rank] = layout.coords(rank)
+            return c
+
+        causes = find_causes(find_mismatches(by_rank, layout, coords_of), by_rank, layout)
+        mismatches = _ordered_mismatches(causes.mismatches)
+        found += fnd.collective_findings([m for m in mismatches if m.role == "root"], layout)
+        found += fnd.p2p_findings(causes.root_p2p, by_rank, layout)
+        found += fnd.blocked_findings(causes, by_rank, layout)
+        waited_on = causes.blocked_on.keys()
+        unmatched = bool(causes.root_p2p or causes.consequence_p2p)
+    else:
+        notes.append(NO_LAYOUT_NOTE)
+        found += fnd.layout_free_findings(list(by_rank.values()))
+        waited_on, unmatched = (), False
+    if missing:
+        found.append(fnd.missing_finding(missing, world_size, waited_on, layout))
+    ranked = list(by_rank.values())
+    if (ranked and not missing and not mismatches and not unmatched and not found
+            and all(v.state == "collective" for v in ranked)
+            and (layout is not None or len({(v.op, v.site) for v in ranked}) == 1)):
+        found.append(fnd.all_waiting_finding(ranked))
+
+    notes += _capture_notes(snapshot, views)
+    verdict = _verdict(found, views, by_rank, world_size, layout, notes)
+    return Report(
+        verdict=verdict,
+        world_size=world_size,
+        layout=layout.to_dict() if layout is not None else None,
+        ranks=views,
+        sites=group_sites(views),
+        mismatches=mismatches,
+        findings=fnd.ordered(found),
+        layout_source=layout_source,
+        notes=tuple(notes),
+    )
+
+
+# ---------------------------------------------------------------- ranks
+
+
+def _view(capture: RankCapture, layout: ParallelLayout | None) -> RankView:
+    classified = classify_capture(capture)
+    state = rank_state(capture, classified)
+    thread = capture.main_thread
+    in_layout = layout is not None and capture.rank is not None and 0 <= capture.rank < layout.world_size
+    view = RankView(
+        rank=capture.rank, pid=capture.pid, host=capture.host, state=state.state,
+        coords=layout.coords(capture.rank) if in_layout else None,
+        op=classified.op, site=classified.site, stack=thread.frames if thread is not None else (),
+        peer=classified.peer, error=state.error,
+    )
+    if view.peer is None and in_layout and view.op is not None and is_point_to_point(view):
+        peer = _pipeline_peer(view, layout)
+        if peer is not None:
+            view = replace(view, peer=peer)
+    return view
+
+
+def _pipeline_peer(view: RankView, layout: ParallelLayout) -> int | None:
+    """The neighbour stage a known pipeline p2p site talks to (send_forward -> next stage)."""
+    known = lookup(view.site)
+    if known is None or known.peer is None or view.rank is None or layout.pp < 2:
+        return None
+    stages = layout.group_of("pp", view.rank)
+    here = stages.index(view.rank)
+    step = 1 if known.peer == "next" else -1
+    return stages[(here + step) % len(stages)]
+
+
+def _index(views: tuple[RankView, ...], layout: ParallelLayout | None, notes: list[str]) -> dict[int, RankView]:
+    """Views by rank for the group analysis: the first capture of a rank, inside the layout's world."""
+    by_rank: dict[int, RankView] = {}
+    duplicates, outside, unranked = [], [], 0
+    for view in views:
+        if view.rank is None:
+            unranked += 1
+        elif view.rank in by_rank:
+            duplicates.append(view.rank)
+        elif layout is not None and not 0 <= view.rank < layout.world_size:
+            outside.append(view.rank)
+        else:
+            by_rank[view.rank] = view
+    if unranked:
+        notes.append(f"{unranked} capture{'s carry' if unranked > 1 else ' carries'} no rank (no RANK in "
+                     "the environment or the file name): left out of the group analysis")
+    if duplicates:
+        notes.append(f"rank{'s' if len(duplicates) > 1 else ''} {_list(duplicates)} captured more than once: "
+                     "the first capture is used")
+    if outside:
+        notes.append(f"rank{'s' if len(outside) > 1 else ''} {_list(outside)} outside the layout's world of "
+                     f"{layout.world_size if layout else '?'}: left out of the group analysis")
+    return by_rank
+
+
+# ---------------------------------------------------------------- world and layout
+
+
+def _world_size(snapshot: Snapshot, layout: ParallelLayout | None, notes: list[str]) -> int | None:
+    sizes = sorted({c.world_size for c in snapshot.captures if c.world_size})
+    if len(sizes) > 1:
+        notes.append(f"captures disagree on WORLD_SIZE ({', '.join(map(str, sizes))}): using {sizes[-1]}")
+    if sizes:
+        return sizes[-1]
+    if layout is not None:
+        notes.append(f"WORLD_SIZE not in the captures: the layout's world of {layout.world_size} is assumed")
+        return None
+    notes.append("WORLD_SIZE unknown (not in the captures' environment): cannot tell whether every rank "
+                 "was captured")
+    return None
+
+
+def _usable_layout(layout: ParallelLayout | None, world_size: int | None,
+                   notes: list[str]) -> ParallelLayout | None:
+    if layout is None or world_size is None or layout.world_size == world_size:
+        return layout
+    try:
+        fitted = ParallelLayout.for_world(world_size, tp=layout.tp, cp=layout.cp, pp=layout.pp, ep=layout.ep,
+                                          vpp=layout.vpp, etp=layout.etp, order=layout.order)
+    except LayoutError as exc:
+        notes.append(f"the layout ({layout.world_size} ranks) does not fit WORLD_SIZE {world_size} ({exc}): "
+                     "it is ignored")
+        return None
+    notes.append(f"the layout described {layout.world_size} ranks but WORLD_SIZE is {world_size}: "
+                 f"dp is taken as {fitted.dp}")
+    return fitted
+
+
+# ---------------------------------------------------------------- report
+
+
+def _ordered_mismatches(mismatches: tuple[Mismatch, ...]) -> tuple[Mismatch, ...]:
+    return tuple(sorted(mismatches, key=lambda m: (m.role != "root", m.members[0], m.op)))
+
+
+def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...]) -> list[str]:
+    notes = []
+    bad = [v for v in views if v.state in ("unreadable", "gone")]
+    if bad:
+        first = bad[0]
+        who = f"rank {first.rank}" if first.rank is not None else f"pid {first.pid}"
+        notes.append(f"{len(bad)} rank{'s' if len(bad) > 1 else ''} could not be read "
+                     f"(first: {who}: {first.error or first.state})")
+    if snapshot.errors:
+        more = f" (and {len(snapshot.errors) - 1} more)" if len(snapshot.errors) > 1 else ""
+        notes.append(f"not captured: {snapshot.errors[0]}{more}")
+    if any(c.state == "unknown" for c in snapshot.captures):
+        notes.append("process states unknown (dumps read from files): a stopped rank looks like a waiting one")
+    unknown_peers = [v.rank for v in views if v.rank is not None and v.state == "collective"
+                     and v.op in P2P_OPS | {"batch_isend_irecv"} and v.peer is None]
+    if unknown_peers:
+        notes.append(f"the peer of rank{'s' if len(unknown_peers) > 1 else ''} {_list(unknown_peers)}'s "
+                     "send/recv is unknown: it is not matched")
+    return notes
+
+
+def _verdict(found: list[Finding], views: tuple[RankView, ...], by_rank: dict[int, RankView],
+             world_size: int | None, layout: ParallelLayout | None, notes: list[str]) -> str:
+    if found:
+        return "problem"
+    if any(v.state in ("stopped", "unreadable", "gone") for v in views):
+        return "incomplete"
+    waiting = [v for v in by_rank.values() if v.state == "collective"]
+    if world_size is None and waiting:
+        return "incomplete"
+    if layout is None and waiting and len({(v.op, v.site) for v in by_rank.values()}) > 1:
+        notes.append("ranks wait at different sites; a layout is needed to tell which group is split")
+        return "incomplete"
+    return "ok"
+
+
+def _list(ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:_LIST]))
+    return shown + (f", … ({len(ranks)})" if len(ranks) > _LIST else "")

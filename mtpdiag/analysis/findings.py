@@ -1,0 +1,356 @@
+"""Findings: the diagnosed problems, each with a stable id (docs/design.md), in plain words.
+
+Root split collectives become ``mtp-cp-gated-reduce`` (the verl #5895 signature) or
+``gated-collective``; root send/recv waits become ``p2p-unmatched``; ranks others wait on that run,
+stopped or were never captured become ``straggler``, ``frozen-rank`` and ``missing-rank``; a world
+that waits with nothing split is ``all-waiting``. Consequences get no finding of their own.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Mapping, Sequence
+
+from mtpdiag.analysis.classify import RECV_OPS, SEND_OPS
+from mtpdiag.analysis.gate import describe_gate
+from mtpdiag.analysis.known_sites import is_mtp_site
+from mtpdiag.analysis.mismatch import doing
+from mtpdiag.analysis.waits import Causes, P2PWait, Waiter
+from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import Finding, Mismatch, RankView, Site
+
+GROUP_NAMES = {
+    "tp": "TP", "cp": "CP", "dp": "DP", "pp": "PP", "ep": "EP", "dp_cp": "DP×CP", "tp_cp": "TP×CP",
+    "tp_dp": "TP×DP", "tp_dp_cp": "TP×DP×CP", "mp": "model-parallel (TP×PP)", "world": "world",
+    "etp": "expert-TP", "edp": "expert-DP", "tp_ep": "TP×EP", "tp_ep_pp": "TP×EP×PP",
+}
+# Order of findings: causes first.
+_PRIORITY = {"mtp-cp-gated-reduce": 0, "frozen-rank": 1, "straggler": 2, "gated-collective": 3,
+             "p2p-unmatched": 4, "missing-rank": 5, "all-waiting": 6}
+_SHOW = 6  # ranks named in a summary before "…"
+
+FLIGHT_RECORDER_HINT = (
+    "look below Python: the network, NCCL or a device (NCCL_DEBUG=INFO, dmesg); record the collectives "
+    "with torch's flight recorder (TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+    "TORCH_FR_DUMP_TEMP_FILE=/tmp/nccl_trace_rank_) and compare each rank's last collective"
+)
+
+
+class _Words:
+    """Rank and site phrases, with coordinates when a layout is known."""
+
+    def __init__(self, layout: ParallelLayout | None) -> None:
+        self.layout = layout
+
+    def rank(self, rank: int) -> str:
+        if self.layout is not None and 0 <= rank < self.layout.world_size:
+            return f"rank {rank} ({self.layout.describe(rank)})"
+        return f"rank {rank}"
+
+    def ranks(self, ranks: Sequence[int], coords: bool = False) -> str:
+        """``rank 3 (tp0 cp1 pp1)``, ``ranks 0, 2``, ``4096 ranks (0, 2, 4, …)``."""
+        ranks = sorted(ranks)
+        if len(ranks) == 1:
+            return self.rank(ranks[0]) if coords else f"rank {ranks[0]}"
+        if len(ranks) <= 3 and coords and self.layout is not None:
+            return "ranks " + ", ".join(self.rank(r).removeprefix("rank ") for r in ranks)
+        if len(ranks) <= _SHOW:
+            return "ranks " + ", ".join(map(str, ranks))
+        return f"{len(ranks)} ranks ({', '.join(map(str, ranks[:_SHOW]))}, …)"
+
+    @staticmethod
+    def members(ranks: Sequence[int]) -> str:
+        ranks = sorted(ranks)
+        if len(ranks) <= 2 * _SHOW:
+            return "[" + ", ".join(map(str, ranks)) + "]"
+        return f"[{', '.join(map(str, ranks[:_SHOW]))}, … ({len(ranks)} ranks)]"
+
+    @staticmethod
+    def where(site: Site | None) -> str:
+        if site is None:
+            return "an unknown site"
+        return f"{site.function.rsplit('.', 1)[-1]} ({os.path.basename(site.file)}:{site.line})"
+
+    @staticmethod
+    def group(kind: str) -> str:
+        return GROUP_NAMES.get(kind, kind)
+
+    @staticmethod
+    def verb(ranks: Sequence[int], one: str, many: str) -> str:
+        return one if len(ranks) == 1 else many
+
+
+def _groups_phrase(kind: str, instances: Sequence[Mismatch], words: "_Words") -> str:
+    """``the DP×CP group [2, 3]``, ``the TP groups [0, 1] and [2, 3]``, ``4096 CP groups ([0, 1], …)``."""
+    name = words.group(kind)
+    lists = [words.members(m.members) for m in instances]
+    if len(lists) == 1:
+        return f"the {name} group {lists[0]}"
+    if len(lists) <= 3:
+        return f"the {name} groups {', '.join(lists[:-1])} and {lists[-1]}"
+    return f"{len(lists)} {name} groups ({', '.join(lists[:2])}, …)"
+
+
+def _doing_phrase(ranks: Sequence[int], doing_of: Mapping[int, str]) -> str:
+    values = list(dict.fromkeys(doing_of.get(r, "not captured") for r in sorted(ranks)))
+    return "; ".join(values[:3]) + ("; …" if len(values) > 3 else "")
+
+
+def _union(values: Iterable[Sequence[int]]) -> tuple[int, ...]:
+    return tuple(sorted({r for v in values for r in v}))
+
+
+def _grouped(items: Iterable, key) -> dict:
+    out: dict = {}
+    for item in items:
+        out.setdefault(key(item), []).append(item)
+    return out
+
+
+# ---------------------------------------------------------------- split collectives
+
+
+def collective_findings(roots: Sequence[Mismatch], layout: ParallelLayout | None) -> list[Finding]:
+    """One finding per root (op, site, group): the verl #5895 signature or a gated collective."""
+    words = _Words(layout)
+    out = []
+    for (op, site, kind), instances in _grouped(roots, lambda m: (m.op, m.site, m.group)).items():
+        members = _union(m.members for m in instances)
+        entered = _union(m.entered for m in instances)
+        absent = _union(m.absent for m in instances)
+        gate = instances[0].gate
+        doing_of = {r: d for m in instances for r, d in m.absent_doing.items()}
+        details = {"op": op, "site": site.to_dict() if site else None, "group": kind,
+                   "gate": dict(gate) if gate is not None else None, "members": list(members),
+                   "entered": list(entered), "absent": list(absent), "instances": len(instances)}
+        group = _groups_phrase(kind, instances, words)
+        never = (f"{words.ranks(absent, coords=True)} never joined ({_doing_phrase(absent, doing_of)})")
+        if is_mtp_site(site) and kind == "dp_cp" and gate is not None and gate.get("cp") == 0:
+            cp = layout.cp if layout is not None else "N"
+            out.append(Finding(
+                id="mtp-cp-gated-reduce", ranks=members, details=details,
+                summary=(f"MTP loss {op} on {group} entered only by {describe_gate(gate)} ranks "
+                         f"({words.ranks(entered)}); {never}: verl #5895 deadlock"),
+                remedy=f"mtpdiag check && mtpdiag apply (verl PR #5895), then mtpdiag verify --cp {cp}",
+            ))
+            continue
+        where = f"{site.file}:{site.line}" if site else "its call site"
+        if gate:
+            summary = (f"{op} at {words.where(site)} on {group} entered only by {describe_gate(gate)} ranks "
+                       f"({words.ranks(entered)}); {never}")
+            remedy = (f"every rank of the {words.group(kind)} group must call {op} at {where}: move it out "
+                      f"of the {describe_gate(gate)} branch, or reduce over a group whose members all pass it")
+        else:
+            summary = (f"{op} at {words.where(site)} on {group} entered only by {words.ranks(entered)}; "
+                       f"{never}; no single coordinate separates them")
+            remedy = (f"every rank of the {words.group(kind)} group must reach {op} at {where}; "
+                      "compare the absent ranks' stacks with the entered ones to see where they turned off")
+        out.append(Finding(id="gated-collective", ranks=members, summary=summary, remedy=remedy,
+                           details=details))
+    return out
+
+
+# ---------------------------------------------------------------- point to point
+
+
+def _p2p_call(w: P2PWait) -> str:
+    if w.op in SEND_OPS:
+        return f"{w.op}(dst={w.peer})"
+    if w.op in RECV_OPS:
+        return f"{w.op}(src={w.peer})"
+    return f"{w.op} with rank {w.peer}"
+
+
+def _matching(op: str) -> str:
+    return "recv" if op in SEND_OPS else "send" if op in RECV_OPS else "matching send/recv"
+
+
+def _peer_doing(view: RankView | None, words: _Words) -> str:
+    """``in send(dst=0) at send_backward (worker.py:92)``, ``running in load_batch``, ``not captured``."""
+    if view is None or view.state != "collective" or view.op is None:
+        return doing(view)
+    call = view.op
+    if view.peer is not None and view.rank is not None:
+        call = _p2p_call(P2PWait(view.rank, view.op, view.site, view.peer))
+    return f"in {call} at {words.where(view.site)}"
+
+
+def p2p_findings(roots: Sequence[P2PWait], views: Mapping[int, RankView],
+                 layout: ParallelLayout | None) -> list[Finding]:
+    """One finding per root (op, site) of unmatched send/recv waits; the summary names both ends."""
+    words = _Words(layout)
+    out = []
+    for (op, site), waits in _grouped(roots, lambda w: (w.op, w.site)).items():
+        first = waits[0]
+        summary = (f"{words.rank(first.rank)} waits in {_p2p_call(first)} at {words.where(site)}; "
+                   f"{words.rank(first.peer)} is {_peer_doing(views.get(first.peer), words)}, "
+                   f"not in a matching {_matching(op)}")
+        if len(waits) > 1:
+            summary += f" (and {len(waits) - 1} more such pair{'s' if len(waits) > 2 else ''})"
+        ranks = _union([[w.rank, w.peer] for w in waits])
+        out.append(Finding(
+            id="p2p-unmatched", ranks=ranks, summary=summary,
+            remedy=("the two ends disagree on the number or order of their sends and receives: compare "
+                    "the microbatch counts and the schedules of both pipeline stages"),
+            details={"op": op, "site": site.to_dict() if site else None,
+                     "pairs": [[w.rank, w.peer] for w in waits],
+                     "peer_doing": {str(w.peer): doing(views.get(w.peer)) for w in waits}},
+        ))
+    return out
+
+
+# ---------------------------------------------------------------- ranks others wait on
+
+
+def _waiting_phrase(waiters: Sequence[Waiter], mismatches: Sequence[Mismatch], words: _Words,
+                    them: str) -> str:
+    """``ranks 0, 1, 2 wait for it in all_reduce at reduce_gradients (…) on the DP×CP group``."""
+    first = waiters[0]
+    if first.mismatch is not None:
+        m = mismatches[first.mismatch]
+        entered = _union(mismatches[w.mismatch].entered for w in waiters
+                         if w.mismatch is not None and mismatches[w.mismatch].site == m.site)
+        return (f"{words.ranks(entered)} {words.verb(entered, 'waits', 'wait')} for {them} in {m.op} at "
+                f"{words.where(m.site)} on the {words.group(m.group)} group")
+    w = first.p2p
+    assert w is not None
+    return f"rank {w.rank} waits for {them} in {_p2p_call(w)} at {words.where(w.site)}"
+
+
+def blocked_findings(causes: Causes, views: Mapping[int, RankView],
+                     layout: ParallelLayout | None) -> list[Finding]:
+    """``straggler`` and ``frozen-rank`` for captured ranks that others wait on."""
+    words = _Words(layout)
+    running: dict[Site | None, list[int]] = {}
+    frozen: dict[str, list[int]] = {}
+    for rank in causes.blocked_on:
+        view = views.get(rank)
+        if view is None:
+            continue  # never captured: missing-rank
+        if view.state == "running":
+            running.setdefault(view.site, []).append(rank)
+        else:
+            frozen.setdefault(view.state, []).append(rank)
+    out = []
+    for site, ranks in running.items():
+        waiters = [w for r in ranks for w in causes.blocked_on[r]]
+        them = words.verb(ranks, "it", "them")
+        out.append(Finding(
+            id="straggler", ranks=tuple(ranks),
+            summary=(f"{words.ranks(ranks, coords=True)} {words.verb(ranks, 'is', 'are')} running in "
+                     f"{words.where(site)}, in no collective, while "
+                     f"{_waiting_phrase(waiters, causes.mismatches, words, them)}"),
+            remedy=_straggler_remedy(ranks, views),
+            details={"site": site.to_dict() if site else None, "waiting": _waiting_details(waiters, causes)},
+        ))
+    for state, ranks in frozen.items():
+        waiters = [w for r in ranks for w in causes.blocked_on[r]]
+        reasons = list(dict.fromkeys(views[r].error or state for r in ranks))
+        them = words.verb(ranks, "it", "them")
+        out.append(Finding(
+            id="frozen-rank", ranks=tuple(ranks),
+            summary=(f"{words.ranks(ranks, coords=True)} {words.verb(ranks, 'is', 'are')} {state} "
+                     f"({'; '.join(reasons[:2])}) while {_waiting_phrase(waiters, causes.mismatches, words, them)}"),
+            remedy=_frozen_remedy(state, ranks, views),
+            details={"state": state, "waiting": _waiting_details(waiters, causes)},
+        ))
+    return out
+
+
+def _waiting_details(waiters: Sequence[Waiter], causes: Causes) -> list[dict]:
+    out = []
+    for w in waiters[:16]:
+        if w.mismatch is not None:
+            m = causes.mismatches[w.mismatch]
+            out.append({"op": m.op, "site": m.site.to_dict() if m.site else None, "group": m.group,
+                        "entered": list(m.entered)})
+        elif w.p2p is not None:
+            out.append({"op": w.p2p.op, "site": w.p2p.site.to_dict() if w.p2p.site else None,
+                        "rank": w.p2p.rank})
+    return out
+
+
+def _pids(ranks: Sequence[int], views: Mapping[int, RankView]) -> str:
+    pids = [str(views[r].pid) for r in ranks[:_SHOW] if r in views and views[r].pid is not None]
+    return " ".join(pids) if pids else "PID"
+
+
+def _straggler_remedy(ranks: Sequence[int], views: Mapping[int, RankView]) -> str:
+    return ("find out what the straggler is doing (its stack below, or py-spy dump --pid "
+            f"{_pids(ranks, views)}): a data loader, I/O or a loop that never ends; the others only wait for it")
+
+
+def _frozen_remedy(state: str, ranks: Sequence[int], views: Mapping[int, RankView]) -> str:
+    if state == "stopped":
+        return (f"find what stopped it (a debugger, a job scheduler, a stray Ctrl-Z) and resume it with "
+                f"kill -CONT {_pids(ranks, views)}; state D means a filesystem or device driver is stuck")
+    return "the process died or could not be read: check its log, dmesg (OOM killer) and the node"
+
+
+# ---------------------------------------------------------------- whole world
+
+
+def missing_finding(missing: Sequence[int], world_size: int, waited_on: Iterable[int],
+                    layout: ParallelLayout | None) -> Finding:
+    """Ranks 0..world_size-1 that are not in the capture."""
+    words = _Words(layout)
+    waited = sorted(set(waited_on) & set(missing))
+    summary = (f"{words.ranks(missing, coords=True)} of a world of {world_size} "
+               f"{words.verb(missing, 'was', 'were')} not captured")
+    if waited:
+        summary += f"; {words.ranks(waited)} {words.verb(waited, 'is', 'are')} waited on by others"
+    details: dict = {"missing": list(missing), "world_size": world_size}
+    if layout is not None:
+        details["coords"] = {str(r): layout.coords(r) for r in missing if r < layout.world_size}
+    return Finding(
+        id="missing-rank", ranks=tuple(missing), summary=summary, details=details,
+        remedy=("capture every worker (--all on every node, or every pid or bundle); a rank that is "
+                "missing may have crashed: look at its log"),
+    )
+
+
+def all_waiting_finding(views: Sequence[RankView]) -> Finding:
+    """Every rank waits in a collective and nothing is split: the cause is below Python."""
+    words = _Words(None)
+    sites = list(dict.fromkeys((v.op, v.site) for v in views))
+    ranks = tuple(sorted(v.rank for v in views if v.rank is not None))
+    if len(sites) == 1:
+        op, site = sites[0]
+        what = f"waits in {op} at {words.where(site)}"
+    else:
+        what = f"waits in a collective ({len(sites)} sites)"
+    return Finding(
+        id="all-waiting", ranks=ranks, remedy=FLIGHT_RECORDER_HINT,
+        summary=f"every rank ({len(ranks)}) {what} and no group is split: the cause is below Python",
+        details={"sites": [{"op": op, "site": site.to_dict() if site else None} for op, site in sites]},
+    )
+
+
+def layout_free_findings(views: Sequence[RankView]) -> list[Finding]:
+    """Without a layout: a stopped rank while others wait, or a rank running while all others wait."""
+    ranked = [v for v in views if v.rank is not None]
+    waiting = [v.rank for v in ranked if v.state == "collective"]
+    out = []
+    frozen = [v.rank for v in ranked if v.state in ("stopped", "gone", "unreadable")]
+    running = [v.rank for v in ranked if v.state == "running"]
+    words = _Words(None)
+    if frozen and waiting:
+        state = next(v.state for v in ranked if v.rank == frozen[0])
+        out.append(Finding(
+            id="frozen-rank", ranks=tuple(frozen), remedy=_frozen_remedy(state, frozen, {v.rank: v for v in ranked}),
+            summary=(f"{words.ranks(frozen)} {words.verb(frozen, 'is', 'are')} {state} while "
+                     f"{words.ranks(waiting)} wait in collectives (no layout: groups unknown)"),
+        ))
+    if running and waiting and len(running) + len(waiting) == len(ranked):
+        out.append(Finding(
+            id="straggler", ranks=tuple(running),
+            remedy=_straggler_remedy(running, {v.rank: v for v in ranked}),
+            summary=(f"{words.ranks(running)} {words.verb(running, 'is', 'are')} running while every other "
+                     "rank waits in a collective (no layout: groups unknown)"),
+        ))
+    return out
+
+
+def ordered(findings: Iterable[Finding]) -> tuple[Finding, ...]:
+    """Causes first (by id), then by first rank."""
+    return tuple(sorted(findings, key=lambda f: (_PRIORITY.get(f.id, 99), f.ranks[:1])))

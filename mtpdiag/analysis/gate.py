@@ -1,0 +1,64 @@
+"""The gate: the coordinate condition that let some ranks of a group into a collective and kept others out.
+
+Only coordinates that vary inside the group instances count: a pipeline-stage test around a DP×CP
+collective splits nothing, since every member of a DP×CP group is on the same stage (docs/design.md,
+"When is a rank-dependent gate harmless?").
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+from mtpdiag.model import Mismatch
+
+COORDINATES = ("tp", "cp", "ep", "dp", "pp")
+
+CoordsOf = Callable[[int], Mapping[str, int]]
+
+
+def varying_coordinates(instances: Sequence[Mismatch], coords_of: CoordsOf) -> tuple[str, ...]:
+    """Coordinates that take more than one value inside at least one of the instances."""
+    out = []
+    for name in COORDINATES:
+        if any(len({coords_of(r)[name] for r in m.members}) > 1 for m in instances):
+            out.append(name)
+    return tuple(out)
+
+
+def gate_of(instances: Sequence[Mismatch], coords_of: CoordsOf) -> dict[str, int] | None:
+    """Coordinate values shared by every entered rank and by no absent rank, over all split instances.
+
+    Each coordinate that separates entered from absent on its own is part of the gate (``{"cp": 0}``).
+    When none does, the conjunction of the shared values is used if it separates them (``tp == 0 and
+    cp == 0`` around a TP×CP group), pruned of coordinates it does not need. None if nothing separates.
+    """
+    entered = [r for m in instances for r in m.entered]
+    absent = [r for m in instances for r in m.absent]
+    if not entered or not absent:
+        return None
+    shared: dict[str, int] = {}
+    for name in varying_coordinates(instances, coords_of):
+        values = {coords_of(r)[name] for r in entered}
+        if len(values) == 1:
+            shared[name] = values.pop()
+    alone = {k: v for k, v in shared.items() if all(coords_of(a)[k] != v for a in absent)}
+    if alone:
+        return alone
+    if not shared or _admits_any(shared, absent, coords_of):
+        return None
+    for name in list(shared):
+        trial = {k: v for k, v in shared.items() if k != name}
+        if trial and not _admits_any(trial, absent, coords_of):
+            shared = trial
+    return shared
+
+
+def _admits_any(gate: Mapping[str, int], ranks: Sequence[int], coords_of: CoordsOf) -> bool:
+    return any(all(coords_of(r)[k] == v for k, v in gate.items()) for r in ranks)
+
+
+def describe_gate(gate: Mapping[str, int] | None) -> str:
+    """``{"tp": 0, "cp": 0}`` -> ``tp == 0 and cp == 0``."""
+    if not gate:
+        return "no coordinate"
+    return " and ".join(f"{k} == {v}" for k, v in gate.items())

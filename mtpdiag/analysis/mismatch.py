@@ -1,0 +1,122 @@
+"""Process-group instances that only some of their members entered.
+
+For each (op, site) where ranks wait in a collective, the group kind comes from the known-site table
+when the site is known, else it is inferred from the layout: the smallest kind (of size > 1) whose
+instances touched by the waiting ranks are *consistent*: either every one of them is only partly
+entered (each waiting rank is explained: its group lacks someone) or every one is fully entered
+(nothing is split there). Kinds that mix the two are skipped; if every kind mixes, the smallest one
+with a split instance is used. Each partly entered instance becomes a ``Mismatch``.
+
+Collectives without a group argument in practice (barrier, process-group creation) default to the
+world group, and point-to-point ops are matched by peer elsewhere (``waits``), not here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Mapping, Sequence
+
+from mtpdiag.analysis.classify import BARRIER_OPS, P2P_OPS, WAIT_OP
+from mtpdiag.analysis.gate import CoordsOf, gate_of
+from mtpdiag.analysis.known_sites import lookup
+from mtpdiag.layout import GROUP_KINDS, INFERENCE_ORDER, ParallelLayout
+from mtpdiag.model import Mismatch, RankView, Site
+
+# Ops that take the default (world) group in practice.
+WORLD_OPS = BARRIER_OPS | {"init_process_group", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+                           "destroy_process_group", "init_device_mesh", "split_group"}
+_EXPERT_KINDS = frozenset(k for k, (generator, _) in GROUP_KINDS.items() if generator == "expert")
+
+
+def is_point_to_point(view: RankView) -> bool:
+    """A wait matched by peer: send/recv, batched p2p, or a bare wait in pipeline p2p code."""
+    if view.op in P2P_OPS or view.op == "batch_isend_irecv":
+        return True
+    known = lookup(view.site)
+    return view.op == WAIT_OP and known is not None and known.p2p
+
+
+def doing(view: RankView | None) -> str:
+    """What a rank is doing, in a few words: ``all_gather in ring_attention``, ``stopped``, ..."""
+    if view is None:
+        return "not captured"
+    if view.state in ("stopped", "gone", "unreadable"):
+        return view.state
+    where = view.site.function if view.site is not None else None
+    if view.op is not None:
+        return f"{view.op} in {where}" if where else view.op
+    return f"running in {where}" if where else "running"
+
+
+def candidate_kinds(op: str, site: Site | None, layout: ParallelLayout) -> tuple[str, ...]:
+    """Kinds to try for a site, most likely first: the known-site table's, else all by size."""
+    known = lookup(site)
+    if known is not None and not known.p2p:
+        return known.kinds
+    inferred = tuple(k for k in INFERENCE_ORDER if k not in _EXPERT_KINDS or _has_experts(layout))
+    if op in WORLD_OPS:
+        return ("world",) + tuple(k for k in inferred if k != "world")
+    return inferred
+
+
+def _has_experts(layout: ParallelLayout) -> bool:
+    """Expert groups differ from dense ones only with ep > 1 or an expert tp of its own."""
+    return layout.ep > 1 or (layout.etp is not None and layout.etp != layout.tp)
+
+
+def choose_kind(entered: Sequence[int], kinds: Sequence[str], layout: ParallelLayout) -> str:
+    """The first consistent kind for these waiting ranks (see the module docstring)."""
+    first_split: str | None = None
+    for kind in kinds:
+        instances: dict[int, tuple[int, ...]] = {}
+        counts: Counter[int] = Counter()
+        for rank in entered:
+            group = layout.group_of(kind, rank)
+            instances[id(group)] = group
+            counts[id(group)] += 1
+        if max(len(g) for g in instances.values()) < 2:
+            continue  # a group of one cannot hang
+        split = sum(1 for key, group in instances.items() if counts[key] < len(group))
+        if split == len(instances) or split == 0:
+            return kind
+        if first_split is None:
+            first_split = kind
+    return first_split or kinds[0]
+
+
+def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
+                    coords_of: CoordsOf) -> list[Mismatch]:
+    """Every partly entered group instance, for every site where ranks wait in a collective.
+
+    ``views`` maps each captured rank inside the layout's world to its view. Only ranks in state
+    ``collective`` count as entered: a stopped rank cannot take part, so it is absent.
+    """
+    by_site: dict[tuple[str, Site | None], list[int]] = {}
+    for rank, view in views.items():
+        if view.state == "collective" and view.op is not None and not is_point_to_point(view):
+            by_site.setdefault((view.op, view.site), []).append(rank)
+    out: list[Mismatch] = []
+    for (op, site), entered in sorted(by_site.items(), key=lambda item: min(item[1])):
+        kind = choose_kind(entered, candidate_kinds(op, site, layout), layout)
+        entered_set = set(entered)
+        split: dict[int, tuple[int, ...]] = {}
+        seen: set[int] = set()
+        for rank in entered:
+            group = layout.group_of(kind, rank)
+            if id(group) not in seen:
+                seen.add(id(group))
+                if any(m not in entered_set for m in group):
+                    split[id(group)] = group
+        instances = []
+        for group in sorted(split.values(), key=min):
+            members = tuple(sorted(group))
+            absent = tuple(m for m in members if m not in entered_set)
+            instances.append(Mismatch(
+                op=op, site=site, group=kind, members=members,
+                entered=tuple(m for m in members if m in entered_set), absent=absent, gate=None,
+                absent_doing={a: doing(views.get(a)) for a in absent},
+            ))
+        gate = gate_of(instances, coords_of)
+        out += [replace(m, gate=gate) for m in instances]
+    return out

@@ -1,0 +1,298 @@
+"""Root cause versus consequence: the wait-for graph of a hang.
+
+In a real deadlock split collectives block each other: rank 2 waits in an all_reduce for rank 3,
+which waits in an all_gather for rank 2. Only one of them is the bug. This module builds the graph
+"who waits on whom" — a rank waits on its split instance, an instance waits on its absent members, a
+send/recv waits on its peer when the peer is not in the matching op — and finds:
+
+* the cyclic cores (strongly connected components); in each, one root site is chosen (``_root_score``)
+  and every other split instance in the core is a consequence;
+* the problem sinks: ranks that are waited on but wait on nothing themselves, because they run
+  (stragglers), are stopped or unreadable (frozen), or were never captured (missing);
+* everything that waits, directly or not, on a core or a problem sink is a consequence. A split with
+  neither behind it is its own root.
+
+Instances are nodes of their own, so a group of 8192 ranks costs 8192 edges, not 8192².
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+from mtpdiag.analysis.classify import BARRIER_OPS, RECV_OPS, SEND_OPS
+from mtpdiag.analysis.known_sites import is_mtp_site
+from mtpdiag.analysis.mismatch import is_point_to_point
+from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import Mismatch, RankView, Site
+
+PROBLEM_STATES = ("running", "stopped", "gone", "unreadable")
+
+
+@dataclass(frozen=True)
+class P2PWait:
+    """A rank blocked in a send/recv whose peer is not in the matching op."""
+
+    rank: int
+    op: str
+    site: Site | None
+    peer: int
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """Something that waits on a problem rank: a split instance (index) or a p2p wait."""
+
+    mismatch: int | None = None
+    p2p: P2PWait | None = None
+
+
+@dataclass(frozen=True)
+class Causes:
+    """The outcome: roles assigned, root p2p waits, and the waited-on problem ranks."""
+
+    mismatches: tuple[Mismatch, ...]
+    root_p2p: tuple[P2PWait, ...]
+    consequence_p2p: tuple[P2PWait, ...]
+    # problem rank (running/stopped/gone/unreadable or not captured) -> what waits on it directly
+    blocked_on: Mapping[int, tuple[Waiter, ...]] = field(default_factory=dict)
+
+
+def _direction(view: RankView) -> str:
+    if view.op in SEND_OPS:
+        return "send"
+    if view.op in RECV_OPS:
+        return "recv"
+    return "both"  # batch_isend_irecv, a wait in pipeline p2p code
+
+
+def unmatched_p2p(views: Mapping[int, RankView]) -> list[P2PWait]:
+    """Ranks in a send/recv with a known peer that is not in the matching op (or not waiting at all)."""
+    out = []
+    for rank, view in views.items():
+        if view.state != "collective" or view.peer is None or not is_point_to_point(view):
+            continue
+        other = views.get(view.peer)
+        if other is not None and other.state == "collective" and is_point_to_point(other):
+            mine, theirs = _direction(view), _direction(other)
+            complementary = mine == "both" or theirs == "both" or mine != theirs
+            if complementary and other.peer in (rank, None):
+                continue
+        out.append(P2PWait(rank=rank, op=view.op or "", site=view.site, peer=view.peer))
+    return sorted(out, key=lambda w: w.rank)
+
+
+class _Graph:
+    """Nodes are ("r", rank) and ("m", mismatch index); edges point from waiter to waited-on."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple[str, int], int] = {}
+        self.keys: list[tuple[str, int]] = []
+        self.edges: list[list[int]] = []
+
+    def node(self, key: tuple[str, int]) -> int:
+        found = self.index.get(key)
+        if found is None:
+            found = self.index[key] = len(self.keys)
+            self.keys.append(key)
+            self.edges.append([])
+        return found
+
+    def edge(self, a: tuple[str, int], b: tuple[str, int]) -> None:
+        self.edges[self.node(a)].append(self.node(b))
+
+    def components(self) -> list[int]:
+        """Tarjan's strongly connected components, iteratively (no recursion limit at 16k ranks)."""
+        n = len(self.keys)
+        index, low, comp = [-1] * n, [0] * n, [-1] * n
+        on_stack = [False] * n
+        stack: list[int] = []
+        counter = components = 0
+        for start in range(n):
+            if index[start] != -1:
+                continue
+            work = [(start, 0)]
+            index[start] = low[start] = counter
+            counter += 1
+            stack.append(start)
+            on_stack[start] = True
+            while work:
+                v, i = work[-1]
+                if i < len(self.edges[v]):
+                    work[-1] = (v, i + 1)
+                    w = self.edges[v][i]
+                    if index[w] == -1:
+                        index[w] = low[w] = counter
+                        counter += 1
+                        stack.append(w)
+                        on_stack[w] = True
+                        work.append((w, 0))
+                    elif on_stack[w]:
+                        low[v] = min(low[v], index[w])
+                    continue
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[v])
+                if low[v] == index[v]:
+                    while True:
+                        w = stack.pop()
+                        on_stack[w] = False
+                        comp[w] = components
+                        if w == v:
+                            break
+                    components += 1
+        return comp
+
+    def reaching(self, targets: Sequence[int]) -> set[int]:
+        """Nodes with a path to any target (the targets included)."""
+        reverse: list[list[int]] = [[] for _ in self.keys]
+        for v, outs in enumerate(self.edges):
+            for w in outs:
+                reverse[w].append(v)
+        seen = set(targets)
+        queue = deque(targets)
+        while queue:
+            v = queue.popleft()
+            for u in reverse[v]:
+                if u not in seen:
+                    seen.add(u)
+                    queue.append(u)
+        return seen
+
+
+def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
+                layout: ParallelLayout | None) -> Causes:
+    """Assign root/consequence roles and find the problem ranks others wait on."""
+    p2p = unmatched_p2p(views)
+    graph = _Graph()
+    for rank in views:
+        graph.node(("r", rank))
+    for i, m in enumerate(mismatches):
+        for r in m.entered:
+            graph.edge(("r", r), ("m", i))
+        for a in m.absent:
+            graph.edge(("m", i), ("r", a))
+    for w in p2p:
+        graph.edge(("r", w.rank), ("r", w.peer))
+
+    comp = graph.components()
+    size: dict[int, int] = {}
+    for c in comp:
+        size[c] = size.get(c, 0) + 1
+    cyclic = {c for c, n in size.items() if n > 1}
+
+    blocked: dict[int, list[Waiter]] = {}
+    for i, m in enumerate(mismatches):
+        for a in m.absent:
+            if _is_problem(views.get(a)):
+                blocked.setdefault(a, []).append(Waiter(mismatch=i))
+    for w in p2p:
+        if _is_problem(views.get(w.peer)):
+            blocked.setdefault(w.peer, []).append(Waiter(p2p=w))
+
+    targets = [v for v, c in enumerate(comp) if c in cyclic]
+    targets += [graph.index[("r", r)] for r in blocked]
+    downstream = graph.reaching(targets)
+
+    root_keys = _choose_roots(mismatches, p2p, views, graph, comp, cyclic, layout)
+    roles = []
+    for i, m in enumerate(mismatches):
+        node = graph.index[("m", i)]
+        if comp[node] in cyclic:
+            root = root_keys.get(comp[node]) == _mismatch_key(m)
+        else:
+            root = node not in downstream
+        roles.append(replace(m, role="root" if root else "consequence"))
+    root_p2p, consequence_p2p = [], []
+    for w in p2p:
+        node = graph.index[("r", w.rank)]
+        if comp[node] in cyclic:
+            root = root_keys.get(comp[node]) == _p2p_key(w) and comp[graph.index[("r", w.peer)]] == comp[node]
+        else:
+            root = node not in downstream
+        (root_p2p if root else consequence_p2p).append(w)
+    return Causes(mismatches=tuple(roles), root_p2p=tuple(root_p2p), consequence_p2p=tuple(consequence_p2p),
+                  blocked_on={r: tuple(ws) for r, ws in sorted(blocked.items())})
+
+
+def _is_problem(view: RankView | None) -> bool:
+    return view is None or view.state in PROBLEM_STATES
+
+
+def _mismatch_key(m: Mismatch) -> tuple:
+    return ("m", m.op, m.site, m.group)
+
+
+def _p2p_key(w: P2PWait) -> tuple:
+    return ("p", w.op, w.site)
+
+
+@dataclass
+class _Candidate:
+    key: tuple
+    mtp: bool
+    barrier: bool
+    rank0_gate: bool
+    other_side_in_barrier: bool
+    entered: int
+    first: int
+
+
+def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views: Mapping[int, RankView],
+                  graph: _Graph, comp: list[int], cyclic: set[int],
+                  layout: ParallelLayout | None) -> dict[int, tuple]:
+    """The root site of each cyclic core."""
+    candidates: dict[int, dict[tuple, _Candidate]] = {}
+
+    def in_barrier(rank: int) -> bool:
+        view = views.get(rank)
+        return view is not None and view.state == "collective" and view.op in BARRIER_OPS
+
+    for i, m in enumerate(mismatches):
+        c = comp[graph.index[("m", i)]]
+        if c not in cyclic:
+            continue
+        key = _mismatch_key(m)
+        cand = candidates.setdefault(c, {}).get(key)
+        if cand is None:
+            cand = candidates[c][key] = _Candidate(
+                key=key, mtp=is_mtp_site(m.site), barrier=m.op in BARRIER_OPS,
+                rank0_gate=_rank0_style(m.gate, layout), other_side_in_barrier=False, entered=0,
+                first=m.entered[0])
+        cand.entered += len(m.entered)
+        cand.other_side_in_barrier |= any(in_barrier(a) for a in m.absent)
+        cand.first = min(cand.first, m.entered[0])
+    for w in p2p:
+        c = comp[graph.index[("r", w.rank)]]
+        if c not in cyclic or comp[graph.index[("r", w.peer)]] != c:
+            continue
+        key = _p2p_key(w)
+        cand = candidates.setdefault(c, {}).get(key)
+        if cand is None:
+            cand = candidates[c][key] = _Candidate(key=key, mtp=False, barrier=False, rank0_gate=False,
+                                                   other_side_in_barrier=False, entered=0, first=w.rank)
+        cand.entered += 1
+        cand.other_side_in_barrier |= in_barrier(w.peer)
+        cand.first = min(cand.first, w.rank)
+    return {c: min(cands.values(), key=_root_score).key for c, cands in candidates.items()}
+
+
+def _root_score(c: _Candidate) -> tuple:
+    """Lower is more likely the cause.
+
+    A known signature first; a barrier is where ranks that went ahead wait, so it is never the cause
+    while something else is in the core; a gate on 0 or on the last pipeline stage is how
+    rank-dependent code is written; a split whose absent side sits in a barrier is the one they
+    skipped; then the split entered by fewer ranks; then the lowest rank, for a stable answer.
+    """
+    return (not c.mtp, c.barrier, not c.rank0_gate, not c.other_side_in_barrier, c.entered, c.first,
+            repr(c.key))
+
+
+def _rank0_style(gate: Mapping[str, int] | None, layout: ParallelLayout | None) -> bool:
+    if not gate:
+        return False
+    last_stage = layout.pp - 1 if layout is not None else None
+    return all(v == 0 or (k == "pp" and v == last_stage) for k, v in gate.items())

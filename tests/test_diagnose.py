@@ -1,0 +1,222 @@
+"""diagnose() on hangs recorded from real torchrun/gloo jobs (tests/fixtures/captures)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from captures import load_scenario, scenarios, tile
+from mtpdiag.analysis import diagnose
+from mtpdiag.analysis.diagnose import NO_LAYOUT_NOTE
+from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import STATE_SLEEPING, Snapshot
+
+ROOT_IDS = {"mtp-cp-gated-reduce", "gated-collective", "p2p-unmatched", "straggler", "frozen-rank"}
+
+
+def _report(name: str, **kwargs):
+    snapshot, layout, meta = load_scenario(name, **kwargs)
+    return diagnose(snapshot, layout, "scenario.json"), layout
+
+
+def _root_findings(report):
+    return [f for f in report.findings if f.id in ROOT_IDS]
+
+
+def test_mtp_cp_pp_names_the_gated_reduce_as_the_root():
+    report, layout = _report("mtp_cp_pp")
+    assert report.verdict == "problem"
+    assert report.findings[0].id == "mtp-cp-gated-reduce"
+    assert [f.id for f in _root_findings(report)] == ["mtp-cp-gated-reduce"]
+    assert "verl #5895" in report.findings[0].summary
+    assert report.findings[0].remedy.endswith("mtpdiag verify --cp 2")
+    root = [m for m in report.mismatches if m.role == "root"]
+    assert len(root) == 1
+    m = root[0]
+    assert (m.op, m.group, m.members, m.entered, m.absent) == ("all_reduce", "dp_cp", (2, 3), (2,), (3,))
+    assert m.gate == {"cp": 0}
+    assert m.site.function == "MTPLossLoggingHelper.reduce_loss_in_tracker"
+    assert "ring_attention" in m.absent_doing[3]
+    others = [x for x in report.mismatches if x is not m]
+    assert others and all(x.role == "consequence" for x in others)
+    assert {(x.op, x.group, x.members) for x in others} == {("all_gather", "cp", (0, 1)),
+                                                            ("all_gather", "cp", (2, 3))}
+    coords = {v.rank: v.coords for v in report.ranks}
+    assert coords[2] == {"tp": 0, "cp": 0, "ep": 0, "dp": 0, "pp": 1}
+    assert coords[3] == {"tp": 0, "cp": 1, "ep": 0, "dp": 0, "pp": 1}
+    assert [v.rank for v in report.ranks] == [0, 1, 2, 3]
+    rank0 = report.ranks[0]
+    assert (rank0.state, rank0.op, rank0.peer, rank0.site.function) == ("collective", "send", 2, "send_forward")
+    assert report.layout == layout.to_dict() and report.layout_source == "scenario.json"
+    assert report.world_size == 4
+
+
+def test_mtp_cp_dp_splits_the_whole_dp_cp_group():
+    report, _ = _report("mtp_cp_dp")
+    assert report.findings[0].id == "mtp-cp-gated-reduce"
+    assert len(_root_findings(report)) == 1
+    (m,) = [m for m in report.mismatches if m.role == "root"]
+    assert (m.group, m.members, m.entered, m.absent) == ("dp_cp", (0, 1, 2, 3), (0, 2), (1, 3))
+    assert m.gate == {"cp": 0}
+    assert report.findings[0].details["gate"] == {"cp": 0}
+
+
+def test_tp_broadcast_is_a_collective_gated_on_tp_rank_0():
+    report, _ = _report("tp_broadcast")
+    first = report.findings[0]
+    assert first.id == "gated-collective"
+    assert first.details["gate"] == {"tp": 0}
+    assert first.details["group"] == "tp"
+    assert len(_root_findings(report)) == 1
+    roots = [m for m in report.mismatches if m.role == "root"]
+    assert {m.members for m in roots} == {(0, 1), (2, 3)}
+    assert all(m.op == "broadcast" and m.entered == (m.members[0],) for m in roots)
+    barrier = [m for m in report.mismatches if m.op == "barrier"]
+    assert barrier and all(m.role == "consequence" for m in barrier)
+
+
+def test_p2p_count_is_an_unmatched_send():
+    report, _ = _report("p2p_count")
+    assert [f.id for f in report.findings] == ["p2p-unmatched"]
+    finding = report.findings[0]
+    assert finding.ranks == (0, 1, 2, 3)
+    assert "send(dst=2)" in finding.summary and "rank 2" in finding.summary
+    assert report.mismatches == ()
+
+
+def test_straggler_is_the_rank_running_while_its_group_waits():
+    report, _ = _report("straggler")
+    assert report.findings[0].id == "straggler"
+    assert report.findings[0].ranks == (3,)
+    assert "load_batch" in report.findings[0].summary
+    (m,) = report.mismatches
+    assert (m.role, m.absent, m.absent_doing[3]) == ("consequence", (3,), "running in load_batch")
+    assert report.ranks[3].state == "running" and report.ranks[3].op is None
+
+
+def test_frozen_rank_is_the_stopped_one():
+    report, _ = _report("frozen")
+    assert [f.id for f in report.findings] == ["frozen-rank"]
+    assert report.findings[0].ranks == (1,)
+    assert report.ranks[1].state == "stopped"
+    (m,) = report.mismatches
+    assert (m.entered, m.absent, m.absent_doing) == ((0, 2, 3), (1,), {1: "stopped"})
+
+
+@pytest.mark.parametrize("name", scenarios())
+def test_a_missing_rank_file_is_named_with_its_coords(name):
+    report, layout = _report(name, drop_ranks=(3,))
+    assert report.verdict == "problem"
+    missing = [f for f in report.findings if f.id == "missing-rank"]
+    assert len(missing) == 1
+    assert missing[0].ranks == (3,)
+    assert missing[0].details["coords"] == {"3": layout.coords(3)}
+    assert layout.describe(3) in missing[0].summary
+    assert [v.rank for v in report.ranks] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("name", scenarios())
+def test_every_recorded_hang_is_a_problem_and_serializes(name):
+    report, _ = _report(name)
+    assert report.verdict == "problem"
+    assert report.findings[0].id in ROOT_IDS
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["schema"] == "mtpdiag.report/1"
+    assert all(r["ranks"] == sorted(r["ranks"]) for r in data["sites"])
+    assert sum(len(s.ranks) for s in report.sites) == 4
+    assert report.extra == {}
+
+
+@pytest.mark.parametrize("name", ["mtp_cp_pp", "tp_broadcast", "p2p_count"])
+def test_without_a_layout_ranks_and_sites_stay_right(name):
+    snapshot, layout, _ = load_scenario(name)
+    with_layout = diagnose(snapshot, layout)
+    report = diagnose(snapshot, None)
+    assert report.verdict == "incomplete"
+    assert NO_LAYOUT_NOTE in report.notes
+    assert report.layout is None and report.mismatches == ()
+    assert all(v.coords is None for v in report.ranks)
+    assert [(v.rank, v.op, v.site) for v in report.ranks] == [(v.rank, v.op, v.site) for v in with_layout.ranks]
+    assert report.sites == with_layout.sites
+
+
+def test_without_a_layout_a_straggler_or_frozen_rank_is_still_found():
+    snapshot, _, _ = load_scenario("straggler")
+    assert [f.id for f in diagnose(snapshot).findings] == ["straggler"]
+    snapshot, _, _ = load_scenario("frozen")
+    assert [f.id for f in diagnose(snapshot).findings] == ["frozen-rank"]
+
+
+def test_every_rank_in_one_complete_collective_is_all_waiting():
+    snapshot, layout, _ = load_scenario("frozen")
+    waiting = snapshot.captures[0]  # rank 0, in the gradient all_reduce
+    world = Snapshot(captures=tuple(replace(waiting, rank=r, pid=(waiting.pid or 0) + r) for r in range(4)))
+    report = diagnose(world, layout)
+    assert [f.id for f in report.findings] == ["all-waiting"]
+    assert "TORCH_FR_BUFFER_SIZE" in report.findings[0].remedy
+    assert report.mismatches == ()
+    assert [f.id for f in diagnose(world).findings] == ["all-waiting"]  # no layout needed for this
+
+
+def test_a_world_of_running_ranks_is_ok_and_an_unreadable_one_is_incomplete():
+    snapshot, layout, _ = load_scenario("straggler")
+    running = next(c for c in snapshot.captures if c.rank == 3)  # sleeping in load_batch
+    world = tuple(replace(running, rank=r, pid=(running.pid or 0) + r) for r in range(4))
+    report = diagnose(Snapshot(captures=world), layout)
+    assert (report.verdict, report.findings, report.mismatches) == ("ok", (), ())
+    unreadable = replace(world[2], state="unreadable", threads=(), error="py-spy timed out")
+    report = diagnose(Snapshot(captures=world[:2] + (unreadable,) + world[3:]), layout)
+    assert report.verdict == "incomplete"
+    assert report.ranks[2].state == "unreadable"
+    assert any("could not be read" in n for n in report.notes)
+
+
+def test_unknown_world_size_with_waiting_ranks_is_incomplete():
+    snapshot, layout, _ = load_scenario("mtp_cp_pp")
+    bare = replace(snapshot, captures=tuple(replace(c, env=()) for c in snapshot.captures))
+    report = diagnose(bare)
+    assert report.world_size is None
+    assert report.verdict == "incomplete"
+    assert any("WORLD_SIZE unknown" in n for n in report.notes)
+    assert diagnose(bare, layout).world_size == 4  # the layout supplies it
+
+
+def test_conflicting_world_sizes_take_the_largest_with_a_note():
+    snapshot, layout, _ = load_scenario("mtp_cp_pp")
+    caps = list(snapshot.captures)
+    caps[0] = replace(caps[0], env=(("WORLD_SIZE", "2"),))
+    report = diagnose(replace(snapshot, captures=tuple(caps)), layout)
+    assert report.world_size == 4
+    assert any("disagree on WORLD_SIZE" in n for n in report.notes)
+
+
+def test_a_stopped_process_state_makes_a_frozen_rank_even_inside_the_collective():
+    snapshot, layout, _ = load_scenario("straggler")
+    caps = tuple(replace(c, state="D") if c.rank == 0 else c for c in snapshot.captures)
+    report = diagnose(replace(snapshot, captures=caps), layout)
+    frozen = [f for f in report.findings if f.id == "frozen-rank"]
+    assert frozen and frozen[0].ranks == (0,)
+    assert "uninterruptible" in report.ranks[0].error
+    assert report.ranks[0].op == "all_reduce"  # where it was is kept
+
+
+def test_mtp_tiled_over_16384_ranks_gives_one_mismatch_per_split_instance():
+    snapshot, layout, _ = load_scenario("mtp_cp_pp")
+    big = ParallelLayout.for_world(16384, cp=2, pp=2)  # dp = 4096
+    report = diagnose(tile(snapshot, layout, big), big)
+    assert report.world_size == 16384
+    assert report.findings[0].id == "mtp-cp-gated-reduce"
+    assert [f.id for f in report.findings] == ["mtp-cp-gated-reduce"]
+    roots = [m for m in report.mismatches if m.role == "root"]
+    assert len(roots) == 1
+    (root,) = roots
+    last_stage = [r for r in range(16384) if big.coords(r)["pp"] == 1]
+    assert root.members == tuple(last_stage)
+    assert root.entered == tuple(r for r in last_stage if big.coords(r)["cp"] == 0)
+    assert root.gate == {"cp": 0}
+    ring = [m for m in report.mismatches if m.op == "all_gather"]
+    assert len(ring) == 2 * 4096  # every CP pair of both stages is split
+    assert all(m.group == "cp" and len(m.entered) == 1 and m.role == "consequence" for m in ring)
+    assert len(report.mismatches) == 1 + 2 * 4096
