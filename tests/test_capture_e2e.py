@@ -2,7 +2,9 @@
 
 One job serves the whole module. It runs the MTP-CP reproducer through a tiny launcher that drops
 a canary ``--secret-flag=...`` before the worker parses its arguments, and with a canary
-``WANDB_API_KEY`` in its environment: neither may reach a bundle or the tool's output.
+``WANDB_API_KEY`` in its environment: neither may reach a bundle or the tool's output. The agent
+also carries a node-level ``RANK``/``WORLD_SIZE`` as a Kubeflow PyTorchJob sets them: it is still a
+launcher, not a worker.
 """
 
 from __future__ import annotations
@@ -47,9 +49,9 @@ def job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     launcher = tmp / "launch_with_flag.py"
     launcher.write_text(LAUNCHER)
-    started = start_torchrun(str(launcher), ["--gate", "buggy", "--cp", "2", "--pp", "2",
-                                             f"--secret-flag={SECRET_FLAG}"],
-                             nproc=4, env={"WANDB_API_KEY": SECRET_ENV}, log_path=str(tmp / "job.log"))
+    args = ["--gate", "buggy", "--cp", "2", "--pp", "2", f"--secret-flag={SECRET_FLAG}"]
+    env = {"WANDB_API_KEY": SECRET_ENV, "RANK": "0", "WORLD_SIZE": "1"}
+    started = start_torchrun(str(launcher), args, nproc=4, env=env, log_path=str(tmp / "job.log"))
     try:
         workers = started.wait_until_stuck(quiet_s=3.0, timeout=180.0)
         yield started, workers
@@ -65,7 +67,9 @@ def test_agent_pid_expands_to_four_ranked_workers(job):
     agent, workers = job
     assert find_targets([agent.pid], scan_all=False) == sorted(workers)
     assert find_targets([workers[2]], scan_all=False) == [workers[2]]
-    assert set(workers) <= set(find_targets([], scan_all=True))  # other jobs on the host may add more
+    everywhere = set(find_targets([], scan_all=True))
+    assert set(workers) <= everywhere  # other jobs on the host may add more
+    assert agent.pid not in everywhere
 
 
 def test_capture_of_the_hang(job):

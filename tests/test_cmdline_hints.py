@@ -17,7 +17,8 @@ def test_megatron_flags_with_space_and_equals():
 
 
 def test_layers_per_virtual_stage_is_not_vpp():
-    argv = PY + ["pretrain_gpt.py", "--num-layers-per-virtual-pipeline-stage", "2", "--pipeline-model-parallel-size", "4"]
+    argv = PY + ["pretrain_gpt.py", "--num-layers-per-virtual-pipeline-stage", "2",
+                 "--pipeline-model-parallel-size", "4"]
     assert layout_hints(argv) == {"pp": 4}
 
 
@@ -40,7 +41,8 @@ def test_rollout_tensor_parallel_is_the_inference_engine_not_training():
 
 def test_actor_wins_over_critic_and_ref_in_either_order():
     argv = PY + ["-m", "verl.trainer.main_ppo", "actor_rollout_ref.actor.megatron.context_parallel_size=2",
-                 "critic.megatron.context_parallel_size=4", "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=3"]
+                 "critic.megatron.context_parallel_size=4",
+                 "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=3"]
     # critic's cp never overrides the actor's; ref's pp counts because the actor names none
     assert layout_hints(argv) == {"cp": 2, "pp": 3}
 

@@ -33,6 +33,16 @@ def is_worker(pid: int, env: dict[str, str] | None = None) -> bool:
     return bool(env) and "RANK" in env and procfs.is_python(pid)
 
 
+def is_launcher(pid: int) -> bool:
+    """torchrun's agent: it may carry RANK itself (a Kubeflow PyTorchJob sets the node's RANK)."""
+    argv = procfs.read_cmdline(pid) or []
+    head = argv[:4]  # only the interpreter, its flags and the module or script are looked at
+    return any(os.path.basename(a) == "torchrun" or a in _LAUNCHER_MODULES for a in head)
+
+
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
 def _expand(pid: int) -> list[int]:
     if pid <= 0:
         raise InputError(f"pid {pid} is not a valid process id")
@@ -42,9 +52,10 @@ def _expand(pid: int) -> list[int]:
     if stat.state == "Z":
         raise InputError(f"pid {pid} has exited (a zombie waiting for its parent)")
     env = procfs.read_env(pid)
+    ranked, unreadable = _ranked_descendants(pid)
     if env is not None and is_worker(pid, env):
-        return [pid]
-    workers, unreadable = _ranked_descendants(pid)
+        ranked[pid] = env["RANK"]
+    workers = _topmost_workers(ranked)
     if workers:
         return workers
     python = procfs.is_python(pid)
@@ -60,31 +71,38 @@ def _expand(pid: int) -> list[int]:
     raise InputError(f"pid {pid} is {what} and has no ranked Python descendants")
 
 
-def _ranked_descendants(pid: int) -> tuple[list[int], int]:
-    """Topmost ranked Python descendants of ``pid``, and how many descendants could not be read."""
-    tree = procfs.children_map()
-    workers, unreadable = [], 0
-    todo = list(tree.get(pid, []))
-    while todo:
-        child = todo.pop(0)
+def _ranked_descendants(pid: int) -> tuple[dict[int, str], int]:
+    """RANK of every ranked Python descendant of ``pid``, and how many could not be read."""
+    ranked, unreadable = {}, 0
+    for child in procfs.descendants(pid):
         env = procfs.read_env(child)
         if env is None:
             unreadable += procfs.read_stat(child) is not None
         elif is_worker(child, env):
-            workers.append(child)
-            continue  # its own children are its helpers, not ranks
-        todo.extend(tree.get(child, []))
-    return sorted(workers), unreadable
+            ranked[child] = env["RANK"]
+    return ranked, unreadable
 
 
 def _scan_host() -> list[int]:
-    """Every topmost Python process on the host with RANK and WORLD_SIZE (Ray actors included)."""
+    """Every worker on the host: Python processes with RANK and WORLD_SIZE (Ray actors included)."""
     own = {os.getpid(), *procfs.ancestors(os.getpid())}
-    ranked = set()
+    ranked = {}
     for pid in procfs.all_pids():
-        if pid in own:
-            continue
-        env = procfs.read_env(pid)
+        env = procfs.read_env(pid) if pid not in own else None
         if env and "RANK" in env and "WORLD_SIZE" in env and procfs.is_python(pid):
-            ranked.add(pid)
-    return [pid for pid in ranked if not ranked.intersection(procfs.ancestors(pid))]
+            ranked[pid] = env["RANK"]
+    return _topmost_workers(ranked)
+
+
+def _topmost_workers(ranked: dict[int, str]) -> list[int]:
+    """Ranked processes that are workers: not launchers, and not the helpers of another worker.
+
+    A launcher is torchrun itself, or any ranked process with a ranked descendant of another RANK.
+    A helper (DataLoader worker, compile subprocess) inherits its worker's RANK and sits below it.
+    """
+    lineage = {pid: procfs.ancestors(pid) for pid in ranked}
+    launchers = {pid for pid in ranked if is_launcher(pid)}
+    for pid, ancestors in lineage.items():
+        launchers.update(a for a in ancestors if a in ranked and ranked[a] != ranked[pid])
+    workers = set(ranked) - launchers
+    return sorted(pid for pid in workers if not workers.intersection(lineage[pid]))
