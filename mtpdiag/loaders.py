@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from mtpdiag import __version__
 from mtpdiag.bundle import snapshot_from_data
 from mtpdiag.capture.cmdline import layout_hints, merge_hints
+from mtpdiag.capture.discover import is_launcher_argv
 from mtpdiag.capture.pyspy import display_path, kept_args, threads_from_json
 from mtpdiag.errors import InputError
 from mtpdiag.model import BUNDLE_SCHEMA, ENV_WHITELIST, Frame, RankCapture, Snapshot, ThreadStack
@@ -119,6 +120,8 @@ def _load_json(path: str, text: str) -> _FileCaptures:
 
 def _load_text(path: str, text: str) -> _FileCaptures:
     processes = parse_text_dump(text)
+    workers = [p for p in processes if not p.launcher]
+    processes = workers or processes  # ``py-spy dump -s`` of torchrun shows the agent first: not a rank
     if not processes:
         raise InputError(f"{path}: not a py-spy dump (no \"Thread N (idle|active)\" lines) "
                          "nor a bundle or py-spy JSON")
@@ -143,6 +146,7 @@ class TextProcess:
     pid: int | None
     threads: tuple[ThreadStack, ...]
     hints: dict
+    launcher: bool = False  # the section is torchrun's agent
 
 
 def parse_text_dump(text: str) -> list[TextProcess]:
@@ -154,6 +158,7 @@ def parse_text_dump(text: str) -> list[TextProcess]:
     processes: list[TextProcess] = []
     pid: int | None = None
     hints: dict = {}
+    launcher = False
     threads: list[ThreadStack] = []
     thread: dict | None = None
     frame: dict | None = None
@@ -178,13 +183,15 @@ def parse_text_dump(text: str) -> list[TextProcess]:
         nonlocal threads
         close_thread()
         if threads:
-            processes.append(TextProcess(pid=pid, threads=tuple(reversed(threads)), hints=hints))
+            processes.append(TextProcess(pid=pid, threads=tuple(reversed(threads)), hints=hints,
+                                         launcher=launcher))
         threads = []
 
     for line in _ANSI.sub("", text).replace("\r\n", "\n").split("\n"):
         if m := _PROCESS.match(line):
             close_process()
-            pid, hints = int(m[1]), layout_hints(m[2].split())
+            argv = m[2].split()
+            pid, hints, launcher = int(m[1]), layout_hints(argv), is_launcher_argv(argv)
         elif m := _PARENT.match(line):
             hints = merge_hints(hints, layout_hints(m[2].split()))
         elif m := _THREAD.match(line):

@@ -147,3 +147,19 @@ def test_stopped_rank_is_captured_nonblocking(job):
     (c,) = snapshot.captures
     assert c.rank == 3 and c.state == "T" and c.nonblocking
     assert c.main_thread.frames and c.main_thread.frames[0].function == "all_gather"
+
+
+def test_pasted_subprocess_dump_of_the_agent_loads_the_workers_only(job, tmp_path):
+    """``py-spy dump --subprocesses --pid <agent>`` text, as pasted into a ticket: the agent is no rank."""
+    agent, workers = job
+    text = subprocess.run([pyspy.find_pyspy(), "dump", "--subprocesses", "--pid", str(agent.pid)],
+                          capture_output=True, text=True, timeout=120).stdout
+    assert f"Process {agent.pid}:" in text  # the agent's own section is there ...
+    pasted = tmp_path / "ticket.txt"
+    pasted.write_text(text)
+    snapshot = load_paths([str(pasted)])
+    assert sorted(c.pid for c in snapshot.captures) == sorted(workers)  # ... but it is not a rank
+    innermost = sorted(c.main_thread.frames[0].function for c in snapshot.captures)
+    assert innermost == sorted(op for op, _ in EXPECTED.values())
+    assert all(dict(c.layout_hints) == {"cp": 2, "pp": 2} for c in snapshot.captures)
+    assert SECRET_FLAG not in json.dumps(snapshot.to_dict())

@@ -35,9 +35,12 @@ def is_worker(pid: int, env: dict[str, str] | None = None) -> bool:
 
 def is_launcher(pid: int) -> bool:
     """torchrun's agent: it may carry RANK itself (a Kubeflow PyTorchJob sets the node's RANK)."""
-    argv = procfs.read_cmdline(pid) or []
-    head = argv[:4]  # only the interpreter, its flags and the module or script are looked at
-    return any(os.path.basename(a) == "torchrun" or a in _LAUNCHER_MODULES for a in head)
+    return is_launcher_argv(procfs.read_cmdline(pid) or [])
+
+
+def is_launcher_argv(argv: list[str]) -> bool:
+    """Whether a command line runs torchrun (only the interpreter, its flags and the program are read)."""
+    return any(os.path.basename(a) == "torchrun" or a in _LAUNCHER_MODULES for a in argv[:4])
 
 
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
