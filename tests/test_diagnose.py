@@ -220,3 +220,18 @@ def test_mtp_tiled_over_16384_ranks_gives_one_mismatch_per_split_instance():
     assert len(ring) == 2 * 4096  # every CP pair of both stages is split
     assert all(m.group == "cp" and len(m.entered) == 1 and m.role == "consequence" for m in ring)
     assert len(report.mismatches) == 1 + 2 * 4096
+
+
+def test_pipeline_peers_are_inferred_from_known_sites_when_torch_frames_lack_them():
+    snapshot, layout, _ = load_scenario("p2p_count")
+    stripped = []
+    for c in snapshot.captures:
+        thread = c.main_thread
+        frames = tuple(replace(f, args=()) for f in thread.frames)
+        stripped.append(replace(c, threads=(replace(thread, frames=frames),)))
+    report = diagnose(replace(snapshot, captures=tuple(stripped)), layout)
+    assert {v.rank: v.peer for v in report.ranks} == {0: 2, 1: 3, 2: 0, 3: 1}
+    assert [f.id for f in report.findings] == ["p2p-unmatched"]
+    without_layout = diagnose(replace(snapshot, captures=tuple(stripped)))
+    assert all(v.peer is None for v in without_layout.ranks)
+    assert any("peer" in n for n in without_layout.notes)

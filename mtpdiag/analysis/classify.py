@@ -68,13 +68,10 @@ def is_torch_distributed(frame: Frame) -> bool:
     return "/torch/distributed/" in _path(frame.file)
 
 
-def _is_torch(frame: Frame) -> bool:
-    return "/torch/" in _path(frame.file) or _path(frame.file).startswith("/torch/")
-
-
 def _is_wrapper(frame: Frame) -> bool:
+    """torch itself, or decorator plumbing: never the call site a person wants to see."""
     path = _path(frame.file)
-    return _is_torch(frame) or any(path.endswith(w) for w in _WRAPPER_FILES)
+    return "/torch/" in path or path.endswith(_WRAPPER_FILES)
 
 
 def _is_stdlib_internal(frame: Frame) -> bool:

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Mapping
 
 from mtpdiag.analysis import findings as fnd
-from mtpdiag.analysis.classify import P2P_OPS, classify_capture, rank_state
+from mtpdiag.analysis.classify import classify_capture, rank_state, site_of
 from mtpdiag.analysis.known_sites import lookup
 from mtpdiag.analysis.mismatch import find_mismatches, is_point_to_point
 from mtpdiag.analysis.sites import group_sites
@@ -54,6 +54,10 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         found += fnd.blocked_findings(causes, by_rank, layout)
         waited_on = causes.blocked_on.keys()
         unmatched = bool(causes.root_p2p or causes.consequence_p2p)
+        idle = [r for r, v in by_rank.items() if v.state == "stopped" and r not in waited_on]
+        if idle:
+            notes.append(f"rank{'s' if len(idle) > 1 else ''} {_list(idle)} {'are' if len(idle) > 1 else 'is'} "
+                         "stopped, but no group waits for them yet")
     else:
         notes.append(NO_LAYOUT_NOTE)
         found += fnd.layout_free_findings(list(by_rank.values()))
@@ -103,14 +107,20 @@ def _view(capture: RankCapture, layout: ParallelLayout | None) -> RankView:
 
 
 def _pipeline_peer(view: RankView, layout: ParallelLayout) -> int | None:
-    """The neighbour stage a known pipeline p2p site talks to (send_forward -> next stage)."""
-    known = lookup(view.site)
-    if known is None or known.peer is None or view.rank is None or layout.pp < 2:
+    """The neighbour stage that known pipeline code talks to (send_forward -> the next stage).
+
+    The direction comes from the innermost frame that names one: a bare wait inside megatron's
+    ``_communicate`` takes it from the ``send_forward``/``recv_backward``/... that called it.
+    """
+    if view.rank is None or layout.pp < 2:
+        return None
+    direction = next((row.peer for row in map(lookup, map(site_of, view.stack)) if row is not None and row.peer),
+                     None)
+    if direction is None:
         return None
     stages = layout.group_of("pp", view.rank)
     here = stages.index(view.rank)
-    step = 1 if known.peer == "next" else -1
-    return stages[(here + step) % len(stages)]
+    return stages[(here + (1 if direction == "next" else -1)) % len(stages)]
 
 
 def _index(views: tuple[RankView, ...], layout: ParallelLayout | None, notes: list[str]) -> dict[int, RankView]:
@@ -192,7 +202,7 @@ def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...]) -> list[str]
     if any(c.state == "unknown" for c in snapshot.captures):
         notes.append("process states unknown (dumps read from files): a stopped rank looks like a waiting one")
     unknown_peers = [v.rank for v in views if v.rank is not None and v.state == "collective"
-                     and v.op in P2P_OPS | {"batch_isend_irecv"} and v.peer is None]
+                     and is_point_to_point(v) and v.peer is None]
     if unknown_peers:
         notes.append(f"the peer of rank{'s' if len(unknown_peers) > 1 else ''} {_list(unknown_peers)}'s "
                      "send/recv is unknown: it is not matched")
@@ -203,6 +213,9 @@ def _verdict(found: list[Finding], views: tuple[RankView, ...], by_rank: dict[in
              world_size: int | None, layout: ParallelLayout | None, notes: list[str]) -> str:
     if found:
         return "problem"
+    if not by_rank:
+        notes.append("no capture carries a rank: nothing to diagnose")
+        return "incomplete"
     if any(v.state in ("stopped", "unreadable", "gone") for v in views):
         return "incomplete"
     waiting = [v for v in by_rank.values() if v.state == "collective"]

@@ -139,7 +139,7 @@ def collective_findings(roots: Sequence[Mismatch], layout: ParallelLayout | None
             summary = (f"{op} at {words.where(site)} on {group} entered only by {describe_gate(gate)} ranks "
                        f"({words.ranks(entered)}); {never}")
             remedy = (f"every rank of the {words.group(kind)} group must call {op} at {where}: move it out "
-                      f"of the {describe_gate(gate)} branch, or reduce over a group whose members all pass it")
+                      f"of the {describe_gate(gate)} branch, or run it on a group whose members all pass that test")
         else:
             summary = (f"{op} at {words.where(site)} on {group} entered only by {words.ranks(entered)}; "
                        f"{never}; no single coordinate separates them")

@@ -30,11 +30,19 @@ _EXPERT_KINDS = frozenset(k for k, (generator, _) in GROUP_KINDS.items() if gene
 
 
 def is_point_to_point(view: RankView) -> bool:
-    """A wait matched by peer: send/recv, batched p2p, or a bare wait in pipeline p2p code."""
-    if view.op in P2P_OPS or view.op == "batch_isend_irecv":
+    """A wait matched by peer: send/recv, or batched p2p and bare waits in point-to-point code.
+
+    A ``batch_isend_irecv`` or ``wait`` at a known site of another kind (context-parallel ring
+    attention) is treated as a collective of that site's group: every member must take part.
+    """
+    if view.op in P2P_OPS:
         return True
-    known = lookup(view.site)
-    return view.op == WAIT_OP and known is not None and known.p2p
+    if view.op in ("batch_isend_irecv", WAIT_OP):
+        known = lookup(view.site)
+        if known is not None:
+            return known.p2p
+        return view.op == "batch_isend_irecv"
+    return False
 
 
 def doing(view: RankView | None) -> str:
