@@ -25,12 +25,20 @@ def bundle_path(snapshot: Snapshot, path: str) -> str:
     return path
 
 
+def check_destination(path: str) -> None:
+    """Fail before capturing anything when ``path`` cannot take a bundle."""
+    directory = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise InputError(f"cannot write {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write {path}: directory {directory} is not writable")
+
+
 def save_bundle(snapshot: Snapshot, path: str) -> str:
     """Write ``snapshot`` to ``path`` atomically; returns the file written."""
     target = bundle_path(snapshot, path)
+    check_destination(target)
     directory = os.path.dirname(os.path.abspath(target))
-    if not os.path.isdir(directory):
-        raise InputError(f"cannot write {target}: directory {directory} does not exist")
     text = json.dumps(snapshot.to_dict(), indent=1, sort_keys=False) + "\n"
     try:
         fd, tmp = tempfile.mkstemp(prefix=".mtpdiag-", suffix=".tmp", dir=directory)

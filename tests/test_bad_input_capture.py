@@ -72,6 +72,12 @@ def test_invalid_pid_value(tmp_path):
     _assert_usage_error(_collect("--pid", "twelve", "--out", str(tmp_path / "b.json")))
 
 
+def test_out_in_a_missing_directory_fails_before_capturing(tmp_path, started):
+    sleeper = started("sleep", "100")  # not a worker either: the destination is checked first
+    done = _collect("--pid", str(sleeper.pid), "--out", str(tmp_path / "nowhere" / "b.json"))
+    _assert_usage_error(done, "nowhere", "does not exist")
+
+
 def test_missing_out(started):
     sleeper = started("sleep", "100")
     _assert_usage_error(_collect("--pid", str(sleeper.pid)), "out")

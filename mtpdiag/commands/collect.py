@@ -23,9 +23,10 @@ def collect(
     timeout: float = o.TIMEOUT,
 ) -> None:
     """Capture every rank (py-spy, in parallel) and write one bundle; without --pid, like --all."""
-    from mtpdiag.bundle import save_bundle
+    from mtpdiag.bundle import check_destination, save_bundle
     from mtpdiag.capture import capture
 
+    check_destination(out)  # before any process is paused
     pids = list(pid or [])
     snapshot = capture(pids, scan_all=all_ or not pids, native=native, nonblocking=nonblocking,
                        timeout=timeout, progress=True, host=host)
