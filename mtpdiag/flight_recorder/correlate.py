@@ -1,0 +1,259 @@
+"""The recorder's view next to the stack diagnosis, and where the two disagree (pure)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from mtpdiag.flight_recorder.dump import FRDump, FREntry, FRGroup
+from mtpdiag.flight_recorder.progress import (
+    MEGATRON_GROUP_KINDS,
+    GroupProgress,
+    conflicting_memberships,
+    group_progress,
+    group_sort_key,
+    recorded_groups,
+)
+from mtpdiag.model import Report, Site
+
+_P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
+# Stack op -> the recorder ops it issues.
+_STACK_TO_FR_OPS = {
+    "all_gather_object": {"all_gather"},
+    "gather_object": {"gather", "all_gather"},
+    "broadcast_object_list": {"broadcast"},
+    "scatter_object_list": {"scatter", "broadcast"},
+    "send_object_list": {"send"},
+    "recv_object_list": {"recv"},
+    "isend": {"send"},
+    "irecv": {"recv"},
+    "all_reduce_coalesced": {"allreduce_coalesced", "all_reduce"},
+    "monitored_barrier": {"barrier", "send", "recv"},
+}
+MAX_LINES = 20
+
+
+def ops_match(stack_op: str, fr_op: str) -> bool:
+    return fr_op == stack_op or fr_op in _STACK_TO_FR_OPS.get(stack_op, ())
+
+
+def correlate(report: Report, fr: FRDump) -> dict[str, Any]:
+    """The recorder's view next to the diagnosis: a JSON-able dict for ``Report.extra["flight_recorder"]``.
+
+    ``lines`` holds the same story in plain words for the console.
+    """
+    progress = group_progress(fr)
+    disagreements = conflicting_memberships(fr) + _layout_conflicts(report, recorded_groups(fr).values())
+    matched = []
+    for m in report.mismatches:
+        view, lines = _match_mismatch(m, progress, fr)
+        matched.append(view)
+        disagreements += lines
+    rank_lines, notes = _rank_checks(report, fr)
+    disagreements += rank_lines
+    dumped = [d.rank for d in fr.ranks]
+    missing = [r for r in range(report.world_size or 0) if r not in dumped]
+    if missing:
+        notes.append(f"no Flight Recorder dump for rank(s) {_ranks_text(missing)}")
+    return {
+        "source": fr.source,
+        "version": next((d.version for d in fr.ranks if d.version), ""),
+        "ranks": dumped,
+        "missing_ranks": missing,
+        "groups": [_group_dict(g) for g in progress],
+        "mismatches": matched,
+        "disagreements": disagreements,
+        "notes": notes,
+        "lines": _lines(fr, progress, matched, disagreements, notes),
+    }
+
+
+def _match_mismatch(m, progress: Iterable[GroupProgress], fr: FRDump) -> tuple[dict[str, Any], list[str]]:
+    """Find the recorder's group for a mismatch of the diagnosis, and compare who entered it.
+
+    Without ``pg_config`` membership the layout's members are used, and a member whose dump has no
+    entry in the group counts as never having entered it.
+    """
+    view: dict[str, Any] = {"op": m.op, "group": m.group, "role": m.role, "members": list(m.members),
+                            "entered": list(m.entered), "absent": list(m.absent), "fr_group": None}
+    candidates = [g for g in progress
+                  if any(ops_match(m.op, e.op) for r in m.entered for e in g.pending.get(r, ()))]
+    if not candidates:
+        return view, [f"stacks say rank(s) {_ranks_text(m.entered)} wait in {m.op} ({m.group} "
+                      f"{list(m.members)}); FR has no pending {m.op} for them"]
+    g = sorted(candidates, key=lambda c: (c.kind != m.group, set(c.members) != set(m.members),
+                                          group_sort_key(c.name)))[0]
+    exact = g.members_from == "pg_config"
+    members = list(g.members) if exact else sorted(set(m.members) | set(g.members))
+    reached = {r: g.last_entered.get(r, 0) for r in members if fr.rank(r) is not None}
+    seq = max(e.collective_seq_id for r in m.entered for e in g.pending.get(r, ()) if ops_match(m.op, e.op))
+    fr_entered = [r for r in members if r in reached and reached[r] >= seq]
+    fr_absent = [r for r in members if r in reached and reached[r] < seq]
+    agrees = set(members) == set(m.members) and fr_entered == list(m.entered) and fr_absent == list(m.absent)
+    view.update({"fr_group": g.name, "fr_desc": g.desc, "fr_members": members,
+                 "fr_members_from": g.members_from, "seq": seq, "fr_entered": fr_entered,
+                 "fr_absent": fr_absent, "agrees": agrees})
+    lines = []
+    if exact and set(members) != set(m.members):
+        lines.append(f"FR group {g.name} ({g.desc}) has members {members}; the layout's {m.group} "
+                     f"group is {list(m.members)}")
+    if fr_entered != list(m.entered) or fr_absent != list(m.absent):
+        lines.append(f"FR says {m.op} #{seq} in group {g.name} ({g.desc}) was entered by {fr_entered} and "
+                     f"not by {fr_absent}; stacks say entered {list(m.entered)}, absent {list(m.absent)}")
+    return view, lines
+
+
+def _layout_conflicts(report: Report, groups: Iterable[FRGroup]) -> list[str]:
+    """Megatron groups whose recorded members differ from the layout's: one line per group kind."""
+    layout = _layout(report)
+    if layout is None:
+        return []
+    groups = sorted(groups, key=lambda g: group_sort_key(g.name))
+    top = max((max(g.ranks) for g in groups), default=-1)
+    if top >= layout.world_size:
+        return [f"FR groups hold rank {top}, outside the layout's world of {layout.world_size}"]
+    wrong: dict[str, list[FRGroup]] = {}
+    for g in groups:
+        kind = MEGATRON_GROUP_KINDS.get(g.desc)
+        if kind is not None and tuple(layout.group_of(kind, g.ranks[0])) != g.ranks:
+            wrong.setdefault(kind, []).append(g)
+    lines = []
+    for kind, bad in wrong.items():
+        descs = ", ".join(sorted({g.desc for g in bad}))
+        recorded = " ".join(str(list(r)) for r in sorted({g.ranks for g in bad}))
+        ranks = {r for g in bad for r in g.ranks}
+        expected = " ".join(str(list(r)) for r in sorted({tuple(layout.group_of(kind, r)) for r in ranks}))
+        lines.append(f"FR records the {kind} groups ({descs}) as {recorded}; the layout "
+                     f"({_layout_text(layout)}) makes them {expected}")
+    return lines
+
+
+def _layout_text(layout) -> str:
+    return " ".join(f"{k}={getattr(layout, k)}" for k in ("tp", "cp", "ep", "dp", "pp"))
+
+
+def _layout(report: Report):
+    if not report.layout:
+        return None
+    from mtpdiag.layout import LayoutError, ParallelLayout
+
+    keys = ("tp", "cp", "ep", "dp", "pp", "vpp", "etp", "order")
+    try:
+        return ParallelLayout(**{k: report.layout[k] for k in keys if report.layout.get(k) is not None})
+    except (LayoutError, TypeError):
+        return None
+
+
+def _rank_checks(report: Report, fr: FRDump) -> tuple[list[str], list[str]]:
+    """Each rank's stack op against its latest pending recorded op."""
+    lines: list[str] = []
+    notes: list[str] = []
+    any_p2p = any(e.is_p2p or e.op in _P2P_OPS for d in fr.ranks for e in d.entries)
+    for view in report.ranks:
+        dump = fr.rank(view.rank) if view.rank is not None else None
+        if dump is None or view.state in ("gone", "unreadable"):
+            continue
+        pending = [e for e in dump.entries if not e.done]
+        latest = max(pending, key=lambda e: e.record_id) if pending else None
+        op = view.op
+        if op is None:
+            if latest is not None:
+                lines.append(f"FR says rank {view.rank} waits in {_entry_text(latest)}; stacks say it is in no "
+                             f"collective{_at(view.site)}")
+        elif op == "wait":
+            if latest is None:
+                lines.append(f"stacks say rank {view.rank} waits on a Work handle; FR has nothing pending for it")
+        elif op in _P2P_OPS or op in ("send_object_list", "recv_object_list"):
+            if not any_p2p:
+                note = "FR holds no send/recv at all (torch 2.13's gloo does not record point-to-point ops)"
+                if note not in notes:
+                    notes.append(note)
+            elif not any(ops_match(op, e.op) for e in pending):
+                lines.append(f"stacks say rank {view.rank} waits in {op}; FR has no pending {op} for it")
+        elif latest is None:
+            done = [e for e in dump.entries if e.done]
+            last = max(done, key=lambda e: e.record_id) if done else None
+            what = f"last completed {_entry_text(last)}" if last else "recorded no op"
+            lines.append(f"FR says rank {view.rank} {what} and has nothing pending; stacks say it waits in {op}")
+        elif not ops_match(op, latest.op):
+            lines.append(f"FR says rank {view.rank} waits in {_entry_text(latest)}; stacks say it waits in {op}")
+    return lines, notes
+
+
+def _lines(fr: FRDump, progress, matched, disagreements, notes) -> list[str]:
+    dumped = [d.rank for d in fr.ranks]
+    out = [f"Flight Recorder: {len(dumped)} dump(s), rank(s) {_ranks_text(dumped)}, from {fr.source}"]
+    for g in progress:
+        if not g.behind and not g.pending:
+            continue
+        waiting = "; ".join(f"rank {r} waits in {_entry_text(max(es, key=lambda e: e.record_id), group=False)}"
+                            for r, es in sorted(g.pending.items()))
+        text = f"group {g.name} ({g.desc}, ranks {_ranks_text(g.members)}): {waiting or 'nothing pending'}"
+        if g.behind:
+            behind = ", ".join(f"{r} (#{g.last_entered[r]})" for r in g.behind)
+            text += f"; behind: rank(s) {behind}"
+        out.append(text)
+    for m in matched:
+        if m.get("agrees"):
+            out.append(f"FR agrees with the stacks on {m['op']} #{m['seq']} in group {m['fr_group']} "
+                       f"({m['fr_desc']}, ranks {_ranks_text(m['fr_members'])}): entered by "
+                       f"{_ranks_text(m['fr_entered'])}, never reached by {_ranks_text(m['fr_absent'])}")
+    shown = disagreements[:MAX_LINES]
+    out += [f"disagreement: {d}" for d in shown]
+    if len(disagreements) > len(shown):
+        out.append(f"... and {len(disagreements) - len(shown)} more disagreement(s) in the JSON")
+    out += [f"note: {n}" for n in notes]
+    return out
+
+
+def _group_dict(g: GroupProgress) -> dict[str, Any]:
+    return {
+        "name": g.name,
+        "desc": g.desc,
+        "kind": g.kind,
+        "members": list(g.members),
+        "members_from": g.members_from,
+        "last_entered": {str(r): n for r, n in sorted(g.last_entered.items())},
+        "last_completed": {str(r): n for r, n in sorted(g.last_completed.items())},
+        "pending": {str(r): [_entry_dict(e) for e in es] for r, es in sorted(g.pending.items())},
+        "behind": list(g.behind),
+        "no_dump": list(g.no_dump),
+    }
+
+
+def _entry_dict(e: FREntry) -> dict[str, Any]:
+    return {
+        "op": e.op,
+        "collective_seq_id": e.collective_seq_id,
+        "p2p_seq_id": e.p2p_seq_id,
+        "state": e.state,
+        "input_sizes": [list(s) for s in e.input_sizes],
+        "output_sizes": [list(s) for s in e.output_sizes],
+        "site": e.site.to_dict() if e.site else None,
+    }
+
+
+def _entry_text(e: FREntry, group: bool = True) -> str:
+    seq = f"p2p #{e.p2p_seq_id}" if e.is_p2p else f"#{e.collective_seq_id}"
+    where = f" in group {e.group} ({e.group_desc})" if group else ""
+    site = f" from {e.site.function}" if e.site else ""
+    return f"{e.op} {seq}{where}{site}"
+
+
+def _at(site: Site | None) -> str:
+    return f" (at {site.function})" if site else ""
+
+
+def _ranks_text(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"; [] -> "none"."""
+    ranks = sorted(set(ranks))
+    if not ranks:
+        return "none"
+    parts, start, prev = [], ranks[0], ranks[0]
+    for r in ranks[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ",".join(parts)
