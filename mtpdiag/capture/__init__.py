@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
@@ -39,9 +40,9 @@ def capture(pids: Iterable[int] = (), *, scan_all: bool = False, native: bool = 
     # /proc reads first, all at once: the moment the stacks describe should be one moment.
     pending = [(pid, _read_proc(pid, hints)) for pid in targets]
 
-    def one(item: tuple[int, dict]) -> RankCapture:
-        pid, proc = item
-        return _capture_one(pid, proc, label, native=native, nonblocking=nonblocking, timeout=timeout)
+    def one(item: tuple[int, _ProcFacts]) -> RankCapture:
+        pid, facts = item
+        return _capture_one(pid, facts, label, native=native, nonblocking=nonblocking, timeout=timeout)
 
     with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(pending))) as pool:
         captures = _run_with_progress(pool, one, pending, show=progress and len(pending) > 4
@@ -57,24 +58,35 @@ def capture(pids: Iterable[int] = (), *, scan_all: bool = False, native: bool = 
     )
 
 
-def _read_proc(pid: int, hints: "_HintReader") -> dict:
-    """What /proc says about a worker: stat, whitelisted env, rank, main-thread CPU, layout hints."""
+@dataclass(frozen=True)
+class _ProcFacts:
+    """What /proc says about a worker just before its stacks are dumped."""
+
+    stat: procfs.ProcStat | None
+    env: dict[str, str]  # whitelisted keys only
+    main_cpu_ticks: int | None
+    hints: dict[str, int]
+
+    @property
+    def rank(self) -> int | None:
+        for key in ("RANK", "SLURM_PROCID"):
+            value = self.env.get(key, "").strip()
+            if value.isdigit():
+                return int(value)
+        return None
+
+
+def _read_proc(pid: int, hints: "_HintReader") -> _ProcFacts:
     stat = procfs.read_stat(pid)
-    env = procfs.read_env(pid) or {}
-    return {
-        "stat": stat,
-        "env": env,
-        "rank": _rank(env),
-        "ticks": procfs.main_thread_ticks(pid),
-        "hints": hints.for_process(pid) if stat is not None else {},
-    }
+    return _ProcFacts(stat=stat, env=procfs.read_env(pid) or {}, main_cpu_ticks=procfs.main_thread_ticks(pid),
+                      hints=hints.for_process(pid) if stat is not None else {})
 
 
-def _capture_one(pid: int, proc: dict, host: str, *, native: bool, nonblocking: bool,
+def _capture_one(pid: int, facts: _ProcFacts, host: str, *, native: bool, nonblocking: bool,
                  timeout: float) -> RankCapture:
-    stat = proc["stat"]
-    base = dict(pid=pid, host=host, rank=proc["rank"], env=tuple(sorted(proc["env"].items())),
-                main_cpu_ticks=proc["ticks"], layout_hints=tuple(sorted(proc["hints"].items())))
+    stat = facts.stat
+    base = dict(pid=pid, host=host, rank=facts.rank, env=tuple(sorted(facts.env.items())),
+                main_cpu_ticks=facts.main_cpu_ticks, layout_hints=tuple(sorted(facts.hints.items())))
     if stat is None or stat.state == "Z":
         return RankCapture(state=STATE_GONE, error="the process exited before it could be captured", **base)
     use_nonblocking = nonblocking or stat.state in _STOPPED
@@ -106,14 +118,6 @@ def _run_with_progress(pool: ThreadPoolExecutor, fn: Callable, items: list, *, s
         for f in futures:
             f.add_done_callback(lambda _f: bar.advance(task))
         return [f.result() for f in futures]
-
-
-def _rank(env: dict[str, str]) -> int | None:
-    for key in ("RANK", "SLURM_PROCID"):
-        value = env.get(key, "").strip()
-        if value.isdigit():
-            return int(value)
-    return None
 
 
 def _order(c: RankCapture) -> tuple:
