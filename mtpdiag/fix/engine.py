@@ -194,7 +194,7 @@ def _judge_collection(gc: lint.GuardedCall, text: str) -> Verdict:
         unclear += lint.unclassified_calls(guard.test, text)
     if splitting:
         guard, test = splitting[0]
-        cond = lint._guard_text(guard, text)
+        cond = lint.guard_text(guard, text)
         return Verdict("affected", lines,
                        f"{name} (an all_reduce over DP×CP) runs only where `{cond}` holds, and {test.text} "
                        f"is false on some ranks of that group (e.g. cp > 0): they never join and training "

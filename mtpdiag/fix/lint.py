@@ -97,6 +97,10 @@ _GROUP_CALL_KINDS: dict[str, str] = {
     "get_tensor_and_data_parallel_group": "tp_dp",
     "get_expert_model_parallel_group": "ep",
 }
+# "Am I a member of group G?" tests: around a collective on G itself they split nothing.
+_MEMBERSHIP_TESTS = {"is_rank_in_embedding_group": "get_embedding_group",
+                     "is_rank_in_position_embedding_group": "get_position_embedding_group"}
+_MEMBER_CALL = re.compile(r"(^|_)in(_|$)")  # is_rank_in_embedding_group, is_current_rank_in_grid
 _STAGE_CALL = re.compile(r"^is_\w*_stage$")
 _RANK_WORD = re.compile(r"(^|_)rank(_|$)")
 _RANK_VAR = re.compile(r"^(?:(tp|cp|dp|pp|ep)_|\w+_)?rank$")
@@ -120,6 +124,7 @@ class Guard:
     kind: str  # "if", "while", "ternary", "early-exit", "short-circuit", "comprehension"
     node: ast.AST  # the if/while/ifexp/boolop that carries the test
     line: int
+    alternative: tuple[ast.AST, ...] = ()  # code that runs instead when the test goes the other way
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,8 @@ class RankTest:
 
     text: str
     coords: frozenset[str]
+    name: str | None = None  # the called function, when the test is a call
+    membership: bool = False  # "is this rank in <some set or group>?"
 
 
 @dataclass(frozen=True)
@@ -214,7 +221,7 @@ def _collective_of(call: ast.Call, aliases: dict[str, str]) -> tuple[str, str] |
         return None
     head, _, rest = name.partition(".")
     resolved = aliases.get(head, head) + ("." + rest if rest else "")
-    last = name.rsplit(".", 1)[-1]
+    last = resolved.rsplit(".", 1)[-1]  # `from torch.distributed import all_reduce as ar`: ar -> all_reduce
     from_torch = resolved.startswith("torch.distributed.") or (head == "dist" and rest and "." not in rest)
     if from_torch and (last in COLLECTIVE_OPS or last in P2P_OPS):
         return last, "torch"
@@ -255,14 +262,22 @@ class _GuardWalker:
 
     def block(self, stmts: list[ast.stmt], guards: tuple[Guard, ...]) -> None:
         active = guards
-        for stmt in stmts:
-            self.node(stmt, active)
-            if isinstance(stmt, ast.If):
-                body_exits, else_exits = _exits(stmt.body), _exits(stmt.orelse)
-                if body_exits and not else_exits:
-                    active = active + (Guard(stmt.test, True, "early-exit", stmt, stmt.lineno),)
-                elif else_exits and not body_exits:
-                    active = active + (Guard(stmt.test, False, "early-exit", stmt, stmt.lineno),)
+        for i, stmt in enumerate(stmts):
+            if not isinstance(stmt, ast.If):
+                self.node(stmt, active)
+                continue
+            rest = tuple(stmts[i + 1:])
+            body_exits, else_exits = _exits(stmt.body), _exits(stmt.orelse)
+            self.node(stmt.test, active)
+            self.block(stmt.body, active + (Guard(stmt.test, False, "if", stmt, stmt.lineno,
+                                                  tuple(stmt.orelse) + (rest if body_exits else ())),))
+            self.block(stmt.orelse, active + (Guard(stmt.test, True, "if", stmt, stmt.lineno,
+                                                    tuple(stmt.body) + (rest if else_exits else ())),))
+            # After `if cond: ...; return`, the rest of the block runs only where cond is false.
+            if body_exits and not else_exits:
+                active = active + (Guard(stmt.test, True, "early-exit", stmt, stmt.lineno, tuple(stmt.body)),)
+            elif else_exits and not body_exits:
+                active = active + (Guard(stmt.test, False, "early-exit", stmt, stmt.lineno, tuple(stmt.orelse)),)
 
     def node(self, node: ast.AST, guards: tuple[Guard, ...]) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
@@ -276,18 +291,16 @@ class _GuardWalker:
             self.function = outer
         elif isinstance(node, ast.ClassDef):
             self.block(node.body, ())
-        elif isinstance(node, (ast.If, ast.While)):
-            kind = "if" if isinstance(node, ast.If) else "while"
+        elif isinstance(node, ast.If):
+            self.block([node], guards)
+        elif isinstance(node, ast.While):
             self.node(node.test, guards)
-            self.block(node.body, guards + (Guard(node.test, False, kind, node, node.lineno),))
-            if isinstance(node, ast.If):
-                self.block(node.orelse, guards + (Guard(node.test, True, kind, node, node.lineno),))
-            else:
-                self.block(node.orelse, guards)
+            self.block(node.body, guards + (Guard(node.test, False, "while", node, node.lineno),))
+            self.block(node.orelse, guards)
         elif isinstance(node, ast.IfExp):
             self.node(node.test, guards)
-            self.node(node.body, guards + (Guard(node.test, False, "ternary", node, node.lineno),))
-            self.node(node.orelse, guards + (Guard(node.test, True, "ternary", node, node.lineno),))
+            self.node(node.body, guards + (Guard(node.test, False, "ternary", node, node.lineno, (node.orelse,)),))
+            self.node(node.orelse, guards + (Guard(node.test, True, "ternary", node, node.lineno, (node.body,)),))
         elif isinstance(node, ast.BoolOp):
             active = guards
             for value in node.values:
@@ -333,17 +346,27 @@ def _collect_rank_tests(node: ast.AST, source: str, out: list[RankTest]) -> None
     if isinstance(node, ast.Call):
         coords = _rank_call_coords(node)
         if coords is not None:
-            out.append(RankTest(_text(node, source), coords))
+            name = call_name(node)
+            out.append(RankTest(source_text(node, source), coords, name, bool(_MEMBER_CALL.search(name))))
+            return
+    elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+        inner: list[RankTest] = []
+        _collect_rank_tests(node.left, source, inner)
+        if inner:  # `rank in ranks`: a membership test
+            coords = frozenset().union(*(t.coords for t in inner))
+            out.append(RankTest(source_text(node, source), coords, None, True))
+            for part in node.comparators:
+                _collect_rank_tests(part, source, out)
             return
     elif isinstance(node, (ast.Name, ast.Attribute)):
         ident = node.id if isinstance(node, ast.Name) else node.attr
         match = _RANK_VAR.match(ident)
         if match:
             coord = match.group(1)
-            out.append(RankTest(_text(node, source), frozenset({coord}) if coord else EVERY_COORD))
+            out.append(RankTest(source_text(node, source), frozenset({coord}) if coord else EVERY_COORD))
             return
     elif isinstance(node, ast.Subscript) and _is_rank_env(node):
-        out.append(RankTest(_text(node, source), EVERY_COORD))
+        out.append(RankTest(source_text(node, source), EVERY_COORD))
         return
     for child in ast.iter_child_nodes(node):
         _collect_rank_tests(child, source, out)
@@ -389,7 +412,7 @@ def unclassified_calls(expr: ast.AST, source: str) -> list[str]:
             if _rank_call_coords(node) is not None:
                 return
             if call_name(node) not in RANK_FREE_CALLS:
-                out.append(_text(node, source))
+                out.append(source_text(node, source))
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -420,7 +443,7 @@ def _collective_group(gc: GuardedCall, source: str) -> tuple[str, frozenset[str]
     group = next((k.value for k in gc.call.keywords if k.arg == "group"), None)
     if group is None or (isinstance(group, ast.Constant) and group.value is None):
         return "default (world)", EVERY_COORD
-    label = _text(group, source)
+    label = source_text(group, source)
     if isinstance(group, ast.Call) and call_name(group) in _GROUP_CALL_KINDS:
         kind = _GROUP_CALL_KINDS[call_name(group)]
         coords = group_coords(kind)
@@ -442,39 +465,68 @@ def _collective_group(gc: GuardedCall, source: str) -> tuple[str, frozenset[str]
 def lint_source(source: str, filename: str) -> list[LintFinding]:
     """Findings for one file's text. Raises SyntaxError when it is not Python."""
     tree = ast.parse(source, filename=filename)
+    calls = guarded_calls(tree)
+    summaries = collectives_by_function(tree, calls)
     findings = []
-    for gc in guarded_calls(tree):
-        finding = _judge(gc, source, filename)
+    for gc in calls:
+        finding = _judge(gc, source, filename, summaries)
         if finding:
             findings.append(finding)
     return findings
 
 
-def _judge(gc: GuardedCall, source: str, filename: str) -> LintFinding | None:
+def collectives_by_function(tree: ast.AST, calls: list[GuardedCall]) -> dict[str, frozenset[str]]:
+    """Function name -> collectives it runs, directly or through other functions of the same file
+    (matched by bare name, so a method and a function of one name are merged: good enough here)."""
+    direct: dict[str, set[str]] = {}
+    callees: dict[str, set[str]] = {}
+    by_node = {}
+    for gc in calls:
+        by_node.setdefault(id(gc.function), set()).add(gc.collective)
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            direct.setdefault(fn.name, set()).update(by_node.get(id(fn), ()))
+            callees.setdefault(fn.name, set()).update(
+                call_name(n) for n in ast.walk(fn) if isinstance(n, ast.Call) and call_name(n))
+    summary = {name: set(ops) for name, ops in direct.items()}
+    changed = True
+    while changed:
+        changed = False
+        for name, called in callees.items():
+            for callee in called & summary.keys():
+                if not summary[callee] <= summary[name]:
+                    summary[name] |= summary[callee]
+                    changed = True
+    return {name: frozenset(ops) for name, ops in summary.items()}
+
+
+def _judge(gc: GuardedCall, source: str, filename: str,
+           summaries: dict[str, frozenset[str]] | None = None) -> LintFinding | None:
     label, span = _collective_group(gc, source)
     p2p = gc.collective in P2P_OPS
     culprits: list[tuple[Guard, list[RankTest]]] = []
     for guard in gc.guards:
-        tests = rank_tests(guard.test, source)
-        if not tests:
+        tests = [t for t in rank_tests(guard.test, source) if not _tests_own_group(t, gc)]
+        if not tests or _matched_on_other_branch(gc, guard, summaries or {}):
+            # Both sides of the branch make the call (a broadcast's src and receivers, a send and its recv).
             continue
         if p2p:
-            # Pipelines gate send/recv on the stage by design; a rank test is fine when the other branch
-            # holds the matching partner call.
-            bad = [t for t in tests if t.coords != frozenset({"pp"})]
-            if bad and not _partner_on_other_branch(gc, guard):
-                culprits.append((guard, bad))
+            # Pipelines gate send/recv on the stage, rings on the position, bridges on membership; pairing
+            # is a runtime matter, so only a p2p call whose partner appears nowhere in its function counts.
+            bad = [] if _partner_in_function(gc) else \
+                [t for t in tests if t.coords != frozenset({"pp"}) and not t.membership]
         else:
             bad = [t for t in tests if splits(t.coords, span)]
-            if bad:
-                culprits.append((guard, bad))
+        if bad:
+            culprits.append((guard, bad))
     if not culprits:
         return None
-    condition = " and ".join(_guard_text(g, source) for g, _ in culprits)
+    condition = " and ".join(guard_text(g, source) for g, _ in culprits)
     first = culprits[0][1][0]
     if p2p:
-        reason = (f"{gc.collective} runs only where {first.text} says so, and no matching "
-                  f"{_P2P_PARTNER.get(gc.collective, 'partner call')} is on the other branch: its peer may wait forever")
+        reason = (f"{gc.collective} runs only where {first.text} holds, and nothing in this function posts the "
+                  f"matching {_P2P_PARTNER.get(gc.collective, 'partner call')}: unless the peer's side is gated "
+                  f"the same way, one of them waits forever")
     else:
         varying = "every coordinate" if ANY in first.coords else "/".join(sorted(first.coords))
         reason = (f"{first.text} depends on {varying}, which differs inside the {label} group of "
@@ -484,29 +536,52 @@ def _judge(gc: GuardedCall, source: str, filename: str) -> LintFinding | None:
     return LintFinding(filename, gc.call.lineno, gc.collective, condition, reason)
 
 
-def _guard_text(guard: Guard, source: str) -> str:
-    text = _text(guard.test, source)
-    if guard.negated:
-        text = f"not ({text})"
+def _tests_own_group(test: RankTest, gc: GuardedCall) -> bool:
+    """A membership test around a collective on that same group splits nothing: non-members are not in it.
+    Known pairs are matched by name; an unresolved explicit group is assumed to be the one tested."""
+    group = next((k.value for k in gc.call.keywords if k.arg == "group"), None)
+    if group is None or not test.membership:
+        return False
+    group_call = call_name(group) if isinstance(group, ast.Call) else None
+    if test.name in _MEMBERSHIP_TESTS:
+        return _MEMBERSHIP_TESTS[test.name] == group_call
+    return group_call not in _GROUP_CALL_KINDS
+
+
+def _partner_in_function(gc: GuardedCall) -> bool:
+    partner = _P2P_PARTNER.get(gc.collective, gc.collective)
+    scope = gc.function if gc.function is not None else gc.call
+    return any(isinstance(n, ast.Call) and call_name(n) in (partner, "batch_isend_irecv")
+               for n in ast.walk(scope))
+
+
+def guard_text(guard: Guard, source: str) -> str:
+    test = guard.test
+    if guard.negated and isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        text = source_text(test.operand, source)
+    elif guard.negated:
+        text = f"not ({source_text(test, source)})"
+    else:
+        text = source_text(test, source)
     if guard.kind == "early-exit":
         text += f" [after the early exit at line {guard.line}]"
     return text
 
 
-def _partner_on_other_branch(gc: GuardedCall, guard: Guard) -> bool:
-    partner = _P2P_PARTNER.get(gc.collective)
-    if partner is None or not isinstance(guard.node, (ast.If, ast.IfExp)):
-        return False
-    other = guard.node.body if guard.negated else guard.node.orelse
-    nodes = other if isinstance(other, list) else [other]
-    for root in nodes:
+def _matched_on_other_branch(gc: GuardedCall, guard: Guard, summaries: dict[str, frozenset[str]]) -> bool:
+    """Does the code that runs when the test goes the other way make the same call (or the p2p partner),
+    itself or through a function of the same file?"""
+    wanted = {gc.collective, _P2P_PARTNER.get(gc.collective, gc.collective)}
+    for root in guard.alternative:
         for node in ast.walk(root):
-            if isinstance(node, ast.Call) and call_name(node) in (partner, "batch_isend_irecv"):
-                return True
+            if isinstance(node, ast.Call):
+                name = call_name(node)
+                if name in wanted or wanted & summaries.get(name, frozenset()):
+                    return True
     return False
 
 
-def _text(node: ast.AST, source: str) -> str:
+def source_text(node: ast.AST, source: str) -> str:
     text = ast.get_source_segment(source, node)
     if text is None:
         text = ast.unparse(node)

@@ -132,7 +132,7 @@ def _rewritable_if(verdict: engine.Verdict, text: str, name: str) -> tuple[ast.I
         refuse(f"the gate does not use {SRC_RANK_TEST}()")
     for i in keep:
         if any(lint.splits(t.coords, engine.DP_CP) for t in lint.rank_tests(terms[i], text)):
-            refuse(f"the gate also tests {lint._text(terms[i], text)}")
+            refuse(f"the gate also tests {lint.source_text(terms[i], text)}")
     return node, removed
 
 
@@ -312,7 +312,7 @@ def revert_fix(path: Path, *, backup_dir: Path | None = None) -> Path:
         mode = _writable_mode(path)
         _remove_stale_temps(path)
         try:
-            write_atomic(path, original, mode)
+            write_atomic(path, original, mode, pause=_slow_write_pause())
         except OSError as exc:
             raise InputError(f"cannot write {path}: {exc.strerror or exc}; not changed") from None
     with contextlib.suppress(OSError):
