@@ -11,7 +11,7 @@ from captures import load_scenario, scenarios, tile
 from mtpdiag.analysis import diagnose
 from mtpdiag.analysis.diagnose import NO_LAYOUT_NOTE
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import STATE_SLEEPING, Snapshot
+from mtpdiag.model import Snapshot
 
 ROOT_IDS = {"mtp-cp-gated-reduce", "gated-collective", "p2p-unmatched", "straggler", "frozen-rank"}
 
