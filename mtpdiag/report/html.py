@@ -27,7 +27,8 @@ PALETTE = ("#d62728", "#17becf", "#e5c100", "#2ca02c", "#c440c4", "#1f77b4",
            "#ff7b7b", "#7fe3f0", "#ffe066", "#8ce99a", "#f08cf0", "#74c0fc")
 TABLE_MAX_COLUMNS = 16  # above this the grid switches to compact wrapped blocks, one per dp index
 TABLE_MAX_CELLS = 512
-LIST_LIMIT = 200  # long lists of odd ranks are cut here
+LIST_LIMIT = 200  # long lists (split collectives, odd ranks) are cut here
+MISMATCHES_SHOWN = 8  # split collectives shown open; the rest, up to LIST_LIMIT, folded
 VERDICT_CLASS = {"problem": "v-problem", "incomplete": "v-incomplete", "ok": "v-ok"}
 
 
@@ -91,7 +92,8 @@ def _findings(report: Report) -> str:
                    f"<p><code class=fid>{_e(f.id)}</code> <span class=summary>{_e(f.summary)}</span></p>"
                    f"<p class=dim>ranks {_e(_rank_runs(f.ranks))}</p>")
         if f.remedy:
-            out.append(f"<p class=remedy>remedy: <code>{_e(f.remedy)}</code></p>")
+            remedy = f"<code>{_e(f.remedy)}</code>" if f.remedy.startswith("mtpdiag") else _e(f.remedy)
+            out.append(f"<p class=remedy>remedy: {remedy}</p>")
         out.append("</div>")
     out.append("</section>")
     return "".join(out)
@@ -102,13 +104,22 @@ def _mismatches(report: Report, views: Mapping[int, RankView]) -> str:
         return ""
     ordered = [m for m in report.mismatches if m.role == "root"] + \
               [m for m in report.mismatches if m.role != "root"]
-    out = ["<section><h2>Split collectives</h2><ul>"]
-    for m in ordered:
+
+    def item(m) -> str:
         root = m.role == "root"
         tag = "" if root else "<em>(consequence)</em> "
-        out.append(f'<li data-testid=mismatch class="{"root" if root else "consequence"}">'
-                   f"{tag}{_e(words.mismatch_sentence(m, views, report.layout))}</li>")
-    out.append("</ul></section>")
+        return (f'<li data-testid=mismatch class="{"root" if root else "consequence"}">'
+                f"{tag}{_e(words.mismatch_sentence(m, views, report.layout))}</li>")
+
+    shown, folded = ordered[:MISMATCHES_SHOWN], ordered[MISMATCHES_SHOWN:LIST_LIMIT]
+    out = ["<section><h2>Split collectives</h2><ul>"] + [item(m) for m in shown] + ["</ul>"]
+    if folded:
+        out += [f"<details><summary>{len(folded)} more</summary><ul>"] + [item(m) for m in folded] + \
+            ["</ul></details>"]
+    if len(ordered) > LIST_LIMIT:
+        out.append(f"<p class=dim>… and {len(ordered) - LIST_LIMIT} more split collectives, not shown here; "
+                   f"the --json report lists every one.</p>")
+    out.append("</section>")
     return "".join(out)
 
 
@@ -120,6 +131,7 @@ def _grid_section(report: Report, group_of: Mapping[int, int]) -> str:
                       f" <span class=dim>({len(g.ranks)} rank{'s' if len(g.ranks) != 1 else ''})</span></li>")
     legend.append("</ul>")
     cells = _layout_grid(report, group_of)
+    fit = " class=fit" if cells is not None and cells.startswith("<div class=tbl") else ""
     title = "Rank grid: rows are pp stages, columns (dp, cp, tp); colour and letter = site group"
     if cells is None:
         cells = _list_grid(report, group_of)
@@ -129,7 +141,7 @@ def _grid_section(report: Report, group_of: Mapping[int, int]) -> str:
             "<p id=pane-doing></p><ol id=pane-frames data-testid=stack-frames></ol></aside>")
     return (f"<section><h2>{_e(title)}</h2>{''.join(legend)}"
             f"<p class=dim>Hover a cell for its stack; click it for the stack pane.</p>"
-            f"<div class=gridwrap><div id=grid data-testid=grid>{cells}</div>{pane}</div></section>")
+            f"<div class=gridwrap><div id=grid data-testid=grid{fit}>{cells}</div>{pane}</div></section>")
 
 
 def _layout_grid(report: Report, group_of: Mapping[int, int]) -> str | None:
@@ -138,7 +150,8 @@ def _layout_grid(report: Report, group_of: Mapping[int, int]) -> str | None:
     if not index:
         return None
     coords = {r: report.ranks[i].coords for r, i in index.items()}
-    coords.update({r: c for r, c in _layout_coords(report).items() if r not in coords})
+    if report.world_size and len(coords) < report.world_size:
+        coords.update({r: c for r, c in _layout_coords(report).items() if r not in coords})
     cell_at = {(c["pp"], (c.get("dp", 0), c.get("cp", 0), c.get("tp", 0))): r for r, c in coords.items()}
     stages = sorted({pp for pp, _ in cell_at})
     columns = sorted({col for _, col in cell_at})
@@ -162,11 +175,13 @@ def _layout_grid(report: Report, group_of: Mapping[int, int]) -> str | None:
         out.append("</div>")
         return "".join(out)
     tp_size = max(col[2] for col in columns) + 1
+    blocks: dict[int, list[tuple[int, int, int]]] = {}
+    for col in columns:
+        blocks.setdefault(col[0], []).append(col)
     out = [f"<div class=blocks style=\"--tp:{tp_size}\">"]
     for stage in stages:
         out.append(f"<div class=stage><span class=rowh>pp{stage}</span><div class=wrap>")
-        for dp in sorted({col[0] for col in columns}):
-            block = [col for col in columns if col[0] == dp]
+        for dp, block in blocks.items():
             out.append(f'<div class=blk title="pp{stage} dp{dp}">')
             out += [cell(stage, col, False) for col in block]
             out.append("</div>")
@@ -231,7 +246,11 @@ def _notes(report: Report) -> str:
 
 
 def _data_json(report: Report) -> str:
-    """Views as ``[rank, label, host, pid, state, doing, stack]`` with strings, frames and stacks interned."""
+    """Views as ``[rank, label, host, pid, state, doing, stack, site frame index]``.
+
+    Host, state and doing are indices into ``texts``; stack an index into ``stacks``, whose entries are
+    indices into ``frames``: ranks of one site group share their stack, so a big world stays small.
+    """
     texts: dict[str, int] = {}
     frames: dict[Frame, int] = {}
     stacks: dict[tuple[int, ...], int] = {}
@@ -246,7 +265,8 @@ def _data_json(report: Report) -> str:
     rows = []
     for v in report.ranks:
         label = words.rank_label(v, v.rank, report.layout) if v.rank is not None else f"pid {v.pid}"
-        rows.append([v.rank, label, text(v.host), v.pid, text(v.state), text(words.doing(v)), stack(v.stack)])
+        rows.append([v.rank, label, text(v.host), v.pid, text(v.state), text(words.doing(v)), stack(v.stack),
+                     _site_index(v)])
     data: dict[str, Any] = {
         "texts": list(texts),
         "frames": [[f.function, f.file, f.line] for f in frames],
@@ -259,6 +279,14 @@ def _data_json(report: Report) -> str:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _site_index(view: RankView) -> int:
+    """Where the call site sits in the stack (-1: nowhere), so the pane can mark it."""
+    if view.site is None:
+        return -1
+    site = (view.site.function, view.site.file, view.site.line)
+    return next((k for k, f in enumerate(view.stack) if (f.function, f.file, f.line) == site), -1)
 
 
 def _layout_coords(report: Report) -> dict[int, Mapping[str, int]]:
@@ -321,14 +349,14 @@ h2{font-size:1.05rem;margin:1.4rem 0 .5rem;border-bottom:1px solid #dde1e6;paddi
 code{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;word-break:break-all}
 .finding{border-left:4px solid #98a1ad;background:#fff;padding:.4rem .8rem;margin:.5rem 0;border-radius:4px;
 box-shadow:0 1px 2px rgba(0,0,0,.06)}
-.finding.first{border-left-color:#d62728}.fid{font-weight:600}.summary{font-size:1.02rem}
+.finding.first{border-left-color:#b3261e}.fid{font-weight:600}.summary{font-size:1.02rem}
 .remedy{color:#145a1e}
 li.consequence{color:#8b929c}li.root{font-weight:500}ul{padding-left:1.3rem}
 .legend{list-style:none;padding:0;margin:.3rem 0;display:flex;flex-wrap:wrap;gap:.3rem 1.2rem}
 .legend li{cursor:pointer}.legend li.on{text-decoration:underline}
 .sw{display:inline-block;width:.9em;height:.9em;border-radius:2px;vertical-align:-.1em;margin-right:.3em}
 .gridwrap{display:flex;gap:1rem;align-items:flex-start;flex-wrap:wrap}
-#grid{overflow:auto;max-width:100%;max-height:80vh;flex:1 1 30rem}
+#grid{overflow:auto;max-width:100%;max-height:80vh;flex:1 1 30rem}#grid.fit{flex:0 1 auto}
 #grid [data-testid=rank-cell]{cursor:pointer;font-style:normal}
 #grid .sel{outline:3px solid #111;outline-offset:-1px;z-index:1}
 .gx{background-color:#e1e4e8;color:#333}
@@ -349,10 +377,11 @@ li.consequence{color:#8b929c}li.root{font-weight:500}ul{padding-left:1.3rem}
 #pane{flex:0 1 34rem;min-width:20rem;background:#fff;border:1px solid #dde1e6;border-radius:6px;
 padding:.5rem .9rem;position:sticky;top:.5rem;max-height:85vh;overflow:auto}
 #pane h3{margin:.2rem 0;font-size:1rem}#pane ol{padding-left:1.6rem;margin:.4rem 0}
-#pane li{margin:.1rem 0}#pane li .loc{color:#69707d}
+#pane li{margin:.1rem 0}#pane li .loc{color:#69707d}#pane li.site .fn{font-weight:700}#pane .mark{color:#8b1111;font-weight:600}
 #pane-close{float:right;border:0;background:none;font-size:1.2rem;cursor:pointer}
 table{border-collapse:collapse}td,th{padding:.2rem .7rem;border-bottom:1px solid #e6e9ed;text-align:left;
 vertical-align:top}
+details>summary{cursor:pointer;color:#69707d}
 footer{margin-top:2rem;color:#98a1ad;font-size:12px}
 """
 
@@ -403,11 +432,12 @@ _SCRIPT = """
     ol.textContent = "";
     var fs = stackOf(v);
     if (!fs.length) { ol.appendChild(el("li", "no stack", "dim")); }
-    fs.forEach(function (f) {
-      var li = el("li");
+    fs.forEach(function (f, k) {
+      var li = el("li", undefined, k === v[7] ? "site" : "");
       li.appendChild(el("code", f[0], "fn"));
       li.appendChild(document.createTextNode(" "));
       li.appendChild(el("span", "(" + where(f) + ")", "loc"));
+      if (k === v[7]) { li.appendChild(el("span", " \u2190 call site", "mark")); }
       ol.appendChild(li);
     });
     var old = grid.querySelector(".sel");
