@@ -68,12 +68,18 @@ def mismatch_sentence(m: Mismatch, views: Mapping[int, RankView], layout: Mappin
     group = GROUP_NAMES.get(m.group, m.group)
     entered = ", ".join(rank_label(views.get(r), r, layout) for r in m.entered)
     absent = "; ".join(
-        f"{rank_label(views.get(r), r, layout)}, which is {m.absent_doing.get(r) or doing(views.get(r))}"
+        f"{rank_label(views.get(r), r, layout)}, which is {_at(m.absent_doing.get(r) or doing(views.get(r)))}"
         for r in m.absent
     )
     where = short_function(m.site.function) if m.site else "?"
     return (f"collective {m.op} at {where} on the {group} group {list(m.members)}: entered by {entered}; "
             f"absent: {absent}. {gate_phrase(m.gate).capitalize()}.")
+
+
+def _at(activity: str) -> str:
+    """``all_gather in ring_attention`` reads as ``at all_gather in ring_attention``."""
+    plain = ("at ", "running", "stopped", "not ", "gone", "unreadable", "no ")
+    return activity if activity.startswith(plain) else f"at {activity}"
 
 
 def headline(report: Report) -> str:
