@@ -13,7 +13,7 @@ from mtpdiag.flight_recorder.progress import (
     group_sort_key,
     recorded_groups,
 )
-from mtpdiag.model import Report, Site
+from mtpdiag.model import Mismatch, Report, Site
 
 _P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
 # Stack op -> the recorder ops it issues.
@@ -67,7 +67,7 @@ def correlate(report: Report, fr: FRDump) -> dict[str, Any]:
     }
 
 
-def _match_mismatch(m, progress: Iterable[GroupProgress], fr: FRDump) -> tuple[dict[str, Any], list[str]]:
+def _match_mismatch(m: Mismatch, progress: Iterable[GroupProgress], fr: FRDump) -> tuple[dict[str, Any], list[str]]:
     """Find the recorder's group for a mismatch of the diagnosis, and compare who entered it.
 
     Without ``pg_config`` membership the layout's members are used, and a member whose dump has no
