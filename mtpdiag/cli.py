@@ -47,6 +47,20 @@ for _name in COMMAND_MODULES:
     _module.register(app)
 
 
+def _click_exceptions() -> tuple[type, ...]:
+    """Usage errors: click's, and the copy of click that newer typer vendors as ``typer._click``."""
+    import click
+
+    types: list[type] = [click.exceptions.ClickException]
+    try:
+        from typer._click.exceptions import ClickException as VendoredClickException
+
+        types.append(VendoredClickException)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
 def main() -> None:
     """Run the app; any MtpdiagError becomes one stderr line and its exit code, never a traceback."""
     try:
@@ -63,9 +77,7 @@ def main() -> None:
         typer.echo("mtpdiag: interrupted", err=True)
         sys.exit(130)
     except Exception as exc:  # click usage errors and anything unforeseen
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+        if isinstance(exc, _click_exceptions()):
             typer.echo(f"mtpdiag: error: {exc.format_message()}", err=True)
             sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
         if os.environ.get("MTPDIAG_DEBUG"):
