@@ -106,6 +106,12 @@ def test_report_strings_from_targets_are_escaped():
     assert "\\u003cscript\\u003ealert(1)" in text  # and inert inside the JSON data
 
 
+def test_undecodable_names_still_make_a_utf8_file():
+    snapshot = with_function_renamed(recorded_snapshot(), 1, "ring_attention", "ring\udcffattention")
+    text = html_report.render(diagnose(snapshot, recorded_layout()))
+    assert "ring?attention" in text.encode("utf-8").decode("utf-8")
+
+
 def test_without_a_layout_the_grid_is_a_plain_rank_list():
     report = diagnose(recorded_snapshot(), None)
     parsed = parse(html_report.render(report))
@@ -144,6 +150,7 @@ def test_browser_renders_grid_and_findings(chromium, page, report, tmp_path):
     views = {v.rank: v for v in report.ranks}
     cells = dom.by_testid("rank-cell")
     assert len(cells) == 4
+    assert "hidden" in dom.by_testid("stack-pane")[0].attrs  # no pane until a cell is chosen
     for cell in cells:
         rank = int(dom.text_of(cell).split()[1].lstrip("r"))
         assert f"g{group_of[rank]}" in cell.attrs["class"].split()

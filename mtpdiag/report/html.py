@@ -57,7 +57,8 @@ def render(report: Report) -> str:
         f"<script>{script}</script>",
         "</body></html>\n",
     ]
-    return "\n".join(p for p in parts if p)
+    # A lone surrogate (an undecodable byte in a target's file name) must not stop the file being written.
+    return "\n".join(p for p in parts if p).encode("utf-8", "replace").decode("utf-8")
 
 
 # ---------------------------------------------------------------- sections
