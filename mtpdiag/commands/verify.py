@@ -238,9 +238,8 @@ def metric_phrase(run: RunResult) -> str:
     if not m.ok:
         return f"{METRIC_NAME} WRONG: " + "; ".join(m.problems)
     ranks = ", ".join(str(r) for r in m.writers)
-    once = "written once" if m.writes == 1 else f"written once per DP replica ({m.writes} writes)"
-    return (f"{METRIC_NAME} {m.observed:g} = mean over DP×CP group "
-            f"{list(m.group)}, {once} (rank {ranks})")
+    once = f"written once (rank {ranks})" if m.writes == 1 else f"written once per DP replica (ranks {ranks})"
+    return f"{METRIC_NAME} {m.observed:g} = mean over DP×CP group {list(m.group)}, {once}"
 
 
 def _diagnosis_phrase(run: RunResult) -> str:

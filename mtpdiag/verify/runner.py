@@ -151,23 +151,26 @@ class _WatchedRun:
         shutil.rmtree(self.out_dir, ignore_errors=True)
 
     def _kill(self) -> None:
-        """Job.kill while the agent lives (its pid is still ours); else only our own stray workers.
+        """Job.kill while the agent lives (its pid is still ours), then a sweep for strays.
 
-        Once the agent has been reaped its pid, and those of its finished workers, may belong to
-        someone else, so a worker pid is killed only while its command line still names our run.
+        The sweep kills any process whose command line names both the worker script and this run's
+        result directory: it catches a job interrupted before ``start`` returned it, and workers
+        orphaned by an agent that died. Pids are never killed on the strength of an old listing,
+        since a reaped pid may already belong to someone else.
         """
-        if self.job is None:
-            return
-        if self.job.proc.poll() is None:
+        if self.job is not None and self.job.proc.poll() is None:
             self.job.kill()
-            return
-        for pid in self.seen:
-            argv = procfs.read_cmdline(pid) or []
-            if WORKER_SCRIPT in argv and self.out_dir in argv:
+        for _ in range(3):
+            strays = [pid for pid in procfs.all_pids()
+                      if WORKER_SCRIPT in (argv := procfs.read_cmdline(pid) or []) and self.out_dir in argv]
+            if not strays:
+                return
+            for pid in strays:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+            time.sleep(0.1)
 
     # -------------------------------------------------------------- outcomes
 
