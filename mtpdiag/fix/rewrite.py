@@ -274,6 +274,7 @@ def apply_fix(path: Path, *, dry_run: bool = False, backup_dir: Path | None = No
     diff = unified_diff(original, rewrite.fixed, path)
     if dry_run:
         return ApplyOutcome(path, "would-patch", diff, None, rewrite.lines, rewrite.added_import)
+    pause = _slow_write_pause()
     mode = _writable_mode(path)
     backup = backup_path(path, backup_dir)
     _remove_stale_temps(path)
@@ -283,7 +284,7 @@ def apply_fix(path: Path, *, dry_run: bool = False, backup_dir: Path | None = No
     except OSError as exc:
         raise InputError(f"cannot write the backup {backup}: {exc.strerror or exc}; {path} not changed") from None
     try:
-        write_atomic(path, rewrite.fixed, mode, pause=_slow_write_pause())
+        write_atomic(path, rewrite.fixed, mode, pause=pause)
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror or exc}; not changed") from None
     return ApplyOutcome(path, "patched", diff, backup, rewrite.lines, rewrite.added_import)
@@ -309,10 +310,11 @@ def revert_fix(path: Path, *, backup_dir: Path | None = None) -> Path:
         if current != expected:
             raise InputError(f"{path} has changed since mtpdiag apply saved {backup}; not reverting "
                              f"(copy the backup over it by hand if that is what you want)")
+        pause = _slow_write_pause()
         mode = _writable_mode(path)
         _remove_stale_temps(path)
         try:
-            write_atomic(path, original, mode, pause=_slow_write_pause())
+            write_atomic(path, original, mode, pause=pause)
         except OSError as exc:
             raise InputError(f"cannot write {path}: {exc.strerror or exc}; not changed") from None
     with contextlib.suppress(OSError):
