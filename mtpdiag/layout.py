@@ -153,6 +153,16 @@ class ParallelLayout:
                                 order=order)
         layout._dense  # validate the order now
         layout._expert
+        # initialize_model_parallel refuses these too (same tests, same case-sensitive endswith).
+        expert_dp = world_size // expert_model
+        if not (order.endswith("pp") or pp == 1 or expert_dp == layout.dp):
+            raise LayoutError(
+                f"order {order!r} does not end in pp, which megatron allows only when the expert "
+                f"data-parallel size equals dp (here {expert_dp} and {layout.dp})"
+            )
+        if layout._dense.groups(("pp",)) != layout._expert.groups(("pp",)):
+            raise LayoutError(f"order {order!r} gives the dense and the expert layers different pipeline "
+                              f"groups, which megatron refuses")
         return layout
 
     @property
