@@ -64,7 +64,9 @@ def _click_exceptions() -> tuple[type, ...]:
 def main() -> None:
     """Run the app; any MtpdiagError becomes one stderr line and its exit code, never a traceback."""
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns the code of a typer.Exit instead of exiting.
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except MtpdiagError as exc:
         typer.echo(f"mtpdiag: error: {exc}", err=True)
         sys.exit(exc.exit_code)

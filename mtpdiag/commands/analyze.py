@@ -23,6 +23,8 @@ def analyze(
     override: Optional[List[str]] = o.OVERRIDE,
     world_size: Optional[int] = typer.Option(None, "--world-size", min=1,
                                              help="World size, when the files do not carry WORLD_SIZE."),
+    fr: Optional[str] = typer.Option(None, "--fr", help="torch Flight Recorder dumps to check the stacks "
+                                     "against: a directory, or the TORCH_FR_DUMP_TEMP_FILE prefix."),
     as_json: bool = o.JSON,
     markdown: bool = o.MARKDOWN,
     html: Optional[Path] = o.HTML,
@@ -30,12 +32,23 @@ def analyze(
     """Diagnose captures saved earlier, from one host or many (bundles are merged by rank)."""
     from mtpdiag.loaders import load_paths
 
+    fr_dumps = None
+    if fr is not None:  # fail fast on a bad --fr, before the stacks are read
+        from mtpdiag.flight_recorder import load_fr_dumps
+
+        fr_dumps = load_fr_dumps(fr)
     snapshot = load_paths(list(paths))
     if world_size is not None:
         snapshot = with_world_size(snapshot, world_size)
     layout_options = o.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
                                      config=config, overrides=tuple(override or ()))
     report = o.diagnose_snapshot(snapshot, layout_options)
+    if fr_dumps is not None:
+        from dataclasses import replace
+
+        from mtpdiag.flight_recorder import correlate
+
+        report = replace(report, extra={**report.extra, "flight_recorder": correlate(report, fr_dumps)})
     o.emit(report, as_json, markdown, html)
     raise typer.Exit(o.exit_code(report))
 

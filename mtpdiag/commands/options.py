@@ -62,7 +62,11 @@ def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions) -> Repo
     from mtpdiag.layout_sources import resolve_layout
 
     hints = [dict(c.layout_hints) for c in snapshot.captures if c.layout_hints]
-    layout, source = resolve_layout(world_size_of(snapshot), flags=layout_options.flags(),
+    world_size = world_size_of(snapshot)
+    if world_size is None:  # dumps without WORLD_SIZE: diagnose() notes the assumption in the report
+        ranks = [c.rank for c in snapshot.captures if c.rank is not None]
+        world_size = max(ranks) + 1 if ranks else None
+    layout, source = resolve_layout(world_size, flags=layout_options.flags(),
                                     config=layout_options.config, overrides=list(layout_options.overrides),
                                     hints=hints)
     return diagnose(snapshot, layout, source)
@@ -110,6 +114,9 @@ def _write_text(path: Path, text: str) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # a report is for sharing, unlike mkstemp's 0600
         os.replace(tmp, path)
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -83,6 +83,12 @@ def print_report(console: Console, report: Report) -> None:
         for v in odd:
             label = words.rank_label(v, v.rank, layout) if v.rank is not None else f"pid {v.pid}"
             console.print(Text(f"- {label} on {v.host}: {words.doing(v)}", style="yellow"))
+    fr = report.extra.get("flight_recorder")
+    if fr:
+        console.print()
+        console.print(Text("Flight Recorder", style="bold underline"))
+        for line in fr.get("lines", []):
+            console.print(Text(line, style="yellow" if line.startswith("disagreement") else None))
     if report.notes:
         console.print()
         for note in report.notes:

@@ -36,6 +36,9 @@ def render(report: Report) -> str:
     for v in report.ranks:
         out.append(f"| {v.rank if v.rank is not None else '?'} | {v.host} | {v.pid or ''} | "
                    f"{words.coords_label(v.coords, layout)} | {v.state} | {words.doing(v)} |")
+    fr = report.extra.get("flight_recorder")
+    if fr:
+        out += ["", "### Flight Recorder", ""] + [f"- {line}" for line in fr.get("lines", [])]
     if report.notes:
         out += ["", "### Notes", ""] + [f"- {n}" for n in report.notes]
     return "\n".join(out) + "\n"
