@@ -9,4 +9,4 @@ if ! python3 -m pip install -q --disable-pip-version-check -r requirements-ci.tx
   exit 1
 fi
 rm -f "$log"
-python3 -c "import torch, megatron.core, mtpdiag"
+python3 -W ignore -c "import torch, megatron.core, mtpdiag"

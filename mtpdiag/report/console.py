@@ -45,9 +45,7 @@ def print_report(console: Console, report: Report) -> None:
     views = {v.rank: v for v in report.ranks if v.rank is not None}
     layout = report.layout
     console.print(Text(words.headline(report), style=VERDICT_STYLE.get(report.verdict, "bold")))
-    layout_line = _layout_line(report)
-    if layout_line:
-        console.print(Text(layout_line, style="dim"))
+    console.print(Text(words.layout_line(report), style="dim"))
 
     if report.findings:
         console.print()
@@ -95,14 +93,6 @@ def print_report(console: Console, report: Report) -> None:
             console.print(Text(f"note: {note}", style="dim"))
 
 
-def _layout_line(report: Report) -> str:
-    if not report.layout:
-        return "layout: unknown (pass --tp/--cp/--pp or --config to find split process groups)"
-    sizes = " ".join(f"{k}={report.layout[k]}" for k in ("tp", "cp", "ep", "dp", "pp") if k in report.layout)
-    source = f" from {report.layout_source}" if report.layout_source else ""
-    return f"layout: {sizes}{source}"
-
-
 def _sites_table(report: Report) -> Table:
     table = Table(title="Where each rank waits", title_justify="left", show_lines=False, expand=False)
     table.add_column("grp", no_wrap=True)
@@ -112,27 +102,9 @@ def _sites_table(report: Report) -> Table:
     for i, g in enumerate(report.sites):
         style = PALETTE[i % len(PALETTE)]
         op = g.op or "(running)"
-        table.add_row(Text(group_letter(i), style=f"bold {style}"), _ranks_text(g.ranks), op,
+        table.add_row(Text(group_letter(i), style=f"bold {style}"), words.rank_runs(g.ranks), op,
                       words.site_label(g.site))
     return table
-
-
-def _ranks_text(ranks: tuple[int, ...], limit: int = 12) -> str:
-    """Compact rank list: ``0-3, 8, 10`` and an ellipsis past ``limit`` runs."""
-    runs: list[str] = []
-    start = prev = None
-    for r in ranks:
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:
-            prev = r
-        else:
-            runs.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = r
-    if start is not None:
-        runs.append(f"{start}" if start == prev else f"{start}-{prev}")
-    text = ", ".join(runs[:limit])
-    return text + (f", … ({len(ranks)} ranks)" if len(runs) > limit else "")
 
 
 def _grid(report: Report) -> Table | Text | None:

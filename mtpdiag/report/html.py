@@ -67,14 +67,8 @@ def render(report: Report) -> str:
 def _header(report: Report) -> str:
     css = VERDICT_CLASS.get(report.verdict, "")
     out = [f'<header><h1 data-testid=verdict class="{css}">{_e(words.headline(report))}</h1>']
-    layout = report.layout
-    if layout:
-        sizes = " ".join(f"{k}={layout[k]}" for k in ("tp", "cp", "ep", "dp", "pp") if k in layout)
-        source = f" from {report.layout_source}" if report.layout_source else ""
-        out.append(f"<p class=dim>layout: {_e(sizes)}{_e(source)}; world size {_e(report.world_size)}</p>")
-    else:
-        out.append("<p class=dim>layout: unknown (pass --tp/--cp/--pp or --config to find split process "
-                   "groups)</p>")
+    world = f"; world size {report.world_size}" if report.layout else ""
+    out.append(f"<p class=dim>{_e(words.layout_line(report) + world)}</p>")
     if report.progress:
         p = report.progress
         out.append(f"<p class=dim>progress: {_e(p.get('samples'))} samples every {_e(p.get('interval_s'))} s; "
@@ -91,7 +85,7 @@ def _findings(report: Report) -> str:
         first = " first" if i == 0 else ""
         out.append(f'<div class="finding{first}" data-testid=finding data-id="{_e(f.id)}">'
                    f"<p><code class=fid>{_e(f.id)}</code> <span class=summary>{_e(f.summary)}</span></p>"
-                   f"<p class=dim>ranks {_e(_rank_runs(f.ranks))}</p>")
+                   f"<p class=dim>ranks {_e(words.rank_runs(f.ranks))}</p>")
         if f.remedy:
             remedy = f"<code>{_e(f.remedy)}</code>" if f.remedy.startswith("mtpdiag") else _e(f.remedy)
             out.append(f"<p class=remedy>remedy: {remedy}</p>")
@@ -216,7 +210,7 @@ def _sites_table(report: Report) -> str:
            "<th>ranks</th><th>op</th><th>call site</th></tr></thead><tbody>"]
     for i, g in enumerate(report.sites):
         out.append(f'<tr><td><i class="sw g{i}"></i><b>{group_letter(i)}</b></td>'
-                   f"<td>{_e(_rank_runs(g.ranks))}</td><td>{_e(g.op or '(running)')}</td>"
+                   f"<td>{_e(words.rank_runs(g.ranks))}</td><td>{_e(g.op or '(running)')}</td>"
                    f"<td><code>{_e(words.site_label(g.site))}</code></td></tr>")
     out.append("</tbody></table></section>")
     return "".join(out)
@@ -316,19 +310,6 @@ def _group_css(n: int) -> str:
 def _light(hex_colour: str) -> bool:
     r, g, b = (int(hex_colour[k:k + 2], 16) for k in (1, 3, 5))
     return 0.299 * r + 0.587 * g + 0.114 * b > 140
-
-
-def _rank_runs(ranks: Iterable[int], limit: int = 24) -> str:
-    """``0-3, 8, 10``, cut after ``limit`` runs."""
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:limit])
-    count = sum(b - a + 1 for a, b in runs)
-    return text + (f", … ({count} ranks)" if len(runs) > limit else "")
 
 
 def _e(value: object) -> str:

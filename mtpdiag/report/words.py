@@ -76,6 +76,28 @@ def mismatch_sentence(m: Mismatch, views: Mapping[int, RankView], layout: Mappin
             f"absent: {absent}. {gate_phrase(m.gate).capitalize()}.")
 
 
+def layout_line(report: Report) -> str:
+    """``layout: tp=1 cp=2 ... from <source>``, or how to give one."""
+    if not report.layout:
+        return "layout: unknown (pass --tp/--cp/--pp or --config to find split process groups)"
+    sizes = " ".join(f"{k}={report.layout[k]}" for k in COORD_ORDER if k in report.layout)
+    source = f" from {report.layout_source}" if report.layout_source else ""
+    return f"layout: {sizes}{source}"
+
+
+def rank_runs(ranks, limit: int = 12) -> str:
+    """Compact rank list: ``0-3, 8, 10``, cut after ``limit`` runs with the total count."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:limit])
+    count = sum(b - a + 1 for a, b in runs)
+    return text + (f", … ({count} ranks)" if len(runs) > limit else "")
+
+
 def _at(activity: str) -> str:
     """``all_gather in ring_attention`` reads as ``at all_gather in ring_attention``."""
     plain = ("at ", "running", "stopped", "not ", "gone", "unreadable", "no ")
