@@ -66,7 +66,9 @@ class _Source:
 def read_verl_config(path: str, overrides: Iterable[str] = ()) -> dict[str, int]:
     """Parallel sizes of the trained model in a verl config, after hydra-style ``overrides``.
 
-    Returns the set sizes among tp, cp, pp, ep, etp and vpp; a null value means unset and is left out.
+    Only the actor (or the SFT trainer's engine) counts: the rollout's and the critic's sizes describe
+    other worker groups. Returns the sizes that are set among tp, cp, pp, ep, etp and vpp; a null value
+    means unset and is left out, so the caller can tell "1" from "not said".
     """
     return _read_verl(path, overrides)[0]
 
@@ -112,8 +114,8 @@ def _flag_source(flags: Mapping[str, int | str | None]) -> _Source | None:
     values = _checked({k: v for k, v in flags.items() if v is not None}, "flags")
     if not values:
         return None
-    spell = lambda key, value: f"--{key} {value}"  # noqa: E731
-    return _Source("flags", "flags " + " ".join(spell(k, v) for k, v in values.items()), values, spell)
+    shown = " ".join(_spell_mtpdiag_flag(k, v) for k, v in values.items())
+    return _Source("flags", f"flags {shown}", values, _spell_mtpdiag_flag)
 
 
 def _config_source(path: str | None, overrides: list[str]) -> _Source | None:
@@ -121,8 +123,7 @@ def _config_source(path: str | None, overrides: list[str]) -> _Source | None:
         return None
     values, world_size = _read_verl(path, overrides)
     label = f"verl config {path}" + (f" with {len(overrides)} override(s)" if overrides else "")
-    return _Source(f"config {path}", label, values, lambda key, value: f"{CONFIG_NAMES[key]}={value}",
-                   world_size)
+    return _Source(f"config {path}", label, values, _spell_config_key, world_size)
 
 
 def _hint_source(hints: Iterable[Mapping[str, int | str]]) -> _Source | None:
@@ -140,6 +141,14 @@ def _hint_source(hints: Iterable[Mapping[str, int | str]]) -> _Source | None:
         return None
     shown = " ".join(_spell_flag(k, merged[k]) for k in SOURCE_KEYS if k in merged)
     return _Source("command line of the target processes", f"command line ({shown})", merged, _spell_flag)
+
+
+def _spell_mtpdiag_flag(key: str, value: object) -> str:
+    return f"--{key} {value}"
+
+
+def _spell_config_key(key: str, value: object) -> str:
+    return f"{CONFIG_NAMES[key]}={value}"
 
 
 def _spell_flag(key: str, value: object) -> str:

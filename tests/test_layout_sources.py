@@ -54,7 +54,8 @@ def test_override_changes_a_size():
 
 
 def test_override_adds_a_key_missing_from_a_partial_config():
-    sizes = read_verl_config(USER, [f"{ACTOR}.pipeline_model_parallel_size=2", f"+{ACTOR}.tensor_model_parallel_size=2"])
+    sizes = read_verl_config(USER, [f"{ACTOR}.pipeline_model_parallel_size=2",
+                                    f"+{ACTOR}.tensor_model_parallel_size=2"])
     assert sizes == {"cp": 2, "pp": 2, "tp": 2}
 
 
@@ -85,8 +86,8 @@ def test_override_reaches_interpolated_ref_section(tmp_path):
 
 def test_config_group_choices_are_skipped():
     # `engine=megatron` picks a file from verl's config tree; it must not wipe the engine section
-    assert read_verl_config(SFT, ["engine=megatron", "+engine@engine=megatron", "engine.context_parallel_size=2"]) \
-        == {"tp": 2, "cp": 2, "pp": 2, "ep": 1}
+    overrides = ["engine=megatron", "+engine@engine=megatron", "engine.context_parallel_size=2"]
+    assert read_verl_config(SFT, overrides) == {"tp": 2, "cp": 2, "pp": 2, "ep": 1}
 
 
 @pytest.mark.parametrize("path, fragment", [
@@ -122,7 +123,8 @@ def test_directory_is_not_a_config(tmp_path):
         read_verl_config(str(tmp_path))
 
 
-@pytest.mark.parametrize("override", ["context_parallel_size", "=2", "a..b=1", f"{ACTOR}.context_parallel_size=[1"])
+@pytest.mark.parametrize("override", ["context_parallel_size", "=2", "a..b=1",
+                                      f"{ACTOR}.context_parallel_size=[1"])
 def test_bad_override_names_the_file(override):
     with pytest.raises(InputError) as info:
         read_verl_config(CP2_PP2, [override])
@@ -217,7 +219,8 @@ def test_flags_conflicting_with_hints():
 
 def test_world_size_derived_from_the_config():
     layout, source = resolve_layout(None, flags=NO_FLAGS, config=MOE)
-    assert layout.world_size == 16 and (layout.tp, layout.pp, layout.ep, layout.etp, layout.vpp) == (2, 2, 4, 1, 2)
+    assert layout.world_size == 16
+    assert (layout.tp, layout.pp, layout.ep, layout.etp, layout.vpp) == (2, 2, 4, 1, 2)
     assert layout.dp == 4
     assert source.endswith("(world size 16 from trainer.nnodes * trainer.n_gpus_per_node)")
 
@@ -267,7 +270,8 @@ def _verl_generated_config() -> Path | None:
     spec = importlib.util.find_spec("verl")
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config" / "_generated_ppo_megatron_trainer.yaml"
+    config_dir = Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
+    path = config_dir / "_generated_ppo_megatron_trainer.yaml"
     return path if path.is_file() else None
 
 
@@ -275,7 +279,7 @@ def _verl_generated_config() -> Path | None:
 def test_verl_generated_megatron_config_with_the_jobs_overrides():
     path = _verl_generated_config()
     if path is None:
-        pytest.skip("verl is not importable (pip install verl) ")
+        pytest.skip("verl is not installed")
     overrides = [f"{ACTOR}.context_parallel_size=2", f"{ACTOR}.pipeline_model_parallel_size=2",
                  "trainer.n_gpus_per_node=4", "trainer.nnodes=1"]
     assert read_verl_config(str(path), overrides) == {"tp": 1, "cp": 2, "pp": 2, "ep": 1}
