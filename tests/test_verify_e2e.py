@@ -100,6 +100,8 @@ def test_buggy_gate_with_context_parallelism_is_unsafe(no_leftovers):
     (("--override", "a.b=1", "--engine", "both"), "--override needs --config"),
     (("--engine", "nonsense"), "use one of"),
     (("--engine", "/nonexistent/transformer_impl.py"), "no such file"),
+    (("--config", str(REPO / "tests/fixtures/configs/ppo_megatron_cp2_pp2.yaml"), "--cp", "4", "--engine", "both"),
+     "layout conflict: --cp 4"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words):
     proc = run_verify(*args, timeout=60)

@@ -32,7 +32,6 @@ from mtpdiag.verify import (
 )
 
 ENGINE_CHOICES = ("fixed", "buggy", "both", "installed")
-SIZE_KEYS = ("tp", "cp", "pp", "ep", "etp", "vpp")
 
 
 @dataclass(frozen=True)
@@ -100,38 +99,38 @@ def verify(
 
 def resolve_verify_layout(flags: dict, *, dp: int | None, order: str | None, config: str | None,
                           overrides: list[str], pid: int | None) -> tuple[ParallelLayout, str]:
-    """The layout to verify, and where it came from (flags, a verl config, or a hung job)."""
-    if overrides and not config:
-        raise InputError("--override needs --config")
+    """The layout to verify, and where it came from: flags, a verl config, or a hung job (``--pid``).
+
+    Sources are merged by ``layout_sources.resolve_layout``: a flag that contradicts the config or the
+    job is an input error naming both. dp is the verify world's own choice (default 1, or the job's).
+    """
+    given = {k: v for k, v in flags.items() if v is not None}
+    if order:
+        given["order"] = order
     if pid is not None:
-        sizes, source, job_dp = _sizes_from_job(pid, flags, config, overrides)
-        dp = dp if dp is not None else job_dp
-    elif config is not None:
-        from mtpdiag.layout_sources import read_verl_config
+        job, source = _job_layout(pid, given, config, overrides)
+        sizes = {"tp": job.tp, "cp": job.cp, "pp": job.pp, "ep": job.ep, "etp": job.etp, "vpp": job.vpp}
+        return build_layout(sizes, dp=dp or job.dp, order=job.order), f"pid {pid}: {source}"
+    if config is not None:
+        from mtpdiag.layout_sources import read_verl_config, resolve_layout
 
-        sizes = merge_sizes(flags, read_verl_config(config, overrides), f"--config {config}")
-        source = "config"
-    else:
-        sizes, source = {k: v for k, v in flags.items() if v is not None}, "flags"
-    sizes = {k: v for k, v in sizes.items() if v is not None}
-    return build_layout(sizes, dp=dp or 1, order=order), source
-
-
-def merge_sizes(flags: dict, found: dict, where: str) -> dict:
-    """Sizes from a config with the flags on top; a flag that contradicts it is an input error."""
-    out = {k: found.get(k) for k in SIZE_KEYS if found.get(k) is not None}
-    for key, value in flags.items():
-        if value is None:
-            continue
-        if key in out and out[key] != value:
-            raise InputError(f"--{key} {value} conflicts with {key}={out[key]} from {where}")
-        out[key] = value
-    return out
+        sizes = {**read_verl_config(config, overrides), **given}
+        dp = dp or fewest_dp(sizes)
+        world = dp * int(sizes.get("tp") or 1) * int(sizes.get("cp") or 1) * int(sizes.get("pp") or 1)
+        resolve_layout(world, flags=given, config=config, overrides=overrides)  # flag-vs-config conflicts
+        return build_layout(sizes, dp=dp, order=order), f"verl config {config}" + (f" + {len(overrides)} override(s)" if overrides else "")
+    if overrides:
+        raise InputError("--override needs --config")
+    return build_layout(given, dp=dp, order=order), "flags"
 
 
-def build_layout(sizes: dict, *, dp: int, order: str | None) -> ParallelLayout:
-    """A ParallelLayout of tp*cp*pp*dp ranks; refuses worlds too big for CPU processes here."""
+def build_layout(sizes: dict, *, dp: int | None, order: str | None) -> ParallelLayout:
+    """A ParallelLayout of tp*cp*pp*dp ranks; refuses worlds too big for CPU processes here.
+
+    Without ``dp``, the fewest DP replicas that the expert layout allows (etp*ep must divide tp*cp*dp).
+    """
     tp, cp, pp = (int(sizes.get(k) or 1) for k in ("tp", "cp", "pp"))
+    dp = dp or fewest_dp(sizes)
     for name, value in (("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp)):
         if value < 1:
             raise InputError(f"--{name} must be at least 1, got {value}")
@@ -148,24 +147,29 @@ def build_layout(sizes: dict, *, dp: int, order: str | None) -> ParallelLayout:
         raise InputError(str(exc)) from None
 
 
-def _sizes_from_job(pid: int, flags: dict, config: str | None,
-                    overrides: list[str]) -> tuple[dict, str, int]:
-    """Capture the hung job once and resolve its layout as ``inspect`` does (flags must agree)."""
+def fewest_dp(sizes: dict) -> int:
+    """The fewest DP replicas the expert layout allows: etp*ep must divide tp*cp*dp."""
+    tp, cp = int(sizes.get("tp") or 1), int(sizes.get("cp") or 1)
+    expert = int(sizes.get("etp") or tp) * int(sizes.get("ep") or 1)
+    return next(d for d in range(1, expert + 1) if (tp * cp * d) % expert == 0)
+
+
+def _job_layout(pid: int, given: dict, config: str | None,
+                overrides: list[str]) -> tuple[ParallelLayout, str]:
+    """Capture the hung job once and resolve its layout as ``inspect`` does."""
     from mtpdiag.capture import capture
     from mtpdiag.commands.options import world_size_of
     from mtpdiag.layout_sources import resolve_layout
 
     snapshot = capture(pids=[pid])
-    world = world_size_of(snapshot)
     hints = [dict(c.layout_hints) for c in snapshot.captures if c.layout_hints]
-    kwargs = {"config": config, "overrides": overrides} if config else {}
-    layout, source = resolve_layout(world, flags=flags, hints=hints, **kwargs)
+    world = world_size_of(snapshot)
+    layout, source = resolve_layout(world, flags=given, config=config, overrides=overrides, hints=hints)
     if layout is None:
-        raise InputError(f"could not tell the parallel sizes of the job behind pid {pid}; pass --tp/--cp/--pp "
-                         "or --config")
-    sizes = {"tp": layout.tp, "cp": layout.cp, "pp": layout.pp, "ep": layout.ep, "etp": layout.etp,
-             "vpp": layout.vpp}
-    return sizes, f"pid {pid} ({source})", layout.dp
+        raise InputError(f"could not tell the parallel sizes of the job behind pid {pid} "
+                         f"({'no WORLD_SIZE' if source else 'no sizes on its command line'}); "
+                         "pass --tp/--cp/--pp or --config")
+    return layout, source or "?"
 
 
 def choose_engine(engine: str) -> EngineChoice:
