@@ -96,7 +96,7 @@ def test_buggy_gate_with_context_parallelism_is_unsafe(no_leftovers):
 @pytest.mark.parametrize("args, words", [
     (("--tp", "4", "--cp", "4", "--pp", "2", "--engine", "both"), "at most 16"),
     (("--cp", "2", "--dp", "16", "--engine", "fixed"), "--dp 1"),
-    (("--cp", "3", "--ep", "2", "--engine", "both"), "does not divide"),
+    (("--cp", "3", "--ep", "2", "--dp", "1", "--engine", "both"), "does not divide"),
     (("--override", "a.b=1", "--engine", "both"), "--override needs --config"),
     (("--engine", "nonsense"), "use one of"),
     (("--engine", "/nonexistent/transformer_impl.py"), "no such file"),
