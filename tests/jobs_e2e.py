@@ -1,0 +1,71 @@
+"""Shared helpers for end-to-end tests: run real torchrun/gloo jobs and the real ``mtpdiag`` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+from mtpdiag.capture import procfs
+from mtpdiag.jobs import Job, start_torchrun
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MTP_WORKER = os.path.join(ROOT, "examples", "mtp_cp_deadlock", "worker.py")
+GATED_WORKER = os.path.join(ROOT, "examples", "gated_collectives", "worker.py")
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m mtpdiag ARGS`` as a user would run it."""
+    return subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+def run_json(*args: str, expect: int = 1) -> dict:
+    result = run_cli(*args, "--json")
+    assert result.returncode == expect, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    return json.loads(result.stdout)
+
+
+@contextmanager
+def hung_job(script: str, args: list[str], tmp_path, nproc: int = 4, env: dict | None = None,
+             stop_rank: int | None = None):
+    """A real job that has stopped making progress; killed (every descendant) on exit."""
+    job = start_torchrun(script, args, nproc, env=env, log_path=str(tmp_path / "job.log"))
+    try:
+        if stop_rank is not None:
+            pids = job.wait_for_workers(timeout=120)
+            _wait_for_log(tmp_path / "job.log", "step", timeout=120)
+            os.kill(_pid_of_rank(pids, stop_rank), signal.SIGSTOP)
+        job.wait_until_stuck(quiet_s=2.5, timeout=180)
+        yield job
+    finally:
+        job.kill()
+
+
+def _pid_of_rank(pids: list[int], rank: int) -> int:
+    for pid in pids:
+        if (procfs.read_env(pid) or {}).get("RANK") == str(rank):
+            return pid
+    raise AssertionError(f"no worker with RANK={rank}")
+
+
+def _wait_for_log(path, needle: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and needle in path.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{needle!r} never appeared in {path}")
+
+
+def by_rank(report: dict) -> dict[int, dict]:
+    return {r["rank"]: r for r in report["ranks"]}
+
+
+def worker_pids(job: Job) -> dict[int, int]:
+    return {int((procfs.read_env(p) or {})["RANK"]): p for p in job.workers()}
