@@ -1,8 +1,8 @@
 """``mtpdiag verify`` through the real CLI: real torchrun + gloo worlds, real megatron-core, real py-spy.
 
 Three real runs (4 worlds of at most 2 CPU ranks): ``--cp 2 --engine both --json``, ``--cp 1 --engine
-buggy`` and ``--cp 2 --engine buggy``. After each, no verify worker may be left on the machine. The
-input-error tests start no world.
+buggy`` and ``--cp 2 --engine buggy``. After each, none of its workers may be alive and its result
+directories must be gone. The input-error tests start no world.
 """
 
 from __future__ import annotations
@@ -21,13 +21,16 @@ from mtpdiag.verify.runner import WORKER_SCRIPT
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_verify(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_verify(*args: str, tmp: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The real CLI. With ``tmp``, verify's result directories (named on every worker's command
+    line) go under it, so this test's workers can be told from those of other runs on the machine."""
+    env = dict(os.environ, TMPDIR=str(tmp)) if tmp is not None else None
     return subprocess.run([sys.executable, "-m", "mtpdiag", "verify", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
 
 
-def surviving_workers() -> list[int]:
-    """Pids of any process still running our worker script (zombies do not count: they hold nothing)."""
+def surviving_workers(marker: str) -> list[int]:
+    """Live processes (not zombies) running our worker script with ``marker`` on their command line."""
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -39,22 +42,23 @@ def surviving_workers() -> list[int]:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if WORKER_SCRIPT in argv and state != "Z":
+        if WORKER_SCRIPT in argv and any(marker in a for a in argv) and state != "Z":
             out.append(int(name))
     return out
 
 
 @pytest.fixture
-def no_leftovers():
-    before = set(surviving_workers())
-    yield
-    left = set(surviving_workers()) - before
-    assert not left, f"verify left worker processes behind: {sorted(left)}"
+def run_dir(tmp_path):
+    """A TMPDIR for one verify run; afterwards none of its workers may be alive."""
+    yield tmp_path
+    left = surviving_workers(str(tmp_path))
+    assert not left, f"verify left worker processes behind: {left}"
+    assert not list(tmp_path.glob("mtpdiag-verify-*")), "verify left its result directories behind"
 
 
 @pytest.mark.e2e
-def test_both_engines_cp2_buggy_deadlocks_fixed_completes(no_leftovers):
-    proc = run_verify("--cp", "2", "--engine", "both", "--json")
+def test_both_engines_cp2_buggy_deadlocks_fixed_completes(run_dir):
+    proc = run_verify("--cp", "2", "--engine", "both", "--json", tmp=run_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["schema"] == "mtpdiag.verify/1"
@@ -78,16 +82,16 @@ def test_both_engines_cp2_buggy_deadlocks_fixed_completes(no_leftovers):
 
 
 @pytest.mark.e2e
-def test_buggy_gate_completes_without_context_parallelism(no_leftovers):
-    proc = run_verify("--cp", "1", "--engine", "buggy")
+def test_buggy_gate_completes_without_context_parallelism(run_dir):
+    proc = run_verify("--cp", "1", "--engine", "buggy", tmp=run_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "buggy: completed" in proc.stdout
     assert "needs CP>1" in proc.stdout
 
 
 @pytest.mark.e2e
-def test_buggy_gate_with_context_parallelism_is_unsafe(no_leftovers):
-    proc = run_verify("--engine", "buggy", "--cp", "2")
+def test_buggy_gate_with_context_parallelism_is_unsafe(run_dir):
+    proc = run_verify("--engine", "buggy", "--cp", "2", tmp=run_dir)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "buggy: deadlock" in proc.stdout
     assert "UNSAFE" in proc.stdout
