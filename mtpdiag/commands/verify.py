@@ -199,9 +199,10 @@ def choose_engine(engine: str) -> EngineChoice:
     if check.gate is None or check.status in ("unknown", "not-applicable"):
         raise InputError(f"{path}: {check.status}: {check.reason}; verify needs an engine whose MTP gate is "
                          "known (or --engine buggy|fixed|both)")
-    version = f"verl {check.verl_version} " if check.verl_version else ""
+    version = f" (verl {check.verl_version})" if check.verl_version else ""
     label = "installed" if engine == "installed" else str(path)
-    described = f"{label} {version}engine ({path}): {check.status}, {check.gate} gate"
+    described = f"{'installed ' if engine == 'installed' else ''}engine {path}{version}, {check.status}: " \
+                f"the {check.gate} gate"
     return EngineChoice("single", ((label, check.gate),), path=str(path), described=described)
 
 
@@ -229,7 +230,8 @@ def intro_line(layout: ParallelLayout, source: str, choice: EngineChoice) -> str
 
 def run_line(run: RunResult, layout: ParallelLayout) -> str:
     """One line per run: what happened, and the diagnosis or the metric."""
-    name = run.engine if run.engine == run.gate else f"{run.engine} ({run.gate} gate)"
+    name = run.engine if run.engine == run.gate else \
+        f"{'installed' if run.engine == 'installed' else 'engine'} ({run.gate} gate)"
     if run.outcome == OUTCOME_DEADLOCK:
         return f"{name}: deadlock after {run.seconds:.1f} s — {_diagnosis_phrase(run)}"
     if run.outcome == OUTCOME_COMPLETED:

@@ -1,7 +1,8 @@
 """Launch a verify world per gate, watch it, diagnose it if it hangs, and never leave a worker behind.
 
-A hang is called as soon as every live worker's main thread has used no CPU for ``quiet_s`` seconds
-and two stack samples taken across that window are the same; the gloo timeout is never waited for.
+A hang is called as soon as every live worker's main thread has been asleep, using no CPU, for
+``quiet_s`` seconds and two stack samples taken across that window are the same; the gloo timeout is
+never waited for. (Asleep matters: on a busy machine a starved thread also uses no CPU.)
 The second sample is diagnosed with mtpdiag's own analysis, then the whole job is SIGKILLed.
 torch and megatron-core are imported only by the workers, never here.
 """
@@ -131,7 +132,8 @@ class _WatchedRun:
         if len(self.seen) < self.layout.world_size or not live:
             return None  # still starting: a hang is judged on the whole world only
         ticks = {pid: procfs.main_thread_ticks(pid) for pid in live}
-        if ticks != self.ticks:
+        if ticks != self.ticks or not _all_blocked(live):
+            # A runnable main thread with flat CPU time is starved (a busy machine), not blocked.
             self.ticks, self.flat_since, self.first_look = ticks, now, None
             return None
         flat = now - self.flat_since
@@ -139,7 +141,7 @@ class _WatchedRun:
             self.first_look = self._capture(live)
         elif self.first_look is not None and flat >= self.settings.quiet_s:
             second = self._capture(live)
-            still = {pid: procfs.main_thread_ticks(pid) for pid in live} == ticks
+            still = {pid: procfs.main_thread_ticks(pid) for pid in live} == ticks and _all_blocked(live)
             if second is not None and still and _stacks(second) == _stacks(self.first_look):
                 return self._deadlock(second, now)
             self.first_look, self.flat_since = second, time.monotonic()
@@ -234,6 +236,11 @@ class _WatchedRun:
         except OSError:
             return ""
         return (": " + " | ".join(text[-lines:])) if text else ""
+
+
+def _all_blocked(pids: list[int]) -> bool:
+    """Every main thread asleep (S) or in uninterruptible wait (D), as /proc/PID/stat reports it."""
+    return all((stat := procfs.read_stat(pid)) is not None and stat.state in ("S", "D") for pid in pids)
 
 
 def _stacks(snapshot: Snapshot | None) -> dict[int | None, tuple]:
