@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
+from mtpdiag.cli import main
 from mtpdiag.fix.engine import EngineCheck, check_engine, classify_text
 from mtpdiag.fix.rewrite import MPU_IMPORT, rewrite_engine
 from verl_wheels import ENGINE, verl_engine_file, verl_root
@@ -25,10 +28,26 @@ BUGGY_TEST = "if self.model_config.mtp.enable and self.is_mp_src_rank_with_outpu
 
 
 def mtpdiag(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the real CLI in a fresh interpreter."""
+    """Run the real CLI in a fresh interpreter (`python -m mtpdiag`)."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True,
                           timeout=120, env=full_env)
+
+
+def mtpdiag_here(*args: str) -> subprocess.CompletedProcess:
+    """The same entry point (mtpdiag.cli.main) in this process: no interpreter start-up per call."""
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, ["mtpdiag", *args]
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess) -> str:
@@ -74,7 +93,7 @@ def test_check_classifies_each_release(version):
 
 @pytest.mark.parametrize("version", sorted(EXPECTED))
 def test_check_cli_json_and_exit_code(version):
-    proc = mtpdiag("check", "--path", str(verl_engine_file(version)), "--json")
+    proc = mtpdiag_here("check", "--path", str(verl_engine_file(version)), "--json")
     doc = json.loads(proc.stdout)
     assert proc.returncode == EXIT[EXPECTED[version]], proc.stderr
     assert doc["schema"] == "mtpdiag.check/1"
@@ -171,7 +190,7 @@ def test_apply_gives_verl_080s_block_then_is_idempotent_and_reverts(engine_071):
 
 def test_apply_dry_run_changes_nothing(engine_071):
     original = engine_071.read_bytes()
-    proc = mtpdiag("apply", "--path", str(engine_071), "--dry-run")
+    proc = mtpdiag_here("apply", "--path", str(engine_071), "--dry-run")
     assert proc.returncode == 0
     assert "+            if self.is_mp_src_rank_with_outputs():" in proc.stdout
     assert engine_071.read_bytes() == original
@@ -181,10 +200,10 @@ def test_apply_dry_run_changes_nothing(engine_071):
 def test_apply_keeps_the_backup_in_backup_dir(engine_071, tmp_path):
     original = engine_071.read_bytes()
     backups = tmp_path / "backups"
-    assert mtpdiag("apply", "--path", str(engine_071), "--backup-dir", str(backups)).returncode == 0
+    assert mtpdiag_here("apply", "--path", str(engine_071), "--backup-dir", str(backups)).returncode == 0
     assert (backups / "transformer_impl.py.mtpdiag.bak").read_bytes() == original
     assert not engine_071.with_name("transformer_impl.py.mtpdiag.bak").exists()
-    assert mtpdiag("apply", "--path", str(engine_071), "--revert", "--backup-dir", str(backups)).returncode == 0
+    assert mtpdiag_here("apply", "--path", str(engine_071), "--revert", "--backup-dir", str(backups)).returncode == 0
     assert engine_071.read_bytes() == original
 
 
@@ -192,7 +211,7 @@ def test_apply_keeps_the_backup_in_backup_dir(engine_071, tmp_path):
 def test_apply_leaves_fixed_and_unrelated_engines_alone(tmp_path, version, words):
     target = tmp_path / "transformer_impl.py"
     shutil.copyfile(verl_engine_file(version), target)
-    proc = mtpdiag("apply", "--path", str(target))
+    proc = mtpdiag_here("apply", "--path", str(target))
     assert proc.returncode == 0 and words in proc.stdout
     assert target.read_bytes() == verl_engine_file(version).read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["transformer_impl.py"]
@@ -203,10 +222,10 @@ def test_apply_refuses_an_unknown_shape(engine_071):
     assert BUGGY_TEST in text
     engine_071.write_text(text.replace(BUGGY_TEST, "if self.model_config.mtp.enable and self._mtp_gate():"))
     mangled = engine_071.read_bytes()
-    check = mtpdiag("check", "--path", str(engine_071), "--json")
+    check = mtpdiag_here("check", "--path", str(engine_071), "--json")
     assert check.returncode == 2 and json.loads(check.stdout)["status"] == "unknown"
     assert "_mtp_gate" in json.loads(check.stdout)["reason"]
-    assert_one_line_error(mtpdiag("apply", "--path", str(engine_071)))
+    assert_one_line_error(mtpdiag_here("apply", "--path", str(engine_071)))
     assert engine_071.read_bytes() == mangled
     assert sorted(p.name for p in engine_071.parent.iterdir()) == [engine_071.name]
 
@@ -218,8 +237,8 @@ def test_apply_refuses_an_affected_block_it_cannot_rewrite(engine_071):
     assert text.count(anchor) == 1
     engine_071.write_text(text.replace(anchor, anchor + "        else:\n            metrics = {}\n"))
     changed = engine_071.read_bytes()
-    assert mtpdiag("check", "--path", str(engine_071)).returncode == 1
-    line = assert_one_line_error(mtpdiag("apply", "--path", str(engine_071)))
+    assert mtpdiag_here("check", "--path", str(engine_071)).returncode == 1
+    line = assert_one_line_error(mtpdiag_here("apply", "--path", str(engine_071)))
     assert "else" in line
     assert engine_071.read_bytes() == changed
 
@@ -244,7 +263,7 @@ def test_apply_bad_input_is_one_line(tmp_path, make):
         path.mkdir()
     elif make == "not-python":
         path.write_text("def broken(:\n")
-    assert_one_line_error(mtpdiag("apply", "--path", str(path)))
+    assert_one_line_error(mtpdiag_here("apply", "--path", str(path)))
     if make == "not-python":
         assert path.read_text() == "def broken(:\n"
 
@@ -264,20 +283,45 @@ def test_apply_adds_the_mpu_import_when_missing(engine_071):
     assert fixed.index(MPU_IMPORT) < fixed.index("\nclass ")
 
 
+@pytest.mark.parametrize("gate", [
+    "if self.is_mp_src_rank_with_outputs():",
+    "if (self.is_mp_src_rank_with_outputs()):",
+    "if (\n            self.model_config.mtp.enable\n            and self.is_mp_src_rank_with_outputs()  # owner\n        ):",
+    "if self.is_mp_src_rank_with_outputs() and self.model_config.mtp.enable:",
+])
+def test_apply_handles_other_spellings_of_the_buggy_gate(engine_071, gate):
+    source = engine_071.read_text().replace(BUGGY_TEST, gate)
+    assert check_engine_text(source) == "affected"
+    fixed = rewrite_engine(source.encode(), "variant").fixed.decode()
+    verdict = classify_text(fixed)
+    assert verdict.status == "fixed"
+    outer = verdict.block
+    assert "is_pipeline_last_stage" in ast.unparse(outer.test)
+    assert "is_mp_src_rank_with_outputs" not in ast.unparse(outer.test)
+    nested = outer.body[1]
+    assert isinstance(nested, ast.If) and ast.unparse(nested.test) == "self.is_mp_src_rank_with_outputs()"
+    if "# owner" in gate:
+        assert "# owner" in fixed  # a comment inside the condition survives
+
+
+def check_engine_text(source: str) -> str:
+    return classify_text(source).status
+
+
 def test_apply_refuses_when_mpu_means_something_else(engine_071):
     text = engine_071.read_text()
     engine_071.write_text(text.replace(MPU_IMPORT, "import numpy as mpu\n"))
     before = engine_071.read_bytes()
-    assert "mpu" in assert_one_line_error(mtpdiag("apply", "--path", str(engine_071)))
+    assert "mpu" in assert_one_line_error(mtpdiag_here("apply", "--path", str(engine_071)))
     assert engine_071.read_bytes() == before
 
 
 def test_revert_refuses_a_file_changed_after_apply(engine_071):
-    assert mtpdiag("apply", "--path", str(engine_071)).returncode == 0
+    assert mtpdiag_here("apply", "--path", str(engine_071)).returncode == 0
     with engine_071.open("a") as f:
         f.write("# edited by hand\n")
     edited = engine_071.read_bytes()
-    assert "changed since" in assert_one_line_error(mtpdiag("apply", "--path", str(engine_071), "--revert"))
+    assert "changed since" in assert_one_line_error(mtpdiag_here("apply", "--path", str(engine_071), "--revert"))
     assert engine_071.read_bytes() == edited
 
 

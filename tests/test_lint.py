@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
+from mtpdiag.cli import main
 from mtpdiag.fix.engine import check_engine
 from mtpdiag.fix.lint import lint_paths, lint_source
 from verl_wheels import verl_engine_file
@@ -21,8 +24,25 @@ WORKER = REPO / "examples" / "mtp_cp_deadlock" / "worker.py"
 
 
 def mtpdiag(*args: str) -> subprocess.CompletedProcess:
+    """Run the real CLI in a fresh interpreter (`python -m mtpdiag`)."""
     return subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ))
+
+
+def mtpdiag_here(*args: str) -> subprocess.CompletedProcess:
+    """The same entry point (mtpdiag.cli.main) in this process: no interpreter start-up per call."""
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, ["mtpdiag", *args]
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def findings_in(source: str) -> list[tuple[int, str, str]]:
@@ -61,7 +81,7 @@ def test_fixed_verl_mtp_block_is_not_flagged(version):
 
 @pytest.mark.verl
 def test_verl_080_engine_is_clean_through_the_cli():
-    proc = mtpdiag("lint", str(verl_engine_file("0.8.0")))
+    proc = mtpdiag_here("lint", str(verl_engine_file("0.8.0")))
     assert proc.returncode == 0, proc.stdout
     assert "0 finding(s) in 1 file" in proc.stdout
 
@@ -90,7 +110,7 @@ def test_reproducer_buggy_gate_flagged_fixed_branch_not():
 
 def test_console_output_names_file_line_and_condition():
     buggy_line, _ = _collect_mtp_loss_calls()
-    proc = mtpdiag("lint", str(WORKER))
+    proc = mtpdiag_here("lint", str(WORKER))
     assert proc.returncode == 1
     assert f"{WORKER}:{buggy_line}: reduce_loss_in_tracker under `is_mp_src_rank_with_outputs()`" in proc.stdout
 
@@ -193,7 +213,7 @@ def test_lint_walks_directories_and_skips_unparsable_files(tmp_path):
     (tmp_path / "pkg" / "good.py").write_text("import torch.distributed as dist\ndist.barrier()\n")
     (tmp_path / "pkg" / "py2.py").write_text("print 'hello'\n")
     (tmp_path / "notes.txt").write_text("if rank == 0: dist.barrier()\n")
-    proc = mtpdiag("lint", str(tmp_path), "--json")
+    proc = mtpdiag_here("lint", str(tmp_path), "--json")
     assert proc.returncode == 1
     findings = json.loads(proc.stdout)["findings"]
     assert [(Path(f["file"]).name, f["line"]) for f in findings] == [("bad.py", 3)]
@@ -202,7 +222,7 @@ def test_lint_walks_directories_and_skips_unparsable_files(tmp_path):
 
 def test_lint_clean_tree_exits_zero(tmp_path):
     (tmp_path / "ok.py").write_text("import torch.distributed as dist\ndist.all_reduce(t)\n")
-    proc = mtpdiag("lint", str(tmp_path))
+    proc = mtpdiag_here("lint", str(tmp_path))
     assert proc.returncode == 0 and "0 finding(s) in 1 file" in proc.stdout
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+import libcst.matchers as m
 
 from mtpdiag.errors import InputError
 from mtpdiag.fix import engine, lint
@@ -91,12 +91,11 @@ def rewrite_engine(data: bytes, name: str = "<engine>") -> Rewrite:
         raise UnsupportedShape(f"{name}: left unchanged: {verdict.reason}")
     if_node, removed = _rewritable_if(verdict, text, name)
     needs_import = _mpu_binding(tree, name)
-    wrapper = MetadataWrapper(cst.parse_module(data))
-    fixer = _MtpBlockFixer(if_node.lineno, removed, wrapper.resolve(PositionProvider))
-    new_module = wrapper.module.visit(fixer)
+    fixer = _MtpBlockFixer(verdict.collection.collective, removed)
+    new_module = cst.parse_module(data).visit(fixer)
     if fixer.done != 1:
-        raise UnsupportedShape(f"{name}: left unchanged: could not find the MTP block's `if` at line "
-                               f"{if_node.lineno}")
+        raise UnsupportedShape(f"{name}: left unchanged: the MTP block's `if` at line {if_node.lineno} is not "
+                               f"an indented block mtpdiag can rewrite")
     if needs_import:
         new_module = _with_mpu_import(new_module)
     fixed = new_module.bytes
@@ -185,6 +184,12 @@ def _and_chain(terms: list[cst.BaseExpression]) -> cst.BaseExpression:
     return out
 
 
+def _calls(node: cst.CSTNode, name: str) -> bool:
+    """Does the node contain a call of ``name`` (``name(...)`` or ``x.name(...)``)?"""
+    callee = m.Name(name) | m.Attribute(attr=m.Name(name))
+    return bool(m.findall(node, m.Call(func=callee)))
+
+
 def _cst_call_name(expr: cst.BaseExpression) -> str | None:
     if isinstance(expr, cst.Call):
         func = expr.func
@@ -196,17 +201,33 @@ def _cst_call_name(expr: cst.BaseExpression) -> str | None:
 
 
 class _MtpBlockFixer(cst.CSTTransformer):
-    """Rewrites the one ``if`` at ``line``: stage gate outside, src-rank gate around the metric write."""
+    """Rewrites the MTP ``if`` of forward_backward_batch: stage gate outside, src-rank gate around the write.
 
-    def __init__(self, line: int, removed: list[int], positions):
+    The target is found by shape (the one ``if`` whose first statement calls the collection and whose
+    test has the src-rank terms ``rewrite_engine`` found by AST), not by position: position metadata
+    costs more than the whole rest of the rewrite."""
+
+    def __init__(self, collective: str, removed: list[int]):
         super().__init__()
-        self.line = line
+        self.collective = collective
         self.removed = removed
-        self.positions = positions
+        self.depth = 0  # > 0 inside forward_backward_batch
         self.done = 0
 
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if node.name.value == engine.ENGINE_FUNCTION:
+            self.depth += 1
+            return True
+        return self.depth > 0
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if original.name.value == engine.ENGINE_FUNCTION:
+            self.depth -= 1
+        return updated
+
     def leave_If(self, original: cst.If, updated: cst.If) -> cst.BaseStatement:
-        if self.positions[original].start.line != self.line:
+        if not self.depth or not isinstance(updated.body, cst.IndentedBlock) or \
+                not _calls(updated.body.body[0], self.collective):
             return updated
         terms = _flatten_and(updated.test.with_changes(lpar=[], rpar=[]))
         if [i for i, t in enumerate(terms) if _cst_call_name(t) == SRC_RANK_TEST] != self.removed:
@@ -214,11 +235,19 @@ class _MtpBlockFixer(cst.CSTTransformer):
         self.done += 1
         removed = [terms[i].with_changes(lpar=[], rpar=[]) for i in self.removed]
         kept = [t for i, t in enumerate(terms) if i not in self.removed]
-        if not any(_cst_call_name(t) == "is_pipeline_last_stage" for t in kept):
-            kept.insert(self.removed[0], cst.parse_expression(STAGE_TEST))
-        test = _and_chain(kept)
-        if len(kept) > 1 and updated.test.lpar:  # keep the parentheses of a wrapped condition
-            test = test.with_changes(lpar=updated.test.lpar, rpar=updated.test.rpar)
+        has_stage = any(_cst_call_name(t) == "is_pipeline_last_stage" for t in kept)
+        stage = cst.parse_expression(STAGE_TEST).with_changes(lpar=terms[self.removed[0]].lpar,
+                                                              rpar=terms[self.removed[0]].rpar)
+        if len(terms) == 1:
+            test = stage.with_changes(lpar=updated.test.lpar, rpar=updated.test.rpar)
+        elif len(self.removed) == 1 and not has_stage:  # swap the one term in place: layout kept as it was
+            test = updated.test.deep_replace(terms[self.removed[0]], stage)
+        else:
+            if not has_stage:
+                kept.insert(self.removed[0], stage)
+            test = _and_chain(kept)
+            if len(kept) > 1 and updated.test.lpar:  # keep the parentheses of a wrapped condition
+                test = test.with_changes(lpar=updated.test.lpar, rpar=updated.test.rpar)
         body = list(updated.body.body)
         first = body[0].with_changes(leading_lines=[
             *body[0].leading_lines,
