@@ -157,7 +157,7 @@ def train(args: argparse.Namespace) -> None:
         weight -= 0.01 * grad
         step += 1
         if step % args.log_every == 0:
-            print(f"rank {dist.get_rank()} step {step} ", flush=True)
+            print(f"rank {dist.get_rank()} step {step} ok", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
