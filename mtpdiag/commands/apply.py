@@ -27,13 +27,13 @@ def apply(
     target = engine_path(path)
     if target is None:
         typer.echo("this verl has no Megatron engine file: nothing to do")
-        raise SystemExit(0)
+        raise typer.Exit(0)
     if revert:
         if dry_run:
             raise InputError("--revert and --dry-run do not go together")
         backup = revert_fix(target, backup_dir=backup_dir)
         typer.echo(f"restored {target} from {backup}")
-        raise SystemExit(0)
+        raise typer.Exit(0)
     outcome = apply_fix(target, dry_run=dry_run, backup_dir=backup_dir)
     where = f" (lines {outcome.lines[0]}-{outcome.lines[1]})" if outcome.lines else ""
     if outcome.action == "already-fixed":
@@ -48,7 +48,7 @@ def apply(
         else:
             typer.echo(f"patched {target}{where}{extra}; original saved as {outcome.backup}")
             typer.echo(f"check it with: mtpdiag check --path {target}")
-    raise SystemExit(0)
+    raise typer.Exit(0)
 
 
 def register(app: typer.Typer) -> None:

@@ -44,7 +44,7 @@ def check(
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
         typer.echo(render(result, explicit_path=path is not None))
-    raise SystemExit(EXIT_BY_STATUS[result.status])
+    raise typer.Exit(EXIT_BY_STATUS[result.status])
 
 
 def render(result, explicit_path: bool) -> str:

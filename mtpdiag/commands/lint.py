@@ -30,7 +30,7 @@ def lint(
             typer.echo(f"{f.file}:{f.line}: {f.collective} under `{f.condition}`\n    {f.reason}")
         noun = "file" if result.files == 1 else "files"
         typer.echo(f"{len(result.findings)} finding(s) in {result.files} {noun}")
-    raise SystemExit(EXIT_PROBLEM if result.findings else EXIT_OK)
+    raise typer.Exit(EXIT_PROBLEM if result.findings else EXIT_OK)
 
 
 def register(app: typer.Typer) -> None:
