@@ -47,6 +47,7 @@ class WatchSettings:
     poll_s: float = 0.2
     timeout_s: float = 180.0  # a run that neither finishes nor hangs by then is an error
     capture_timeout_s: float = 10.0
+    agent_grace_s: float = 1.0  # after every rank exited, how long torchrun may take to exit itself
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class _WatchedRun:
         self.ticks: dict[int, int | None] = {}
         self.flat_since = 0.0
         self.first_look: Snapshot | None = None
+        self.all_exited: float | None = None
         self.phases: dict[str, float] = {}
 
     def start(self) -> None:
@@ -129,8 +131,14 @@ class _WatchedRun:
             return self._result(OUTCOME_ERROR, now, error=f"neither finished nor hung within "
                                 f"{self.settings.timeout_s:g} s")
         live = self._live_workers()
-        if len(self.seen) < self.layout.world_size or not live:
+        if len(self.seen) < self.layout.world_size:
             return None  # still starting: a hang is judged on the whole world only
+        if not live:  # every rank exited; torchrun's own shutdown says nothing about the gate
+            if self.all_exited is None:
+                self.all_exited = now
+            elif now - self.all_exited >= self.settings.agent_grace_s:
+                return self._finished(None, now)
+            return None
         ticks = {pid: procfs.main_thread_ticks(pid) for pid in live}
         if ticks != self.ticks or not _all_blocked(live):
             # A runnable main thread with flat CPU time is starved (a busy machine), not blocked.
@@ -176,17 +184,24 @@ class _WatchedRun:
 
     # -------------------------------------------------------------- outcomes
 
-    def _finished(self, code: int, now: float) -> RunResult:
+    def _finished(self, code: int | None, now: float) -> RunResult:
+        """The job exited with ``code``, or (None) every rank exited and torchrun is still closing."""
         done = _read_results(self.out_dir, "done")
         ready = _read_results(self.out_dir, "ready")
         if done and len(ready) == self.layout.world_size:
             last_done = max(d["time"] for d in done)
             self.phases["collect"] = last_done - max(r["time"] for r in ready)
-            self.phases["teardown"] = time.time() - last_done  # destroy groups, torchrun notices the exits
-        if code == 0 and len(done) == self.layout.world_size:
+            self.phases["teardown"] = time.time() - last_done  # until torchrun exits (or the grace ends)
+        all_done = len(done) == self.layout.world_size
+        if code == 0 and all_done:
             return self._result(OUTCOME_COMPLETED, now)
-        return self._result(OUTCOME_ERROR, now, error=f"the job exited with {code} after "
-                            f"{len(done)} of {self.layout.world_size} ranks finished{self._log_tail()}")
+        if code is None and all_done:
+            note = (f"every rank finished cleanly; torchrun was still shutting down "
+                    f"{self.settings.agent_grace_s:g} s later and was killed")
+            return self._result(OUTCOME_COMPLETED, now, notes=(note,))
+        how = f"exited with {code}" if code is not None else "lost its workers"
+        return self._result(OUTCOME_ERROR, now, error=f"the job {how} after {len(done)} of "
+                            f"{self.layout.world_size} ranks finished{self._log_tail()}")
 
     def _deadlock(self, snapshot: Snapshot, detected: float) -> RunResult:
         self.phases["hang_detection"] = detected - self.flat_since
@@ -204,7 +219,7 @@ class _WatchedRun:
                               avg_group=tuple(int(r) for r in m["avg_group"]))
                   for m in _read_results(self.out_dir, "metric")]
         seconds = at - self.started
-        if outcome != OUTCOME_COMPLETED:
+        if self.job is not None and self.job.proc.poll() is None:
             began = time.monotonic()
             self._kill()
             self.phases["cleanup"] = time.monotonic() - began

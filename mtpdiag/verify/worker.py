@@ -10,7 +10,7 @@ Started by torchrun (see ``mtpdiag.verify.runner``). It imports torch and megatr
    a known set of ranks;
 3. collects it the way the chosen verl engine gates it (``--gate``), which is where ``buggy`` hangs
    with cp > 1; a rank that writes the metric records it in ``metric-<rank>.json``;
-4. meets every rank at a world barrier, writes ``done-<rank>.json``, destroys its groups and exits.
+4. meets every rank at a world barrier, destroys its groups, writes ``done-<rank>.json`` and exits.
 """
 
 from __future__ import annotations
@@ -136,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                                                 "avg_group": sorted(group)})
 
     dist.barrier()
-    write_result(args.out, "done", rank, {})
     mpu.destroy_model_parallel()
     dist.destroy_process_group()
+    write_result(args.out, "done", rank, {})
     return 0
 
 
