@@ -2,7 +2,7 @@
 
 Three real runs (4 worlds of at most 2 CPU ranks): ``--cp 2 --engine both --json``, ``--cp 1 --engine
 buggy`` and ``--cp 2 --engine buggy``. After each, none of its workers may be alive and its result
-directories must be gone. The input-error tests start no world.
+directories must be gone. The input-error and judgement tests start no world.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from mtpdiag.layout import ParallelLayout
+from mtpdiag.verify import MetricWrite, check_metric, expected_outcome, metric_group, rank_loss, src_ranks
 from mtpdiag.verify.runner import WORKER_SCRIPT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,3 +114,37 @@ def test_bad_input_is_one_line_and_exit_2(args, words):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+# ---------------------------------------------------------------- the pure judgement (no world)
+
+
+def test_src_ranks_are_one_per_dp_replica_in_one_dp_cp_group():
+    layout = ParallelLayout.for_world(16, tp=2, cp=2, pp=2)  # dp 2
+    src = src_ranks(layout)
+    assert len(src) == layout.dp == 2
+    for rank in src:
+        c = layout.coords(rank)
+        assert (c["tp"], c["cp"], c["pp"]) == (0, 0, 1)
+    group = metric_group(layout)
+    assert set(src) <= set(group) and len(group) == layout.dp * layout.cp
+
+
+def test_metric_check_catches_a_mean_over_the_wrong_group_and_a_missing_writer():
+    layout = ParallelLayout.for_world(4, cp=2)  # dp 2: DP×CP group [0, 1, 2, 3], src ranks 0 and 2
+    right = sum(rank_loss(r) for r in range(4)) / 4
+    good = check_metric(layout, [MetricWrite(0, right, (0, 1, 2, 3)), MetricWrite(2, right, (0, 1, 2, 3))])
+    assert good.ok and good.observed == right and good.writes == 2
+
+    cp_only = (rank_loss(0) + rank_loss(1)) / 2  # what an average over the CP group alone would give
+    bad = check_metric(layout, [MetricWrite(0, cp_only, (0, 1))])
+    assert not bad.ok
+    assert any("not the DP x CP group" in p for p in bad.problems)
+    assert any("did not write" in p for p in bad.problems)
+    assert any(f"wrote {cp_only:g}" in p for p in bad.problems)
+
+
+def test_expected_outcome_is_a_deadlock_only_for_the_buggy_gate_with_cp_above_1():
+    assert expected_outcome("buggy", ParallelLayout.for_world(2, cp=2)) == "deadlock"
+    assert expected_outcome("buggy", ParallelLayout.for_world(4, pp=2)) == "completed"
+    assert expected_outcome("fixed", ParallelLayout.for_world(2, cp=2)) == "completed"
