@@ -4,7 +4,8 @@ Usage: python benchmarks/verify_bench.py [--repeat N] [--cp N] [--pp N]
 
 The split comes from each run's ``phases`` in the JSON: startup (launch until every rank finished
 initialize_model_parallel: torch + megatron-core import dominates), hang_detection (last progress
-until the hang is called), diagnosis (capture + analysis), collect and teardown (completed run).
+until the hang is called), capture (the second stack sample) and diagnosis (analysis), collect and
+teardown (completed run).
 No assertions: this measures, it does not judge.
 """
 
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 
-PHASES = ("startup", "hang_detection", "diagnosis", "cleanup", "collect", "teardown")
+PHASES = ("startup", "hang_detection", "capture", "diagnosis", "cleanup", "collect", "teardown")
 
 
 def one(cp: int, pp: int) -> tuple[float, dict]:

@@ -3,7 +3,8 @@
 A hang is called as soon as every live worker's main thread has been asleep, using no CPU, for
 ``quiet_s`` seconds and two stack samples taken across that window are the same; the gloo timeout is
 never waited for. (Asleep matters: on a busy machine a starved thread also uses no CPU.)
-The second sample is diagnosed with mtpdiag's own analysis, then the whole job is SIGKILLed.
+The second sample is diagnosed with mtpdiag's own analysis, then the whole job is SIGKILLed. Where
+stacks cannot be read at all (no ptrace), the CPU evidence alone calls the hang, undiagnosed.
 torch and megatron-core are imported only by the workers, never here.
 """
 
@@ -102,6 +103,7 @@ class _WatchedRun:
         self.seen: set[int] = set()
         self.ticks: dict[int, int | None] = {}
         self.flat_since = 0.0
+        self.looked = False  # the first stack sample of the current quiet spell was taken
         self.first_look: Snapshot | None = None
         self.all_exited: float | None = None
         self.phases: dict[str, float] = {}
@@ -142,16 +144,24 @@ class _WatchedRun:
         ticks = {pid: procfs.main_thread_ticks(pid) for pid in live}
         if ticks != self.ticks or not _all_blocked(live):
             # A runnable main thread with flat CPU time is starved (a busy machine), not blocked.
-            self.ticks, self.flat_since, self.first_look = ticks, now, None
+            self.ticks, self.flat_since, self.looked = ticks, now, False
             return None
         flat = now - self.flat_since
-        if self.first_look is None and flat >= self.settings.first_look_s:
-            self.first_look = self._capture(live)
-        elif self.first_look is not None and flat >= self.settings.quiet_s:
-            second = self._capture(live)
+        if not self.looked and flat >= self.settings.first_look_s:
+            self.first_look, _ = self._capture(live)
+            self.looked = True
+        elif self.looked and flat >= self.settings.quiet_s:
+            began = time.monotonic()
+            second, error = self._capture(live)
+            self.phases["capture"] = time.monotonic() - began
             still = {pid: procfs.main_thread_ticks(pid) for pid in live} == ticks and _all_blocked(live)
-            if second is not None and still and _stacks(second) == _stacks(self.first_look):
-                return self._deadlock(second, now)
+            # Stacks that cannot be read at all (no ptrace here) leave the CPU evidence to decide.
+            if second is not None and self.first_look is not None:
+                same = _stacks(second) == _stacks(self.first_look)
+            else:
+                same = second is None and self.first_look is None
+            if still and same:
+                return self._deadlock(second, now, error)
             self.first_look, self.flat_since = second, time.monotonic()
         return None
 
@@ -203,8 +213,11 @@ class _WatchedRun:
         return self._result(OUTCOME_ERROR, now, error=f"the job {how} after {len(done)} of "
                             f"{self.layout.world_size} ranks finished{self._log_tail()}")
 
-    def _deadlock(self, snapshot: Snapshot, detected: float) -> RunResult:
+    def _deadlock(self, snapshot: Snapshot | None, detected: float, capture_error: str | None) -> RunResult:
         self.phases["hang_detection"] = detected - self.flat_since
+        if snapshot is None:
+            note = f"no diagnosis: the stacks could not be captured ({capture_error or 'unknown reason'})"
+            return self._result(OUTCOME_DEADLOCK, detected, notes=(note,))
         began = time.monotonic()
         report, note = _diagnose(snapshot, self.layout)
         self.phases["diagnosis"] = time.monotonic() - began
@@ -235,14 +248,14 @@ class _WatchedRun:
         self.seen.update(pids)
         return [p for p in pids if (s := procfs.read_stat(p)) is not None and s.state != "Z"]
 
-    def _capture(self, pids: list[int]) -> Snapshot | None:
+    def _capture(self, pids: list[int]) -> tuple[Snapshot | None, str | None]:
+        """mtpdiag's own capture of the workers, or None and why it failed."""
         from mtpdiag.capture import capture
-        from mtpdiag.errors import MtpdiagError
 
         try:
-            return capture(pids=pids, timeout=self.settings.capture_timeout_s)
-        except MtpdiagError:
-            return None  # the workers moved on or exited meanwhile: not a hang
+            return capture(pids=pids, timeout=self.settings.capture_timeout_s), None
+        except Exception as exc:  # nothing captured (exited, no ptrace): the caller decides what it means
+            return None, f"{type(exc).__name__}: {exc}"
 
     def _log_tail(self, lines: int = 4) -> str:
         try:
