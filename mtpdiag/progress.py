@@ -1,9 +1,17 @@
 """Hang versus slow progress, from repeated samples (pure; ``watch`` does the sampling).
 
-A rank has made progress between two samples when its main thread used CPU (``/proc/PID/task/PID/stat``;
-the *process* CPU time keeps rising in a hang because gloo/NCCL and store threads tick) or when its stack
-signature (op, site, frames) changed. A hang is called only when no rank has made progress for the whole
-stall window, seen by at least two stack samples.
+A rank has made progress between two samples when its main thread ran for at least
+``MIN_PROGRESS_NS`` (the *process* CPU time keeps rising in a hang because gloo/NCCL and store
+threads tick, so only the main thread counts) or when its main-thread stack signature changed.
+A hang is called only when no rank has made progress for the whole stall window, seen by at least
+two stack samples.
+
+Why a threshold on nanoseconds rather than "the ticks changed": a tick is 10 ms, and a job whose
+step is 1-2 s of data-loader wait plus a few ms of compute moves its main thread's ticks only every
+few steps, so ticks alone look flat for longer than the stall window. A blocked main thread, on the
+other hand, does not run at all, except for the tens of microseconds each py-spy pause costs it
+(measured: 20-80 us per pause on a gloo job hung in all_reduce), and a Python polling loop such as
+``while not ready: time.sleep(0.5)`` costs it well under a millisecond a second.
 """
 
 from __future__ import annotations
@@ -13,7 +21,9 @@ from typing import Mapping
 
 from mtpdiag.model import Snapshot
 
-Signature = tuple  # (frames...) of the main thread: ((function, file, line), ...)
+Signature = tuple  # the main thread's frames, innermost first: ((function, file, line), ...)
+
+MIN_PROGRESS_NS = 1_000_000  # main-thread CPU between two readings that counts as progress
 
 
 def stack_signatures(snapshot: Snapshot) -> dict[int, Signature]:
@@ -26,38 +36,69 @@ def stack_signatures(snapshot: Snapshot) -> dict[int, Signature]:
     return out
 
 
+def cpu_moved(before: Mapping[int, int | None], after: Mapping[int, int | None],
+              min_progress_ns: int = MIN_PROGRESS_NS) -> bool:
+    """Whether any main thread ran ``min_progress_ns`` between two readings (pid -> CPU ns, None when
+    unreadable), or the set of ranks changed."""
+    if not before or set(before) != set(after):
+        return True
+    for pid, now in after.items():
+        then = before[pid]
+        if (now is None) != (then is None):
+            return True
+        if now is not None and abs(now - then) >= min_progress_ns:
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class StallTracker:
-    """What watch has seen so far. ``quiet_since`` is when the last progress was observed."""
+    """What watch has seen so far. ``quiet_since`` is the sample at which progress was last seen.
+
+    ``cpu_ns`` is the latest main-thread CPU reading per pid, ``stacks`` the latest stack signatures
+    seen since that progress (empty until the first stack sample of a quiet spell).
+    """
 
     started: float
     quiet_since: float
     samples: int = 0
     stack_samples_while_quiet: int = 0
-    ticks: Mapping[int, int | None] = field(default_factory=dict)
+    cpu_ns: Mapping[int, int | None] = field(default_factory=dict)
     stacks: Mapping[int, Signature] = field(default_factory=dict)
+    min_progress_ns: int = MIN_PROGRESS_NS
 
     @staticmethod
-    def start(now: float) -> "StallTracker":
-        return StallTracker(started=now, quiet_since=now)
+    def start(now: float, min_progress_ns: int = MIN_PROGRESS_NS) -> "StallTracker":
+        return StallTracker(started=now, quiet_since=now, min_progress_ns=min_progress_ns)
 
-    def ticks_moved(self, ticks: Mapping[int, int | None]) -> bool:
-        """True when any rank's main thread used CPU (or the set of ranks changed) since last sample."""
-        return not self.ticks or dict(ticks) != dict(self.ticks)
+    def cpu_moved(self, cpu_ns: Mapping[int, int | None]) -> bool:
+        """Whether a main thread made progress since the last reading: then stacks need not be taken."""
+        return cpu_moved(self.cpu_ns, cpu_ns, self.min_progress_ns)
 
-    def observe(self, now: float, ticks: Mapping[int, int | None],
+    def observe(self, now: float, cpu_ns: Mapping[int, int | None],
                 stacks: Mapping[int, Signature] | None) -> "StallTracker":
         """Fold in one sample. ``stacks`` is None when the stacks were not captured this time."""
-        moved = self.ticks_moved(ticks)
+        moved = self.cpu_moved(cpu_ns)
         if stacks is not None and self.stacks and dict(stacks) != dict(self.stacks):
             moved = True
         if moved:
-            return replace(self, quiet_since=now, samples=self.samples + 1, stack_samples_while_quiet=1
-                           if stacks is not None else 0, ticks=dict(ticks),
-                           stacks=dict(stacks) if stacks is not None else {})
+            return replace(self, quiet_since=now, samples=self.samples + 1,
+                           stack_samples_while_quiet=0 if stacks is None else 1, cpu_ns=dict(cpu_ns),
+                           stacks={} if stacks is None else dict(stacks))
         return replace(self, samples=self.samples + 1,
                        stack_samples_while_quiet=self.stack_samples_while_quiet + (stacks is not None),
-                       ticks=dict(ticks), stacks=dict(stacks) if stacks is not None else self.stacks)
+                       cpu_ns=dict(cpu_ns), stacks=self.stacks if stacks is None else dict(stacks))
+
+    def after_pause(self, now: float, cpu_ns: Mapping[int, int | None]) -> "StallTracker":
+        """Take the readings made right after the stacks as the new baseline.
+
+        A py-spy pause costs a blocked thread tens of microseconds, which must not count as progress
+        at the next sample; a thread that ran ``min_progress_ns`` during the pause did make progress,
+        and the stacks taken meanwhile may be from its old place.
+        """
+        if self.cpu_moved(cpu_ns):
+            return replace(self, quiet_since=now, stack_samples_while_quiet=0, cpu_ns=dict(cpu_ns), stacks={})
+        return replace(self, cpu_ns=dict(cpu_ns))
 
     def stalled_for(self, now: float) -> float:
         return max(0.0, now - self.quiet_since)

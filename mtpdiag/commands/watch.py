@@ -1,8 +1,11 @@
 """``mtpdiag watch``: sample a job until it hangs (diagnose, save a bundle, exit 1) or the time is up (exit 0).
 
-Each sample first reads every worker's main-thread CPU time from /proc, which costs the targets
-nothing. Only when no main thread moved does it take stacks (one py-spy pause per rank), so a healthy
-job is barely touched. See ``mtpdiag.progress`` for when a hang is called.
+Each sample first reads every worker's main-thread CPU time from /proc (schedstat, in ns; the 10 ms
+ticks of stat where schedstat is missing), which costs the targets nothing. Only when no main thread
+moved does it take stacks (one py-spy pause per rank), so a healthy job is barely touched. See
+``mtpdiag.progress`` for when a hang is called. The defaults (a sample a second, a 5 s stall window)
+call a hang within about 8 s of its onset, and tolerate steps that keep the main thread idle (a
+data-loader wait, a slow collective) for up to about 4 s; raise ``--stall`` for longer idle steps.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ import time
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, NoReturn, Optional
 
 import typer
 
 from mtpdiag.commands import options as o
-from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError
+from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot
 from mtpdiag.progress import StallTracker, stack_signatures
 
@@ -50,17 +53,28 @@ def watch(
     html: Optional[Path] = o.HTML,
 ) -> None:
     """Tell a hang from slow progress: sample until nothing moves for --stall seconds."""
-    from mtpdiag.bundle import save_bundle
-    from mtpdiag.capture import capture, find_targets, procfs
+    from mtpdiag.bundle import check_destination, save_bundle
+    from mtpdiag.capture import capture, find_targets
 
     if not pid and not all_:
         raise InputError("give --pid PID (a worker or its torchrun agent) or --all")
+    if out is not None:
+        check_destination(str(out))  # before the first sample, not after a long watch
     layout_options = o.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
                                      config=config, overrides=tuple(override or ()))
     status = _Status()
     start = time.monotonic()
     tracker = StallTracker.start(start)
     last: Snapshot | None = None
+
+    def take_stacks(targets: list[int]) -> Snapshot:
+        try:
+            return capture(targets, native=native, nonblocking=nonblocking, timeout=timeout)
+        except NothingCaptured:
+            if _job_ended(pid, all_):
+                _ended(status, tracker, time.monotonic() - start)
+            raise
+
     while True:
         now = time.monotonic()
         if duration is not None and now - start >= duration:
@@ -70,22 +84,14 @@ def watch(
         except InputError:
             if tracker.samples == 0:
                 raise
-            status.done()
-            print(f"mtpdiag watch: the job ended after {now - start:.1f} s ({tracker.samples} samples); "
-                  "no hang", file=sys.stderr)
-            raise typer.Exit(EXIT_OK)
-        ticks = {p: procfs.main_thread_ticks(p) for p in targets}
-        stacks = None
-        if tracker.samples and not tracker.ticks_moved(ticks):
-            last = capture(targets, native=native, nonblocking=nonblocking, timeout=timeout)
-            stacks = stack_signatures(last)
-        tracker = tracker.observe(now, ticks, stacks)
+            _ended(status, tracker, now - start)
+        tracker, snapshot = sample_once(tracker, targets, now, take_stacks)
+        last = snapshot or last
         status.show(f"watching {len(targets)} ranks: sample {tracker.samples}, "
                     f"no progress for {tracker.stalled_for(now):.1f} s")
         if tracker.is_hang(now, stall) and last is not None:
             status.done()
-            report = o.diagnose_snapshot(last, layout_options)
-            report = replace(report, progress=tracker.progress(now, interval, stall))
+            report = _hang_report(o.diagnose_snapshot(last, layout_options), tracker, now, interval, stall)
             path = save_bundle(last, str(out or _default_bundle(last)))
             print(f"mtpdiag watch: hang after {tracker.stalled_for(now):.1f} s without progress; "
                   f"bundle written to {path}", file=sys.stderr)
@@ -95,11 +101,70 @@ def watch(
 
     status.done()
     end = time.monotonic()
-    snapshot = last or capture(list(pid or []), scan_all=all_, native=native, nonblocking=nonblocking,
-                               timeout=timeout)
+    try:
+        targets = find_targets(list(pid or []), all_)
+    except InputError:
+        _ended(status, tracker, end - start)
+    snapshot = take_stacks(targets)  # one more pause, so the report shows where the ranks are now
     report = _progress_report(o.diagnose_snapshot(snapshot, layout_options), tracker, end, interval, stall)
     o.emit(report, as_json, markdown, html)
     raise typer.Exit(EXIT_OK)
+
+
+def sample_once(tracker: StallTracker, targets: list[int], now: float,
+                take_stacks: Callable[[list[int]], Snapshot]) -> tuple[StallTracker, Snapshot | None]:
+    """One sample: main-thread CPU first; stacks (one pause per rank) only when no main thread moved.
+
+    Returns the updated tracker and the snapshot when stacks were taken.
+    """
+    cpu = {p: main_thread_cpu_ns(p) for p in targets}
+    if not tracker.samples or tracker.cpu_moved(cpu):
+        return tracker.observe(now, cpu, None), None
+    snapshot = take_stacks(targets)
+    tracker = tracker.observe(now, cpu, stack_signatures(snapshot))
+    return tracker.after_pause(now, {p: main_thread_cpu_ns(p) for p in targets}), snapshot
+
+
+def main_thread_cpu_ns(pid: int) -> int | None:
+    """The main thread's CPU time in ns: /proc/PID/task/PID/schedstat, else its ticks from stat.
+
+    TODO(lead): belongs in ``mtpdiag.capture.procfs`` next to ``main_thread_ticks``.
+    """
+    from mtpdiag.capture import procfs
+
+    try:
+        with open(f"{procfs.PROC}/{pid}/task/{pid}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ticks = procfs.main_thread_ticks(pid)
+        return None if ticks is None else ticks * (1_000_000_000 // os.sysconf("SC_CLK_TCK"))
+
+
+def _job_ended(pid: Optional[List[int]], all_: bool) -> bool:
+    from mtpdiag.capture import find_targets
+
+    try:
+        find_targets(list(pid or []), all_)
+    except InputError:
+        return True
+    return False
+
+
+def _ended(status: "_Status", tracker: StallTracker, elapsed: float) -> NoReturn:
+    """The workers are gone: the job finished (or was ended) while it was still making progress."""
+    status.done()
+    print(f"mtpdiag watch: the job ended after {elapsed:.1f} s of watching ({tracker.samples} samples) "
+          "without a hang", file=sys.stderr)
+    raise typer.Exit(EXIT_OK)
+
+
+def _hang_report(report: Report, tracker: StallTracker, now: float, interval: float, stall: float) -> Report:
+    """The diagnosis of the last sample; a hang is a problem even when the stacks explain nothing."""
+    stalled = (f"no rank's main thread used CPU or changed its stack for {tracker.stalled_for(now):.1f} s "
+               f"({tracker.stack_samples_while_quiet} stack samples)")
+    verdict = "problem" if report.verdict == "ok" else report.verdict
+    return replace(report, verdict=verdict, notes=(*report.notes, stalled),
+                   progress=tracker.progress(now, interval, stall))
 
 
 def _progress_report(report: Report, tracker: StallTracker, now: float, interval: float,
