@@ -41,7 +41,7 @@ class EngineChoice:
     mode: str  # both | single
     runs: tuple[tuple[str, str], ...]  # (engine label, gate)
     path: str | None = None
-    described: str | None = None  # "installed verl 0.7.1 engine ...: gate buggy"
+    described: str | None = None  # "installed engine .../transformer_impl.py (verl 0.7.1), affected: ..."
 
 
 def verify(
@@ -49,7 +49,7 @@ def verify(
     cp: Optional[int] = o.CP,
     pp: Optional[int] = o.PP,
     dp: Optional[int] = typer.Option(None, "--dp", min=1, help="Data-parallel replicas in the verify world "
-                                     "(default 1, or the hung job's with --pid)."),
+                                     "(default: the fewest the layout allows, usually 1; the job's with --pid)."),
     ep: Optional[int] = o.EP,
     etp: Optional[int] = o.ETP,
     vpp: Optional[int] = o.VPP,

@@ -180,6 +180,7 @@ class VerifyResult:
             "schema": VERIFY_SCHEMA,
             "layout": self.layout.to_dict(),
             "world_size": self.layout.world_size,
+            "mode": self.mode,
             "runs": [r.to_dict() for r in self.runs],
             "safe": self.safe,
             "passed": self.passed,
