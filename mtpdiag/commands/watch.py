@@ -31,7 +31,9 @@ def watch(
     all_: bool = o.ALL,
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between samples."),
     stall: float = typer.Option(5.0, "--stall", min=0.5,
-                                help="Call a hang after this many seconds without any progress."),
+                                help="Call a hang after this many seconds in which no main thread ran "
+                                "and no stack changed; raise it when a healthy step idles longer "
+                                "(a data-loader wait, a slow collective)."),
     duration: Optional[float] = typer.Option(None, "--duration", min=0.1,
                                              help="Stop after this many seconds (exit 0 if no hang)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Bundle to write on a hang "
