@@ -25,7 +25,8 @@ import pytest
 from jobs_e2e import GATED_WORKER, MTP_WORKER, ROOT, _wait_for_log, run_cli
 from mtpdiag.bundle import load_bundle
 from mtpdiag.capture import capture, procfs
-from mtpdiag.commands.watch import main_thread_cpu_ns, sample_once
+from mtpdiag.capture.procfs import main_thread_cpu_ns
+from mtpdiag.commands.watch import sample_once
 from mtpdiag.jobs import start_torchrun
 from mtpdiag.progress import StallTracker, stack_signatures
 

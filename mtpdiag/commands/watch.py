@@ -20,6 +20,7 @@ from typing import Callable, List, NoReturn, Optional
 
 import typer
 
+from mtpdiag.capture import procfs
 from mtpdiag.commands import options as o
 from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot
@@ -119,27 +120,12 @@ def sample_once(tracker: StallTracker, targets: list[int], now: float,
 
     Returns the updated tracker and the snapshot when stacks were taken.
     """
-    cpu = {p: main_thread_cpu_ns(p) for p in targets}
+    cpu = {p: procfs.main_thread_cpu_ns(p) for p in targets}
     if not tracker.samples or tracker.cpu_moved(cpu):
         return tracker.observe(now, cpu, None), None
     snapshot = take_stacks(targets)
     tracker = tracker.observe(now, cpu, stack_signatures(snapshot))
-    return tracker.after_pause(now, {p: main_thread_cpu_ns(p) for p in targets}), snapshot
-
-
-def main_thread_cpu_ns(pid: int) -> int | None:
-    """The main thread's CPU time in ns: /proc/PID/task/PID/schedstat, else its ticks from stat.
-
-    TODO(lead): belongs in ``mtpdiag.capture.procfs`` next to ``main_thread_ticks``.
-    """
-    from mtpdiag.capture import procfs
-
-    try:
-        with open(f"{procfs.PROC}/{pid}/task/{pid}/schedstat") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ticks = procfs.main_thread_ticks(pid)
-        return None if ticks is None else ticks * (1_000_000_000 // os.sysconf("SC_CLK_TCK"))
+    return tracker.after_pause(now, {p: procfs.main_thread_cpu_ns(p) for p in targets}), snapshot
 
 
 def _job_ended(pid: Optional[List[int]], all_: bool) -> bool:
