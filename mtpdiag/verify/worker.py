@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 import warnings
 from datetime import timedelta
@@ -55,6 +56,31 @@ def write_result(out_dir: str, kind: str, rank: int, payload: dict) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump({"rank": rank, "time": time.time(), **payload}, f)
     os.replace(path + ".tmp", path)
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def exit_with_the_runner(interval_s: float = 1.0) -> None:
+    """Exit once the runner that started torchrun is gone (SIGKILLed, say), instead of hanging on.
+
+    Our parent is the torchrun agent and its parent the runner; when either dies, the orphan is
+    re-parented, so a changed parent says so without trusting a pid that may have been reused.
+    """
+    agent = os.getppid()
+    runner = parent_of(agent)
+
+    def watch() -> None:
+        while os.getppid() == agent and parent_of(agent) == runner:
+            time.sleep(interval_s)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="exit-with-runner", daemon=True).start()
 
 
 def is_mp_src_rank_with_outputs() -> bool:
@@ -113,6 +139,7 @@ def coordinates() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    exit_with_the_runner()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
     mpu.initialize_model_parallel(
         tensor_model_parallel_size=args.tp,
