@@ -1,7 +1,7 @@
 """One rank of ``mtpdiag verify``: real megatron-core on gloo, collecting the MTP loss behind a gate.
 
 Started by torchrun (see ``mtpdiag.verify.runner``). It imports torch and megatron-core; nothing in
-``mtpdiag`` imports this file. Each rank:
+``mtpdiag`` imports this file. Each rank exits by itself if the runner dies, and otherwise:
 
 1. initialises megatron-core model parallelism (``initialize_model_parallel``) and writes
    ``ready-<rank>.json`` into ``--out``;
@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--order", default="tp-cp-ep-dp-pp")
     parser.add_argument("--gate", choices=["buggy", "fixed"], required=True)
     parser.add_argument("--timeout-s", type=int, default=1800,
-                        help="gloo timeout: the backstop should the runner itself die")
+                        help="gloo timeout: the last backstop, after exit_with_the_runner")
     parser.add_argument("--out", required=True, help="directory for the per-rank result files")
     return parser.parse_args(argv)
 
