@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mtpdiag import __version__
 from mtpdiag.bundle import snapshot_from_data
@@ -100,9 +100,9 @@ def _load_json(path: str, text: str) -> _FileCaptures:
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: invalid or truncated JSON (line {exc.lineno}, column {exc.colno})") from None
     if isinstance(data, dict) and data.get("schema") == BUNDLE_SCHEMA:
+        _set_sources(data, path)
         snapshot = snapshot_from_data(data, path)
-        captures = tuple(replace(c, source=path) for c in snapshot.captures)
-        return _FileCaptures(path, captures, snapshot)
+        return _FileCaptures(path, snapshot.captures, snapshot)
     if not isinstance(data, list):
         raise InputError(f"{path}: JSON that is neither an {BUNDLE_SCHEMA} bundle nor a py-spy dump")
     try:
@@ -116,6 +116,15 @@ def _load_json(path: str, text: str) -> _FileCaptures:
     capture = RankCapture(pid=pid, host=_UNKNOWN_HOST, rank=rank_from_name(path), state=STATE_UNKNOWN,
                           threads=threads, source=path)
     return _FileCaptures(path, (capture,))
+
+
+def _set_sources(data: dict, path: str) -> None:
+    """Name the file in every capture before it is parsed (cheaper than a replace() per capture)."""
+    captures = data.get("captures")
+    if isinstance(captures, list):
+        for capture in captures:
+            if isinstance(capture, dict):
+                capture["source"] = path
 
 
 def _load_text(path: str, text: str) -> _FileCaptures:

@@ -6,8 +6,9 @@ Frozen dataclasses with versioned JSON (de)serialization and no other I/O. Captu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 BUNDLE_SCHEMA = "mtpdiag.bundle/1"
 REPORT_SCHEMA = "mtpdiag.report/1"
@@ -74,6 +75,24 @@ class Frame:
             args=tuple(sorted((str(k), int(v)) for k, v in args.items())),
         )
 
+    @staticmethod
+    def from_dict_shared(d: Mapping[str, Any], seen: dict) -> "Frame":
+        """``from_dict``, returning the Frame already read for an identical dict (same values, same
+        types): the ranks of a big job share a few stacks, so this saves time and memory."""
+        if not isinstance(d, dict):
+            return Frame.from_dict(_obj(d))
+        args = d.get("args")
+        line = d.get("line")
+        try:
+            key = (d.get("function"), d.get("file"), line, type(line),
+                   tuple(args.items()) if type(args) is dict else args)
+            return seen[key]
+        except TypeError:  # unhashable values: let from_dict say what is wrong
+            return Frame.from_dict(d)
+        except KeyError:
+            frame = seen[key] = Frame.from_dict(d)
+            return frame
+
 
 @dataclass(frozen=True)
 class ThreadStack:
@@ -95,16 +114,17 @@ class ThreadStack:
         }
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> "ThreadStack":
+    def from_dict(d: Mapping[str, Any], seen_frames: dict | None = None) -> "ThreadStack":
         frames = d.get("frames")
         if not isinstance(frames, list):
             raise SchemaError("thread frames must be a list")
+        seen = {} if seen_frames is None else seen_frames
         return ThreadStack(
             thread_id=_int(d, "thread_id"),
             name=str(d.get("name") or ""),
             native_id=_opt_int(d, "native_id"),
             active=d.get("active") if isinstance(d.get("active"), bool) else None,
-            frames=tuple(Frame.from_dict(_obj(f)) for f in frames),
+            frames=tuple(Frame.from_dict_shared(f, seen) for f in frames),
         )
 
 
@@ -166,7 +186,7 @@ class RankCapture:
         }
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> "RankCapture":
+    def from_dict(d: Mapping[str, Any], seen_frames: dict | None = None) -> "RankCapture":
         env = d.get("env") or {}
         hints = d.get("layout_hints") or {}
         threads = d.get("threads") or []
@@ -177,7 +197,7 @@ class RankCapture:
             host=str(d.get("host") or "unknown"),
             rank=_opt_int(d, "rank"),
             state=str(d.get("state") or "unreadable"),
-            threads=tuple(ThreadStack.from_dict(_obj(t)) for t in threads),
+            threads=tuple(ThreadStack.from_dict(_obj(t), seen_frames) for t in threads),
             env=tuple(sorted((str(k), str(v)) for k, v in env.items() if k in ENV_WHITELIST)),
             error=d.get("error") if isinstance(d.get("error"), str) else None,
             nonblocking=bool(d.get("nonblocking", False)),
@@ -215,8 +235,9 @@ class Snapshot:
         if not isinstance(captures, list):
             raise SchemaError("bundle captures must be a list")
         errors = d.get("errors") or []
+        seen_frames: dict = {}
         return Snapshot(
-            captures=tuple(RankCapture.from_dict(_obj(c)) for c in captures),
+            captures=tuple(RankCapture.from_dict(_obj(c), seen_frames) for c in captures),
             host=str(d.get("host") or "unknown"),
             created=str(d.get("created") or ""),
             tool_version=str(d.get("tool_version") or ""),
