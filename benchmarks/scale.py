@@ -1,0 +1,236 @@
+"""Time ``mtpdiag analyze DIR --json`` on synthetic N-rank bundle sets against a json.loads baseline.
+
+Usage: python benchmarks/scale.py [--sizes 1024,4096,16384] [--per-host 8] [--repeat 3] [--profile]
+
+The captures are the recorded MTP-CP hang (tests/fixtures/captures/mtp_cp_pp: cp=2, pp=2, real py-spy
+dumps of a real torchrun+gloo job) tiled over dp replicas with ``tests/captures.py:tile`` until the world
+has N ranks, then written as one real ``mtpdiag.bundle/1`` per host (``node-0000`` ...), ``--per-host``
+ranks each, with the environment a ``collect`` bundle carries. Each size is then measured in the same run:
+
+* baseline: a fresh interpreter that ``json.loads`` every bundle file and keeps the results;
+* analyze:  ``python -m mtpdiag analyze DIR --cp 2 --pp 2 --json > /dev/null``.
+
+Both are subprocesses (both pay interpreter start-up), run alternately; wall time is the median, memory
+the peak RSS of the child (``os.wait4``); CPU (user+sys) is shown too, as it is steadier than wall time on
+a shared machine. Above the goal of 1.5x at the largest size, the CPU split of the in-process steps
+(load_paths, diagnose, to_dict, JSON render) is printed; ``--profile`` adds a cProfile listing. No assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+from captures import load_scenario, tile  # noqa: E402
+
+from mtpdiag.bundle import bundle_path  # noqa: E402
+from mtpdiag.layout import ParallelLayout  # noqa: E402
+from mtpdiag.model import Snapshot  # noqa: E402
+
+SCENARIO = "mtp_cp_pp"
+GOAL_RATIO = 1.5
+BASELINE_PROGRAM = """
+import json, os, sys
+kept = []
+for root, _, files in os.walk(sys.argv[1]):
+    for name in sorted(files):
+        with open(os.path.join(root, name), encoding="utf-8") as f:
+            kept.append(json.loads(f.read()))
+print(sum(len(d["captures"]) for d in kept))
+"""
+
+
+# ---------------------------------------------------------------- synthesis
+
+
+def synthesize(world: int, per_host: int, directory: str) -> int:
+    """Write ``world // per_host`` host bundles of the tiled recorded hang into ``directory``."""
+    snapshot, layout, meta = load_scenario(SCENARIO)
+    sizes = meta["layout"]
+    big = ParallelLayout.for_world(world, tp=sizes.get("tp", 1), cp=sizes.get("cp", 1), pp=sizes.get("pp", 1))
+    tiled = tile(snapshot, layout, big)
+    hints = tuple(sorted((k, v) for k, v in sizes.items() if v > 1))
+    written = 0
+    for first in range(0, world, per_host):
+        node = first // per_host
+        host = f"node-{node:04d}"
+        captures = tuple(
+            replace(c, host=host, source=None, layout_hints=hints,
+                    env=_collect_env(c.rank, world, per_host))
+            for c in tiled.captures[first:first + per_host]
+        )
+        bundle = Snapshot(captures=captures, host=host, created=snapshot.created or "2026-01-01T00:00:00+00:00",
+                          tool_version="0.1.0")
+        # save_bundle's format without its fsync (2,048 fsyncs would dominate the set-up time)
+        with open(bundle_path(bundle, directory), "w", encoding="utf-8") as f:
+            f.write(json.dumps(bundle.to_dict(), indent=1) + "\n")
+        written += 1
+    return written
+
+
+def _collect_env(rank: int, world: int, per_host: int) -> tuple[tuple[str, str], ...]:
+    """The whitelisted keys torchrun gives a worker, as ``collect`` stores them."""
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank % per_host), "WORLD_SIZE": str(world),
+           "GROUP_RANK": str(rank // per_host), "LOCAL_WORLD_SIZE": str(per_host),
+           "MASTER_ADDR": "node-0000", "MASTER_PORT": "29500"}
+    return tuple(sorted(env.items()))
+
+
+# ---------------------------------------------------------------- measurement
+
+
+def run_child(argv: list[str]) -> tuple[float, float, float, int]:
+    """Wall seconds, CPU seconds, peak RSS in MB and exit status of one child (stdout discarded)."""
+    began = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.monotonic() - began
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode(errors="replace").strip()
+    proc.stderr.close()
+    if proc.returncode not in (0, 1):
+        print(f"  ! {' '.join(argv[1:4])} exited {proc.returncode}: {err.splitlines()[-1:] if err else ''}")
+    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode
+
+
+def measure(directory: str, repeat: int, layout_flags: list[str]) -> dict:
+    baseline = [sys.executable, "-c", BASELINE_PROGRAM, directory]
+    analyze = [sys.executable, "-m", "mtpdiag", "analyze", directory, *layout_flags, "--json"]
+    runs: dict[str, list[tuple[float, float, float, int]]] = {"baseline": [], "analyze": []}
+    for _ in range(repeat):
+        runs["baseline"].append(run_child(baseline))
+        runs["analyze"].append(run_child(analyze))
+    out = {}
+    for name, rows in runs.items():
+        out[name + "_s"] = statistics.median(r[0] for r in rows)
+        out[name + "_cpu"] = statistics.median(r[1] for r in rows)
+        out[name + "_mb"] = max(r[2] for r in rows)
+        out[name + "_exit"] = rows[-1][3]
+    pairs = list(zip(runs["analyze"], runs["baseline"]))
+    out["ratio"] = statistics.median(a[0] / b[0] for a, b in pairs)
+    out["cpu_ratio"] = statistics.median(a[1] / b[1] for a, b in pairs)
+    return out
+
+
+def phase_split(directory: str, layout_flags: dict) -> dict[str, float]:
+    """CPU seconds of each step ``analyze --json`` takes, in-process, next to json.loads of the same files."""
+    from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot
+    from mtpdiag.loaders import load_paths
+
+    steps: dict[str, float] = {}
+
+    def step(name, fn, *args):
+        began = time.process_time()
+        result = fn(*args)
+        steps[name] = time.process_time() - began
+        return result
+
+    files = [os.path.join(directory, f) for f in sorted(os.listdir(directory))]
+    parsed = step("json.loads only (baseline work)", lambda: [json.loads(open(f, encoding="utf-8").read())
+                                                            for f in files])
+    del parsed
+    snapshot = step("load_paths (json.loads + from_dict + merge)", load_paths, [directory])
+    report = step("resolve layout + diagnose", diagnose_snapshot, snapshot, LayoutOptions(**layout_flags))
+    doc = step("Report.to_dict", report.to_dict)
+    step("json.dumps indent=2 (json_report.render)", lambda: json.dumps(doc, indent=2))
+    step("json.dumps compact (for comparison)", lambda: json.dumps(doc))
+    return steps
+
+
+def profile(directory: str, layout_flags: dict, top: int = 25) -> str:
+    """cProfile of what ``analyze --json`` does in-process: load, diagnose, render."""
+    from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot
+    from mtpdiag.loaders import load_paths
+    from mtpdiag.report import json_report
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    report = diagnose_snapshot(load_paths([directory]), LayoutOptions(**layout_flags))
+    json_report.render(report)
+    profiler.disable()
+    stream = io.StringIO()
+    stats = pstats.Stats(profiler, stream=stream)
+    stats.sort_stats("cumulative").print_stats(r"mtpdiag|json", top)
+    stats.sort_stats("tottime").print_stats(top)
+    return stream.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1024,4096,16384", help="comma-separated world sizes")
+    parser.add_argument("--per-host", type=int, default=8, help="ranks per host bundle")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="cProfile the largest size in-process")
+    parser.add_argument("--keep", action="store_true", help="keep the synthesized bundles (prints where)")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    _, _, meta = load_scenario(SCENARIO)
+    layout = {k: v for k, v in meta["layout"].items() if k in ("tp", "cp", "pp", "ep") and v > 1}
+    flags = [x for k, v in layout.items() for x in (f"--{k}", str(v))]
+    root = tempfile.mkdtemp(prefix="mtpdiag-scale-")
+    rows = []
+    try:
+        for world in sizes:
+            directory = os.path.join(root, f"n{world}")
+            os.mkdir(directory)
+            began = time.monotonic()
+            files = synthesize(world, args.per_host, directory)
+            mb = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)) / 2**20
+            print(f"N={world}: {files} host bundles, {mb:.1f} MB, synthesized in {time.monotonic() - began:.1f} s",
+                  flush=True)
+            row = measure(directory, args.repeat, flags)
+            row.update(world=world, files=files, input_mb=mb)
+            rows.append(row)
+            print(f"  baseline {row['baseline_s']:.2f} s, analyze {row['analyze_s']:.2f} s "
+                  f"(exit {row['analyze_exit']}), ratio {row['ratio']:.2f}", flush=True)
+        print()
+        print("wall = median wall seconds; cpu = median user+sys seconds (steadier on a shared machine)")
+        print(f"{'N':>6} {'files':>6} {'in MB':>6} {'base wall':>10} {'analyze wall':>13} {'ratio':>6} "
+              f"{'base cpu':>9} {'analyze cpu':>12} {'cpu ratio':>10} {'base MB':>8} {'analyze MB':>11}")
+        for r in rows:
+            print(f"{r['world']:>6} {r['files']:>6} {r['input_mb']:>6.1f} {r['baseline_s']:>10.2f} "
+                  f"{r['analyze_s']:>13.2f} {r['ratio']:>6.2f} {r['baseline_cpu']:>9.2f} {r['analyze_cpu']:>12.2f} "
+                  f"{r['cpu_ratio']:>10.2f} {r['baseline_mb']:>8.0f} {r['analyze_mb']:>11.0f}")
+        if len(rows) > 1:
+            first, last = rows[0], rows[-1]
+            scale = last["world"] / first["world"]
+            print(f"growth {first['world']} -> {last['world']} ranks (x{scale:.0f}): analyze wall "
+                  f"x{last['analyze_s'] / first['analyze_s']:.1f}, analyze peak RSS "
+                  f"x{last['analyze_mb'] / first['analyze_mb']:.1f} (input x{last['input_mb'] / first['input_mb']:.1f})")
+        largest = rows[-1]
+        verdict = "within" if largest["ratio"] <= GOAL_RATIO else "ABOVE"
+        print(f"\nratio at N={largest['world']}: {largest['ratio']:.2f} wall, {largest['cpu_ratio']:.2f} cpu "
+              f"({verdict} the goal of {GOAL_RATIO})")
+        if args.profile or largest["ratio"] > GOAL_RATIO:
+            directory = os.path.join(root, f"n{largest['world']}")
+            print(f"\nwhere analyze spends its CPU at N={largest['world']} (in-process, no profiler):")
+            for name, seconds in phase_split(directory, layout).items():
+                print(f"  {seconds:6.2f} s  {name}")
+            if args.profile:
+                print()
+                print(profile(directory, layout))
+            else:
+                print("(run with --profile for a cProfile listing)")
+    finally:
+        if args.keep:
+            print(f"bundles kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
