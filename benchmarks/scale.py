@@ -35,11 +35,11 @@ from dataclasses import replace
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from captures import load_scenario, tile  # noqa: E402
+from captures import load_scenario, tile
 
-from mtpdiag.bundle import bundle_path  # noqa: E402
-from mtpdiag.layout import ParallelLayout  # noqa: E402
-from mtpdiag.model import Snapshot  # noqa: E402
+from mtpdiag.bundle import bundle_path
+from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import Snapshot
 
 SCENARIO = "mtp_cp_pp"
 GOAL_RATIO = 1.5
@@ -139,10 +139,14 @@ def phase_split(directory: str, layout_flags: dict) -> dict[str, float]:
         steps[name] = time.process_time() - began
         return result
 
-    files = [os.path.join(directory, f) for f in sorted(os.listdir(directory))]
-    parsed = step("json.loads only (baseline work)", lambda: [json.loads(open(f, encoding="utf-8").read())
-                                                            for f in files])
-    del parsed
+    def read_all() -> list:
+        kept = []
+        for name in sorted(os.listdir(directory)):
+            with open(os.path.join(directory, name), encoding="utf-8") as f:
+                kept.append(json.loads(f.read()))
+        return kept
+
+    step("json.loads only (baseline work)", read_all)
     snapshot = step("load_paths (json.loads + from_dict + merge)", load_paths, [directory])
     report = step("resolve layout + diagnose", diagnose_snapshot, snapshot, LayoutOptions(**layout_flags))
     doc = step("Report.to_dict", report.to_dict)

@@ -1,0 +1,85 @@
+"""Many host bundles of a bigger world, made from the recorded MTP-CP hang (tests/captures.py:tile).
+
+The recorded 4-rank hang (cp=2, pp=2) is tiled over 16 dp replicas (64 ranks) and saved as 8 host
+bundles, as ``collect`` on 8 nodes would write them. ``load_paths`` must merge them by rank, keep
+each rank's host and file, and read the frames that ranks share once, without letting a malformed
+frame through because an identical-looking valid one was read before.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from captures import load_scenario, tile
+from mtpdiag.analysis import diagnose
+from mtpdiag.bundle import save_bundle
+from mtpdiag.errors import InputError
+from mtpdiag.layout import ParallelLayout
+from mtpdiag.loaders import load_paths
+from mtpdiag.model import Snapshot
+
+WORLD, PER_HOST = 64, 8
+
+
+@pytest.fixture(scope="module")
+def host_bundles(tmp_path_factory):
+    snapshot, layout, _ = load_scenario("mtp_cp_pp")
+    big = ParallelLayout.for_world(WORLD, cp=2, pp=2)
+    tiled = tile(snapshot, layout, big)
+    directory = tmp_path_factory.mktemp("hosts")
+    paths = []
+    for node in range(WORLD // PER_HOST):
+        host = f"node-{node}"
+        chunk = tiled.captures[node * PER_HOST:(node + 1) * PER_HOST]
+        bundle = Snapshot(captures=tuple(replace(c, host=host, source=None) for c in chunk), host=host)
+        paths.append(save_bundle(bundle, str(directory)))
+    return directory, paths, big
+
+
+def test_host_bundles_merge_by_rank_and_keep_host_and_file(host_bundles):
+    directory, paths, big = host_bundles
+    merged = load_paths([str(directory)])
+    assert [c.rank for c in merged.captures] == list(range(WORLD))
+    assert all(c.host == f"node-{c.rank // PER_HOST}" for c in merged.captures)
+    assert all(c.source == paths[c.rank // PER_HOST] for c in merged.captures)
+    report = diagnose(merged, big)
+    ids = [f.id for f in report.findings]
+    assert ids[0] == "mtp-cp-gated-reduce" and "missing-rank" not in ids
+
+
+def test_a_missing_host_is_reported_as_its_missing_ranks(host_bundles):
+    _, paths, big = host_bundles
+    absent = 5
+    report = diagnose(load_paths([p for i, p in enumerate(paths) if i != absent]), big)
+    missing = next(f for f in report.findings if f.id == "missing-rank")
+    assert missing.ranks == tuple(range(absent * PER_HOST, (absent + 1) * PER_HOST))
+
+
+def test_ranks_with_the_same_stack_share_its_frames(host_bundles):
+    _, paths, _ = host_bundles
+    captures = load_paths([paths[0]]).captures
+    rank1, rank3 = captures[1].main_thread.frames, captures[3].main_thread.frames
+    assert rank1 == rank3 and rank1[0].function == "all_gather"
+    assert all(a is b for a, b in zip(rank1, rank3))
+    sends = [c.main_thread.frames[0] for c in captures if c.main_thread.frames[0].function == "send"]
+    assert len({f.arg("dst") for f in sends}) == len(sends)  # different peers stay different frames
+
+
+@pytest.mark.parametrize("good_line,bad_line", [(1, True), (68, "68"), (68, None)])
+def test_a_bad_frame_after_an_identical_good_one_is_still_refused(host_bundles, tmp_path, good_line, bad_line):
+    """``True == 1`` and hashes alike: the shared-frame lookup must still tell them apart."""
+    _, paths, _ = host_bundles
+    doc = json.loads(Path(paths[0]).read_text())
+    good = doc["captures"][1]["threads"][0]["frames"][2]
+    later = doc["captures"][3]["threads"][0]["frames"][2]
+    assert later == good
+    good["line"], later["line"] = good_line, bad_line
+    broken = tmp_path / "node-0.mtpdiag.json"
+    broken.write_text(json.dumps(doc))
+    with pytest.raises(InputError) as exc:
+        load_paths([str(broken)])
+    assert str(broken) in str(exc.value) and "line" in str(exc.value)
