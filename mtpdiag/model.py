@@ -72,7 +72,7 @@ class Frame:
             function=_str(d, "function"),
             file=_str(d, "file"),
             line=_int(d, "line"),
-            args=tuple(sorted((str(k), int(v)) for k, v in args.items())),
+            args=tuple(sorted((str(k), _int(args, k)) for k in args)),
         )
 
     @staticmethod
@@ -195,14 +195,14 @@ class RankCapture:
         return RankCapture(
             pid=_opt_int(d, "pid"),
             host=str(d.get("host") or "unknown"),
-            rank=_opt_int(d, "rank"),
+            rank=_opt_rank(d),
             state=str(d.get("state") or "unreadable"),
             threads=tuple(ThreadStack.from_dict(_obj(t), seen_frames) for t in threads),
             env=tuple(sorted((str(k), str(v)) for k, v in env.items() if k in ENV_WHITELIST)),
             error=d.get("error") if isinstance(d.get("error"), str) else None,
             nonblocking=bool(d.get("nonblocking", False)),
             main_cpu_ticks=_opt_int(d, "main_cpu_ticks"),
-            layout_hints=tuple(sorted((str(k), int(v)) for k, v in hints.items())),
+            layout_hints=tuple(sorted((str(k), _int(hints, k)) for k in hints)),
             source=d.get("source") if isinstance(d.get("source"), str) else None,
         )
 
@@ -425,3 +425,10 @@ def _opt_int(d: Mapping[str, Any], key: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SchemaError(f"field {key!r} must be an integer or null")
     return value
+
+
+def _opt_rank(d: Mapping[str, Any]) -> int | None:
+    rank = _opt_int(d, "rank")
+    if rank is not None and rank < 0:
+        raise SchemaError(f"field 'rank' must not be negative, got {rank}")
+    return rank
