@@ -73,6 +73,8 @@ def load_bundle(path: str) -> Snapshot:
         raise InputError(f"{path}: not a text file") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: invalid or truncated JSON (line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise InputError(f"{path}: JSON nested too deeply to be a bundle") from None
     return snapshot_from_data(data, path)
 
 
