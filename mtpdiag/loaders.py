@@ -36,9 +36,11 @@ _UNKNOWN_HOST = "unknown"
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)(?![0-9])", re.IGNORECASE)
 _R_IN_NAME = re.compile(r"(?:^|[^a-z0-9])r(\d+)(?![0-9])", re.IGNORECASE)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_PROCESS = re.compile(r"^Process (\d+): ?(.*)$")
-_PARENT = re.compile(r"^Parent Process (\d+): ?(.*)$")
-_THREAD = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \((idle|active|active\+gil)\)(?:: "(.*)")?\s*$')
+# Numbers are ASCII and bounded: py-spy never prints others, and int() refuses 5000-digit strings.
+_PROCESS = re.compile(r"^Process ([0-9]{1,10}): ?(.*)$")
+_PARENT = re.compile(r"^Parent Process ([0-9]{1,10}): ?(.*)$")
+_THREAD = re.compile(r'^Thread (0x[0-9A-Fa-f]{1,16}|[0-9]{1,10}) \((idle|active|active\+gil)\)(?:: "(.*)")?\s*$')
+_LINE_NO = re.compile(r"[0-9]{1,9}")
 _FRAME = re.compile(r"^ {4}(?P<function>\S.*?) \((?P<where>[^()]*)\)\s*$")
 _LOCAL = re.compile(r"^ {12}(?P<name>[^:\s]+): (?P<repr>.*)$")
 _ENV_LINE = re.compile(r"^(?:export\s+)?(?P<key>[A-Z_]+)\s*[=:]\s*(?P<value>\S+)\s*$")
@@ -81,7 +83,7 @@ def load_file(path: str) -> _FileCaptures:
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a BOM from a Windows editor is not content
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a text file (expected a bundle or a py-spy dump)") from None
     if not text.strip():
@@ -99,6 +101,8 @@ def _load_json(path: str, text: str) -> _FileCaptures:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: invalid or truncated JSON (line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise InputError(f"{path}: JSON nested too deeply to be a bundle or a py-spy dump") from None
     if isinstance(data, dict) and data.get("schema") == BUNDLE_SCHEMA:
         _set_sources(data, path)
         snapshot = snapshot_from_data(data, path)
@@ -206,13 +210,13 @@ def parse_text_dump(text: str) -> list[TextProcess]:
         elif m := _THREAD.match(line):
             close_thread()
             ident = m[1]
-            native = int(ident) if ident.isdigit() else None
+            native = None if ident.startswith("0x") else int(ident)
             thread = {"thread_id": native if native is not None else int(ident, 16), "native_id": native,
                       "name": m[3] or "", "active": m[2] != "idle", "frames": []}
         elif thread is not None and (m := _FRAME.match(line)):
             close_frame()
             file, _, line_no = m["where"].rpartition(":")
-            if not line_no.isdigit():
+            if not _LINE_NO.fullmatch(line_no):
                 file, line_no = m["where"], "0"
             frame = {"function": m["function"], "file": display_path(file), "line": int(line_no), "locals": []}
         elif frame is not None and (m := _LOCAL.match(line)):
@@ -272,7 +276,8 @@ def _walk(directory: str) -> list[str]:
     for root, dirs, files in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         found += [os.path.join(root, f) for f in sorted(files)
-                  if not f.startswith(".") and f.lower().endswith(DUMP_SUFFIXES)]
+                  if not f.startswith(".") and f.lower().endswith(DUMP_SUFFIXES)
+                  and os.path.isfile(os.path.join(root, f))]
     return found
 
 
