@@ -23,7 +23,7 @@ from mtpdiag.model import Frame, ThreadStack
 # Locals kept, and only from frames under torch/distributed/, and only as integer literals.
 KEPT_ARGS = ("dst", "src", "group_dst", "group_src", "tag")
 _TORCH_DISTRIBUTED = "torch/distributed/"
-_INT_LITERAL = re.compile(r"^-?\d+$")
+_INT_LITERAL = re.compile(r"-?[0-9]{1,19}")  # ASCII and bounded: int() refuses 5000 digits
 _PACKAGE_ROOTS = ("/site-packages/", "/dist-packages/")
 
 
@@ -110,8 +110,8 @@ def kept_args(file: str, locals_: Iterable[tuple[str, str | None]]) -> tuple[tup
         return ()
     out = {}
     for name, repr_ in locals_:
-        if name in KEPT_ARGS and isinstance(repr_, str) and _INT_LITERAL.match(repr_.strip()):
-            out[name] = int(repr_)
+        if name in KEPT_ARGS and isinstance(repr_, str) and _INT_LITERAL.fullmatch(repr_.strip()):
+            out[name] = int(repr_.strip())
     return tuple(sorted(out.items()))
 
 
