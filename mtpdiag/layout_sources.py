@@ -205,6 +205,8 @@ def _load(path: str) -> DictConfig:
         raise InputError(f"cannot read config {path}: {exc.strerror or exc}") from None
     except (yaml.YAMLError, OmegaConfBaseException, ValueError) as exc:
         raise InputError(f"config {path} is not valid YAML: {_first_line(exc)}") from None
+    except RecursionError:
+        raise InputError(f"config {path} is nested too deeply to be a verl config") from None
     if not isinstance(cfg, DictConfig):
         raise InputError(f"config {path} is not a YAML mapping")
     return cfg
@@ -236,6 +238,8 @@ def _apply_override(cfg: DictConfig, override: str, path: str) -> None:
         OmegaConf.update(cfg, key, value, merge=True, force_add=True)
     except (yaml.YAMLError, OmegaConfBaseException, ValueError) as exc:
         raise InputError(f"bad override {override!r} for config {path}: {_first_line(exc)}") from None
+    except RecursionError:  # a self-referencing YAML alias (&a [*a]) or absurd nesting
+        raise InputError(f"bad override {override!r} for config {path}: nested too deeply") from None
 
 
 def _delete(cfg: DictConfig, key: str) -> None:
