@@ -245,6 +245,7 @@ def run_block(block: Block, values: Mapping[str, str], env: Mapping[str, str], c
         following = block.steps[index + 1] if index + 1 < len(block.steps) else None
         if step.is_exit_code:
             command, code, output = EXIT_CODE, 0, f"{last_code}\n"
+            last_code = 0  # as in a shell: the exit code of echo
         else:
             command = substitute(step.command, values)
             done = subprocess.run(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
