@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -131,7 +132,8 @@ def main() -> None:
     from mtpdiag.capture.pyspy import find_pyspy
 
     pyspy = find_pyspy()
-    log = os.path.join(tempfile.mkdtemp(prefix="mtpdiag-inspect-bench-"), "job.log")
+    scratch = tempfile.mkdtemp(prefix="mtpdiag-inspect-bench-")
+    log = os.path.join(scratch, "job.log")
     job = start_torchrun(WORKER, WORKER_ARGS, nproc=4, log_path=log)
     try:
         began = time.monotonic()
@@ -167,6 +169,7 @@ def main() -> None:
             print(f"  {wall:6.2f} / {cpu:5.2f}  {name}")
     finally:
         job.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
     rows, heavy = import_offenders()
     print("\ntop imports of `python -X importtime -m mtpdiag inspect --help` (cumulative / self, ms):")
     for cumulative, own, name in rows:
