@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from mtpdiag.errors import InputError
 from mtpdiag.layout import LayoutError, ParallelLayout
+from mtpdiag.model import decimal
 
 SIZE_KEYS = ("tp", "cp", "pp", "ep", "etp", "vpp")
 # Keys a flags or hints dict may carry: the sizes, and the rank order (a string).
@@ -266,8 +267,8 @@ def _select(node: DictConfig, key: str, path: str, shown: str) -> object:
 
 
 def _positive_int(value: object, path: str, shown: str) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
+    if isinstance(value, str) and decimal(value) is not None:
+        value = decimal(value)
     if not _is_positive_int(value):
         raise InputError(f"config {path}: {shown} must be a positive integer or null, got {value!r}")
     return value

@@ -27,7 +27,8 @@ from mtpdiag.capture.cmdline import layout_hints, merge_hints
 from mtpdiag.capture.discover import is_launcher_argv
 from mtpdiag.capture.pyspy import display_path, kept_args, threads_from_json
 from mtpdiag.errors import InputError
-from mtpdiag.model import BUNDLE_SCHEMA, ENV_WHITELIST, Frame, RankCapture, Snapshot, ThreadStack
+from mtpdiag.model import (BUNDLE_SCHEMA, ENV_WHITELIST, Frame, RankCapture, Snapshot, ThreadStack,
+                           decimal)
 
 STATE_UNKNOWN = "unknown"
 DUMP_SUFFIXES = (".json", ".txt", ".log", ".dump", ".out")
@@ -141,8 +142,8 @@ def _load_text(path: str, text: str) -> _FileCaptures:
     env = _env_lines(text)
     single = len(processes) == 1
     rank = rank_from_name(path) if single else None
-    if rank is None and single and env.get("RANK", "").isdigit():
-        rank = int(env["RANK"])
+    if rank is None and single:
+        rank = decimal(env.get("RANK"))
     captures = tuple(
         RankCapture(pid=p.pid, host=_UNKNOWN_HOST, rank=rank, state=STATE_UNKNOWN, threads=p.threads,
                     env=tuple(sorted(env.items())) if single else (),

@@ -41,6 +41,17 @@ class SchemaError(ValueError):
     """A document that is not a valid mtpdiag bundle or report."""
 
 
+def decimal(text: str | None, max_digits: int = 9) -> int | None:
+    """The value of an env number such as ``RANK=3``: at most ``max_digits`` ASCII digits, else None.
+
+    ``str.isdigit`` accepts "²" and 5000-digit strings, which ``int()`` then refuses.
+    """
+    text = (text or "").strip()
+    if 0 < len(text) <= max_digits and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
 @dataclass(frozen=True)
 class Frame:
     """One Python frame. ``file`` is a display path (site-packages-relative where possible)."""
@@ -154,9 +165,9 @@ class RankCapture:
     @property
     def world_size(self) -> int | None:
         for key in ("WORLD_SIZE", "SLURM_NTASKS"):
-            value = dict(self.env).get(key)
-            if value is not None and value.isdigit():
-                return int(value)
+            value = decimal(dict(self.env).get(key))
+            if value is not None:
+                return value
         return None
 
     @property

@@ -19,7 +19,7 @@ from mtpdiag.capture import cmdline, procfs, pyspy
 from mtpdiag.capture.discover import find_targets
 from mtpdiag.capture.pyspy import CaptureFailed
 from mtpdiag.errors import NothingCaptured
-from mtpdiag.model import STATE_STOPPED, RankCapture, Snapshot
+from mtpdiag.model import STATE_STOPPED, RankCapture, Snapshot, decimal
 
 STATE_GONE = "gone"
 STATE_UNREADABLE = "unreadable"
@@ -70,9 +70,9 @@ class _ProcFacts:
     @property
     def rank(self) -> int | None:
         for key in ("RANK", "SLURM_PROCID"):
-            value = self.env.get(key, "").strip()
-            if value.isdigit():
-                return int(value)
+            value = decimal(self.env.get(key))
+            if value is not None:
+                return value
         return None
 
 
