@@ -37,7 +37,7 @@ HYDRA_KEYS = {
 _PRIMARY_PREFIXES = ("actor_rollout_ref.actor.megatron.", "engine.")
 
 _OVERRIDE = re.compile(r"^\+{0,2}(?P<key>[A-Za-z_][\w.]*)=(?P<value>.*)$")
-_INT = re.compile(r"^\d+$")
+_INT = re.compile(r"[0-9]{1,9}")  # ASCII and bounded: int() refuses 5000 digits
 
 
 def layout_hints(argv: list[str]) -> dict[str, int]:
@@ -92,7 +92,7 @@ def _put(into: dict[str, int], key: str, raw: str) -> None:
 
 def _size(raw: str) -> int | None:
     raw = raw.strip().strip("'\"")
-    if not _INT.match(raw):
+    if not _INT.fullmatch(raw):
         return None
     value = int(raw)
     return value if value >= 1 else None
