@@ -24,6 +24,27 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subpro
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=ROOT)
 
 
+def run_cli_here(*args: str) -> subprocess.CompletedProcess:
+    """The same entry point (mtpdiag.cli.main) in this process: no interpreter start-up per call."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from mtpdiag.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, ["mtpdiag", *args]
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def run_json(*args: str, expect: int = 1) -> dict:
     result = run_cli(*args, "--json")
     assert result.returncode == expect, (result.returncode, result.stderr[-2000:])

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import ast
-import io
 import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
-from mtpdiag.cli import main
 from mtpdiag.fix.engine import EngineCheck, check_engine, classify_text
 from mtpdiag.fix.rewrite import MPU_IMPORT, rewrite_engine
+from jobs_e2e import run_cli_here as mtpdiag_here
 from verl_wheels import ENGINE, verl_engine_file, verl_root
 
 pytestmark = pytest.mark.verl
@@ -32,22 +30,6 @@ def mtpdiag(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True,
                           timeout=120, env=full_env)
-
-
-def mtpdiag_here(*args: str) -> subprocess.CompletedProcess:
-    """The same entry point (mtpdiag.cli.main) in this process: no interpreter start-up per call."""
-    out, err = io.StringIO(), io.StringIO()
-    argv, sys.argv = sys.argv, ["mtpdiag", *args]
-    try:
-        with redirect_stdout(out), redirect_stderr(err):
-            try:
-                main()
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = argv
-    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess) -> str:

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import ast
-import io
 import json
 import os
 import subprocess
 import sys
 import textwrap
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
-from mtpdiag.cli import main
 from mtpdiag.fix.engine import check_engine
 from mtpdiag.fix.lint import lint_paths, lint_source
+from jobs_e2e import run_cli_here as mtpdiag_here
 from verl_wheels import verl_engine_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,22 +25,6 @@ def mtpdiag(*args: str) -> subprocess.CompletedProcess:
     """Run the real CLI in a fresh interpreter (`python -m mtpdiag`)."""
     return subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ))
-
-
-def mtpdiag_here(*args: str) -> subprocess.CompletedProcess:
-    """The same entry point (mtpdiag.cli.main) in this process: no interpreter start-up per call."""
-    out, err = io.StringIO(), io.StringIO()
-    argv, sys.argv = sys.argv, ["mtpdiag", *args]
-    try:
-        with redirect_stdout(out), redirect_stderr(err):
-            try:
-                main()
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = argv
-    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def findings_in(source: str) -> list[tuple[int, str, str]]:
