@@ -25,6 +25,9 @@ KEPT_ARGS = ("dst", "src", "group_dst", "group_src", "tag")
 _TORCH_DISTRIBUTED = "torch/distributed/"
 _INT_LITERAL = re.compile(r"-?[0-9]{1,19}")  # ASCII and bounded: int() refuses 5000 digits
 _PACKAGE_ROOTS = ("/site-packages/", "/dist-packages/")
+# py-spy's cause lines when ptrace or /proc/PID/mem is refused (another user, no CAP_SYS_PTRACE, a
+# non-dumpable target); its headline then says "Check that the process is running", which misleads.
+_DENIED = re.compile(r"Permission denied \(os error 13\)|Operation not permitted \(os error 1\)")
 
 
 class CaptureFailed(Exception):
@@ -62,7 +65,11 @@ def dump(pid: int, *, native: bool = False, nonblocking: bool = False,
         note = "" if nonblocking else _resume_if_left_stopped(pid, before)
         raise CaptureFailed(f"py-spy timed out after {timeout:g}s{note}") from None
     if proc.returncode != 0:
-        raise CaptureFailed(one_line(err.decode("utf-8", "replace")) or f"py-spy exited with {proc.returncode}")
+        text = err.decode("utf-8", "replace")
+        if _DENIED.search(text):
+            raise CaptureFailed(f"permission denied: py-spy cannot read pid {pid} (run mtpdiag as the job's user, "
+                                "or as root with CAP_SYS_PTRACE)")
+        raise CaptureFailed(one_line(text) or f"py-spy exited with {proc.returncode}")
     try:
         return threads_from_json(json.loads(out))
     except (ValueError, TypeError, KeyError) as exc:
