@@ -50,6 +50,7 @@ def analyze(
 
         report = replace(report, extra={**report.extra, "flight_recorder": correlate(report, fr_dumps)})
     o.emit(report, as_json, markdown, html)
+    o.warn_incomplete(snapshot)
     raise typer.Exit(o.exit_code(report))
 
 

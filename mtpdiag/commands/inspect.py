@@ -41,6 +41,7 @@ def inspect(
                                      config=config, overrides=tuple(override or ()))
     report = o.diagnose_snapshot(snapshot, layout_options)
     o.emit(report, as_json, markdown, html)
+    o.warn_incomplete(snapshot)
     raise typer.Exit(o.exit_code(report))
 
 

@@ -32,6 +32,10 @@ MARKDOWN = typer.Option(False, "--markdown", help="Print a markdown report for a
 HTML = typer.Option(None, "--html", help="Also write a self-contained HTML report to this file.")
 
 
+# The largest world mtpdiag diagnoses; the analysis and the reports are linear in it.
+MAX_WORLD_SIZE = 1 << 18
+
+
 @dataclass(frozen=True)
 class LayoutOptions:
     tp: Optional[int] = None
@@ -63,13 +67,23 @@ def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions) -> Repo
 
     hints = [dict(c.layout_hints) for c in snapshot.captures if c.layout_hints]
     world_size = world_size_of(snapshot)
+    _check_world_size(world_size, "WORLD_SIZE of the inputs")
     if world_size is None:  # dumps without WORLD_SIZE: diagnose() notes the assumption in the report
         ranks = [c.rank for c in snapshot.captures if c.rank is not None]
         world_size = max(ranks) + 1 if ranks else None
+        _check_world_size(world_size, "the highest rank in the inputs")
     layout, source = resolve_layout(world_size, flags=layout_options.flags(),
                                     config=layout_options.config, overrides=list(layout_options.overrides),
                                     hints=hints)
+    _check_world_size(layout.world_size if layout else None, "the config's trainer.nnodes * n_gpus_per_node")
     return diagnose(snapshot, layout, source)
+
+
+def _check_world_size(world_size: int | None, source: str) -> None:
+    """A corrupt or hostile WORLD_SIZE (10**12) would have the analysis walk every rank for ever."""
+    if world_size is not None and world_size > MAX_WORLD_SIZE:
+        raise InputError(f"world size {world_size} (from {source}) is more than mtpdiag handles "
+                         f"({MAX_WORLD_SIZE} ranks)")
 
 
 def emit(report: Report, as_json: bool, as_markdown: bool, html: Optional[Path] = None) -> None:
@@ -93,6 +107,29 @@ def emit(report: Report, as_json: bool, as_markdown: bool, html: Optional[Path] 
 
         sys.stdout.write(console.render(report, color=sys.stdout.isatty(), width=_width()))
     sys.stdout.flush()
+
+
+def warn_incomplete(snapshot: Snapshot) -> None:
+    """One stderr line when part of the input could not be read: the report says so too, but a script that
+    parses --json, or a person skimming the grid, should not have to look for it."""
+    missed = [c for c in snapshot.captures if not c.threads]
+    parts = []
+    if missed:
+        first = missed[0]
+        who = f"rank {first.rank}" if first.rank is not None else f"pid {first.pid}"
+        parts.append(f"{len(missed)} of {len(snapshot.captures)} ranks not captured "
+                     f"(first: {who}: {first.error or first.state})")
+    if snapshot.errors:
+        parts.append(f"{len(snapshot.errors)} input(s) skipped (first: {snapshot.errors[0]})")
+    if parts:
+        typer.echo(f"mtpdiag: warning: {_one_printable_line('; '.join(parts))}; the report covers the rest",
+                   err=True)
+
+
+def _one_printable_line(text: str, limit: int = 400) -> str:
+    """Text from targets or files, safe for a terminal: no control characters, one line, bounded."""
+    text = " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def exit_code(report: Report) -> int:
