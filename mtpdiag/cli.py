@@ -11,14 +11,6 @@ import typer
 from mtpdiag import __version__
 from mtpdiag.errors import EXIT_USAGE, MtpdiagError
 
-app = typer.Typer(
-    name="mtpdiag",
-    help="Hang analyzer for distributed PyTorch / Megatron training.",
-    no_args_is_help=True,
-    add_completion=True,
-    pretty_exceptions_enable=False,
-)
-
 # Each module defines register(app). Order here is the order of `mtpdiag --help`.
 COMMAND_MODULES = ("inspect", "collect", "analyze", "watch", "check", "apply", "verify", "lint")
 
@@ -29,7 +21,6 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
@@ -37,14 +28,35 @@ def _root(
     """Find the collective that only part of a process group entered, and why."""
 
 
-for _name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(f"mtpdiag.commands.{_name}")
-    except ModuleNotFoundError as exc:  # a command not built yet must not break the others
-        if exc.name != f"mtpdiag.commands.{_name}":
-            raise
-        continue
-    _module.register(app)
+def build_app(commands: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
+    """The typer app with the given subcommands (all of them unless the caller knows which one runs)."""
+    app = typer.Typer(
+        name="mtpdiag",
+        help="Hang analyzer for distributed PyTorch / Megatron training.",
+        no_args_is_help=True,
+        add_completion=True,
+        pretty_exceptions_enable=False,
+    )
+    app.callback()(_root)
+    for name in commands:
+        importlib.import_module(f"mtpdiag.commands.{name}").register(app)
+    return app
+
+
+def __getattr__(name: str):
+    """``from mtpdiag.cli import app``: the full app, built on first use."""
+    if name == "app":
+        return build_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def invoked_command(argv: list[str]) -> str | None:
+    """The subcommand a command line runs, when it is plain to see (``mtpdiag inspect ...``).
+
+    Building only that subcommand keeps start-up short: inspect runs while a job is hung.
+    """
+    first = argv[0] if argv else None
+    return first if first in COMMAND_MODULES else None
 
 
 def _click_exceptions() -> tuple[type, ...]:
@@ -65,6 +77,8 @@ def main() -> None:
     """Run the app; any MtpdiagError becomes one stderr line and its exit code, never a traceback."""
     try:
         # Without standalone mode click returns the code of a typer.Exit instead of exiting.
+        command = invoked_command(sys.argv[1:])
+        app = build_app((command,) if command else COMMAND_MODULES)
         code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
     except MtpdiagError as exc:
