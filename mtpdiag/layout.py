@@ -191,25 +191,34 @@ class ParallelLayout:
 
     def groups(self, kind: str) -> list[tuple[int, ...]]:
         """Every instance of a group kind, in megatron's order."""
-        return list(self._groups[kind]) if kind in GROUP_KINDS else _unknown_kind(kind)
+        return list(self._kind_groups(kind))
 
     def group_of(self, kind: str, rank: int) -> tuple[int, ...]:
         """The instance of ``kind`` that holds ``rank``."""
+        index = self._index_cache.get(kind)
+        if index is None:
+            index = {r: g for g in self._kind_groups(kind) for r in g}
+            self._index_cache[kind] = index
+        return index[rank]
+
+    def _kind_groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
+        """Built per kind on first use: at 16k ranks, all kinds at once cost half a second."""
         if kind not in GROUP_KINDS:
             _unknown_kind(kind)
-        return self._group_index[kind][rank]
+        groups = self._groups_cache.get(kind)
+        if groups is None:
+            gen, tokens = GROUP_KINDS[kind]
+            groups = tuple((self._dense if gen == "dense" else self._expert).groups(tokens))
+            self._groups_cache[kind] = groups
+        return groups
 
     @cached_property
-    def _groups(self) -> dict[str, tuple[tuple[int, ...], ...]]:
-        out = {}
-        for kind, (gen, tokens) in GROUP_KINDS.items():
-            generator = self._dense if gen == "dense" else self._expert
-            out[kind] = tuple(generator.groups(tokens))
-        return out
+    def _groups_cache(self) -> dict[str, tuple[tuple[int, ...], ...]]:
+        return {}
 
     @cached_property
-    def _group_index(self) -> dict[str, dict[int, tuple[int, ...]]]:
-        return {kind: {r: g for g in groups for r in g} for kind, groups in self._groups.items()}
+    def _index_cache(self) -> dict[str, dict[int, tuple[int, ...]]]:
+        return {}
 
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp,

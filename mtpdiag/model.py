@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 BUNDLE_SCHEMA = "mtpdiag.bundle/1"
@@ -162,7 +163,7 @@ class RankCapture:
     layout_hints: tuple[tuple[str, int], ...] = ()
     source: str | None = None  # file the capture was read from, for analyze
 
-    @property
+    @cached_property
     def world_size(self) -> int | None:
         for key in ("WORLD_SIZE", "SLURM_NTASKS"):
             value = decimal(dict(self.env).get(key))
