@@ -28,7 +28,7 @@ from mtpdiag.capture.discover import is_launcher_argv
 from mtpdiag.capture.pyspy import display_path, kept_args, threads_from_json
 from mtpdiag.errors import InputError
 from mtpdiag.model import (BUNDLE_SCHEMA, ENV_WHITELIST, Frame, RankCapture, Snapshot, ThreadStack,
-                           decimal)
+                           decimal, printable)
 
 STATE_UNKNOWN = "unknown"
 DUMP_SUFFIXES = (".json", ".txt", ".log", ".dump", ".out")
@@ -213,13 +213,14 @@ def parse_text_dump(text: str) -> list[TextProcess]:
             ident = m[1]
             native = None if ident.startswith("0x") else int(ident)
             thread = {"thread_id": native if native is not None else int(ident, 16), "native_id": native,
-                      "name": m[3] or "", "active": m[2] != "idle", "frames": []}
+                      "name": printable(m[3] or ""), "active": m[2] != "idle", "frames": []}
         elif thread is not None and (m := _FRAME.match(line)):
             close_frame()
             file, _, line_no = m["where"].rpartition(":")
             if not _LINE_NO.fullmatch(line_no):
                 file, line_no = m["where"], "0"
-            frame = {"function": m["function"], "file": display_path(file), "line": int(line_no), "locals": []}
+            frame = {"function": printable(m["function"]), "file": display_path(printable(file)),
+                     "line": int(line_no), "locals": []}
         elif frame is not None and (m := _LOCAL.match(line)):
             frame["locals"].append((m["name"], m["repr"]))
     close_process()
@@ -245,7 +246,7 @@ def _env_lines(text: str) -> dict[str, str]:
     for line in text.splitlines():
         m = _ENV_LINE.match(line.strip())
         if m and m["key"] in ENV_WHITELIST:
-            out[m["key"]] = m["value"]
+            out[m["key"]] = printable(m["value"])
     return out
 
 

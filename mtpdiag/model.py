@@ -42,6 +42,18 @@ class SchemaError(ValueError):
     """A document that is not a valid mtpdiag bundle or report."""
 
 
+def printable(text: str) -> str:
+    """``text`` with control, bidi-override and other unprintable characters replaced (whitespace by a space).
+
+    Function names, paths, thread names and errors come from other processes and from files someone handed
+    over. Printed raw, an escape sequence could retitle or clear the reader's terminal, and a bidi override
+    could reorder what the reader sees.
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else " " if ch.isspace() else "\ufffd" for ch in text)
+
+
 def decimal(text: str | None, max_digits: int = 9) -> int | None:
     """The value of an env number such as ``RANK=3``: at most ``max_digits`` ASCII digits, else None.
 
@@ -133,7 +145,7 @@ class ThreadStack:
         seen = {} if seen_frames is None else seen_frames
         return ThreadStack(
             thread_id=_int(d, "thread_id"),
-            name=str(d.get("name") or ""),
+            name=printable(str(d.get("name") or "")),
             native_id=_opt_int(d, "native_id"),
             active=d.get("active") if isinstance(d.get("active"), bool) else None,
             frames=tuple(Frame.from_dict_shared(f, seen) for f in frames),
@@ -206,12 +218,12 @@ class RankCapture:
             raise SchemaError("capture env, layout_hints and threads have the wrong type")
         return RankCapture(
             pid=_opt_int(d, "pid"),
-            host=str(d.get("host") or "unknown"),
+            host=printable(str(d.get("host") or "unknown")),
             rank=_opt_rank(d),
-            state=str(d.get("state") or "unreadable"),
+            state=printable(str(d.get("state") or "unreadable")),
             threads=tuple(ThreadStack.from_dict(_obj(t), seen_frames) for t in threads),
-            env=tuple(sorted((str(k), str(v)) for k, v in env.items() if k in ENV_WHITELIST)),
-            error=d.get("error") if isinstance(d.get("error"), str) else None,
+            env=tuple(sorted((str(k), printable(str(v))) for k, v in env.items() if k in ENV_WHITELIST)),
+            error=printable(d["error"]) if isinstance(d.get("error"), str) else None,
             nonblocking=bool(d.get("nonblocking", False)),
             main_cpu_ticks=_opt_int(d, "main_cpu_ticks"),
             layout_hints=tuple(sorted((str(k), _int(hints, k)) for k in hints)),
@@ -250,10 +262,10 @@ class Snapshot:
         seen_frames: dict = {}
         return Snapshot(
             captures=tuple(RankCapture.from_dict(_obj(c), seen_frames) for c in captures),
-            host=str(d.get("host") or "unknown"),
-            created=str(d.get("created") or ""),
-            tool_version=str(d.get("tool_version") or ""),
-            errors=tuple(str(e) for e in errors) if isinstance(errors, list) else (),
+            host=printable(str(d.get("host") or "unknown")),
+            created=printable(str(d.get("created") or "")),
+            tool_version=printable(str(d.get("tool_version") or "")),
+            errors=tuple(printable(str(e)) for e in errors) if isinstance(errors, list) else (),
         )
 
 
@@ -420,7 +432,7 @@ def _str(d: Mapping[str, Any], key: str) -> str:
     value = d.get(key)
     if not isinstance(value, str):
         raise SchemaError(f"field {key!r} must be a string")
-    return value
+    return printable(value)
 
 
 def _int(d: Mapping[str, Any], key: str) -> int:

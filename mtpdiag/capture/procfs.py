@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from mtpdiag.model import ENV_WHITELIST
+from mtpdiag.model import ENV_WHITELIST, printable
 
 PROC = "/proc"
 
@@ -115,7 +115,7 @@ def read_env(pid: int, keys: tuple[str, ...] = ENV_WHITELIST) -> dict[str, str] 
     for entry in raw.split(b"\0"):
         key, sep, value = entry.partition(b"=")
         if sep and key in wanted:
-            out[key.decode()] = value.decode("utf-8", "replace")
+            out[key.decode()] = printable(value.decode("utf-8", "replace"))
     return out
 
 

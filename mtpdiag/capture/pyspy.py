@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from mtpdiag.capture import procfs
 from mtpdiag.errors import InputError
-from mtpdiag.model import Frame, ThreadStack
+from mtpdiag.model import Frame, ThreadStack, printable
 
 # Locals kept, and only from frames under torch/distributed/, and only as integer literals.
 KEPT_ARGS = ("dst", "src", "group_dst", "group_src", "tag")
@@ -129,7 +129,7 @@ def _thread(t: Any) -> ThreadStack:
     thread_id = t.get("thread_id")
     return ThreadStack(
         thread_id=thread_id if isinstance(thread_id, int) else 0,
-        name=t.get("thread_name") or "",
+        name=printable(str(t.get("thread_name") or "")),
         native_id=native_id if isinstance(native_id, int) else None,
         active=t.get("active") if isinstance(t.get("active"), bool) else None,
         frames=tuple(_frame(f) for f in t["frames"]),
@@ -140,12 +140,12 @@ def _frame(f: Any) -> Frame:
     if not isinstance(f, dict):
         raise ValueError("a py-spy frame must be an object")
     filename = f.get("filename") or f.get("short_filename") or "<unknown>"
-    file = display_path(str(filename))
+    file = display_path(printable(str(filename)))
     line = f.get("line")
     locals_ = f.get("locals") or []
     pairs = [(str(v.get("name")), v.get("repr")) for v in locals_ if isinstance(v, dict)]
     return Frame(
-        function=str(f.get("name") or "<unknown>"),
+        function=printable(str(f.get("name") or "<unknown>")),
         file=file,
         line=line if isinstance(line, int) and not isinstance(line, bool) else 0,
         args=kept_args(file, pairs),
