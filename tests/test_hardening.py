@@ -317,6 +317,26 @@ def test_layout_flag_that_contradicts_the_targets_command_line():
                    "--context-parallel-size 2")
 
 
+def test_control_characters_from_a_file_never_reach_the_terminal(tmp_path):
+    """A bundle someone handed over, with an escape sequence (retitle the terminal), a bell and a bidi
+    override in a function name, and a clear-screen and a newline in an error: all replaced on reading."""
+    data = json.loads((MTP / "bundle.json").read_text())
+    (site,) = [f for f in data["captures"][1]["threads"][0]["frames"] if f["function"] == "ring_attention"]
+    site["function"] = "ring_attention\x1b]0;pwned\x07\u202e"
+    data["captures"][0]["threads"] = []
+    data["captures"][0]["error"] = "py-spy failed\x1b[2J\nsecond line"
+    path = tmp_path / "handed-over.mtpdiag.json"
+    path.write_text(json.dumps(data))
+    for fmt in ([], ["--markdown"], ["--json"]):
+        done = mtpdiag("analyze", str(path), *fmt)
+        assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done.stderr
+        for bad in ("\x1b", "\x07", "\u202e"):
+            assert bad not in done.stdout + done.stderr, (fmt, repr(bad))
+        assert "pwned" in done.stdout  # the name is still shown, only its control characters are not
+        (line,) = done.stderr.strip().splitlines()
+        assert line.startswith("mtpdiag: warning: 1 of 4 ranks not captured") and "second line" in line
+
+
 # ------------------------------------------------------------------------------------------ apply
 
 
