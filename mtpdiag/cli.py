@@ -82,7 +82,7 @@ def main() -> None:
         code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
     except MtpdiagError as exc:
-        typer.echo(f"mtpdiag: error: {exc}", err=True)
+        typer.echo(f"mtpdiag: error: {_one_line(exc)}", err=True)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -94,10 +94,18 @@ def main() -> None:
         sys.exit(130)
     except Exception as exc:  # click usage errors and anything unforeseen
         if isinstance(exc, _click_exceptions()):
-            typer.echo(f"mtpdiag: error: {exc.format_message()}", err=True)
+            typer.echo(f"mtpdiag: error: {_one_line(exc.format_message())}", err=True)
             sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
         if os.environ.get("MTPDIAG_DEBUG"):
             raise
-        typer.echo(f"mtpdiag: internal error: {type(exc).__name__}: {exc} (set MTPDIAG_DEBUG=1 for a traceback)",
-                   err=True)
+        typer.echo(f"mtpdiag: internal error: {type(exc).__name__}: {_one_line(exc)} "
+                   "(set MTPDIAG_DEBUG=1 for a traceback)", err=True)
         sys.exit(EXIT_USAGE)
+
+
+def _one_line(message: object) -> str:
+    """The error contract is one stderr line: newlines (in a path, in a library's text) become spaces, and no
+    control character reaches the terminal."""
+    from mtpdiag.model import printable
+
+    return printable(str(message))
