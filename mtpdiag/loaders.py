@@ -26,7 +26,7 @@ from mtpdiag.bundle import snapshot_from_data
 from mtpdiag.capture.cmdline import layout_hints, merge_hints
 from mtpdiag.capture.discover import is_launcher_argv
 from mtpdiag.capture.pyspy import display_path, kept_args, threads_from_json
-from mtpdiag.errors import InputError
+from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.model import (BUNDLE_SCHEMA, ENV_WHITELIST, Frame, RankCapture, Snapshot, ThreadStack,
                            decimal, printable)
 
@@ -73,7 +73,14 @@ def load_paths(paths: list[str]) -> Snapshot:
                          f"(first: {errors[0]})")
     _check_world_sizes(loaded)
     _check_duplicate_ranks(loaded)
-    return _merge(loaded, errors)
+    snapshot = _merge(loaded, errors)
+    if not any(c.threads for c in snapshot.captures):  # exit 3, as when a live capture reads nothing
+        if not snapshot.captures:
+            raise NothingCaptured(f"the {len(loaded)} input(s) hold no capture")
+        first = snapshot.captures[0]
+        raise NothingCaptured(f"no stack in {len(loaded)} input(s): all {len(snapshot.captures)} ranks in them "
+                              f"were unreadable (first: {first.error or first.state})")
+    return snapshot
 
 
 def load_file(path: str) -> _FileCaptures:
@@ -108,6 +115,10 @@ def _load_json(path: str, text: str) -> _FileCaptures:
         _set_sources(data, path)
         snapshot = snapshot_from_data(data, path)
         return _FileCaptures(path, snapshot.captures, snapshot)
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if isinstance(schema, str) and schema.startswith("mtpdiag.bundle/"):
+        raise InputError(f"{path}: a {printable(schema)[:40]} bundle; this mtpdiag {__version__} reads "
+                         f"{BUNDLE_SCHEMA} (upgrade mtpdiag)")
     if not isinstance(data, list):
         raise InputError(f"{path}: JSON that is neither an {BUNDLE_SCHEMA} bundle nor a py-spy dump")
     try:
