@@ -291,6 +291,23 @@ def _bundle_with(tmp_path: Path, name: str, world_size: str) -> Path:
     return path
 
 
+def test_bundle_in_which_no_rank_was_readable_is_nothing_captured(tmp_path):
+    data = json.loads((MTP / "bundle.json").read_text())
+    for capture in data["captures"]:
+        capture.update(threads=[], state="unreadable", error="py-spy timed out after 10s")
+    path = tmp_path / "all-unreadable.mtpdiag.json"
+    path.write_text(json.dumps(data))
+    one_error_line(mtpdiag("analyze", str(path)), 3, "all 4 ranks in them were unreadable", "timed out")
+
+
+def test_bundle_of_a_newer_schema(tmp_path):
+    data = json.loads((MTP / "bundle.json").read_text())
+    data["schema"] = "mtpdiag.bundle/2"
+    path = tmp_path / "future.mtpdiag.json"
+    path.write_text(json.dumps(data))
+    one_error_line(mtpdiag("analyze", str(path)), 2, "mtpdiag.bundle/2", "reads mtpdiag.bundle/1", "upgrade")
+
+
 def test_bundles_whose_world_sizes_conflict(tmp_path):
     other = _bundle_with(tmp_path, "other-host.mtpdiag.json", "8")
     one_error_line(mtpdiag("analyze", str(MTP / "bundle.json"), str(other)), 2, "world sizes differ",
