@@ -60,16 +60,14 @@ def invoked_command(argv: list[str]) -> str | None:
 
 
 def _click_exceptions() -> tuple[type, ...]:
-    """Usage errors: click's, and the copy of click that newer typer vendors as ``typer._click``."""
-    import click
-
-    types: list[type] = [click.exceptions.ClickException]
-    try:
-        from typer._click.exceptions import ClickException as VendoredClickException
-
-        types.append(VendoredClickException)
-    except ImportError:
-        pass
+    """Usage errors: those of the copy of click that typer vendors (``typer._click``), and click's own
+    where it is installed (older typer depends on it)."""
+    types: list[type] = []
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            types.append(importlib.import_module(module).ClickException)
+        except ImportError:
+            pass
     return tuple(types)
 
 

@@ -13,7 +13,8 @@ The convention (playbooks/README.md):
   must exit 0.
 * Placeholders: in commands, ``<PID>``, ``<DIR>``, ``<ENGINE>``, ``<FR>``, ``<CONFIG>`` are replaced
   by values the test supplies. In output those, and ``<REPO>`` and ``<HOST>``, stand for their values;
-  ``<PID>`` stands for any process id and ``<N>`` for any number (timings, counts).
+  ``<PID>`` stands for any process id, ``<N>`` for any number (timings, counts) and ``<RECORDED>`` for
+  the checkout a recorded fixture was made in (any absolute path).
 * An HTML comment ``<!-- run: JOB key=value ... -->`` on the line before a block names the job the
   block runs against; what a job is, is the test's business.
 * A block tagged ``sh not-executed`` needs what a test machine lacks (a cluster, a GPU, Ray). It is
@@ -33,9 +34,9 @@ EXECUTED = "console"
 NOT_EXECUTED = "sh not-executed"
 ANY = "..."
 EXIT_CODE = "echo $?"
-PLACEHOLDER = re.compile(r"<(PID|N|DIR|ENGINE|FR|CONFIG|REPO|HOST)>")
+PLACEHOLDER = re.compile(r"<(PID|N|DIR|ENGINE|FR|CONFIG|REPO|HOST|RECORDED)>")
 # In shown output: placeholders that stand for a kind of value, not one value.
-PATTERNS = {"PID": r"\d+", "N": r"\d+(?:\.\d+)?"}
+PATTERNS = {"PID": r"\d+", "N": r"\d+(?:\.\d+)?", "RECORDED": r"/[^\s:]*"}
 _DIRECTIVE = re.compile(r"^<!--\s*run:\s*(.*?)\s*-->$")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _RULE = re.compile(r"([─━═┄┅┈┉╌╍])\1+")

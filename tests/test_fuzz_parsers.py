@@ -392,18 +392,10 @@ def recorded_report():
     return diagnose_snapshot(load_paths([str(Path(CAPTURES) / "mtp_cp_pp" / "bundle.json")]), LayoutOptions())
 
 
-# Found by this file in flight_recorder/ (not ours to change; reported with test_fr_known_crashes as the
-# reproducer). The fuzz tests tolerate exactly these until the fix lands: then drop them here and the xfail.
-KNOWN_FR_CRASHES = (IndexError, OverflowError)
-
-
-def _load_and_correlate(prefix: str, report, tolerate: tuple = KNOWN_FR_CRASHES) -> None:
-    try:
-        dump = _result_or_clean_error(load_fr_dumps, prefix)
-        if dump is not None:
-            json.dumps(correlate(report, dump))
-    except tolerate:
-        pass
+def _load_and_correlate(prefix: str, report) -> None:
+    dump = _result_or_clean_error(load_fr_dumps, prefix)
+    if dump is not None:
+        json.dumps(correlate(report, dump))
 
 
 @FUZZ
@@ -430,14 +422,11 @@ def _entry(**fields) -> dict:
             "profiling_name": "gloo:all_reduce", "state": "completed", **fields}
 
 
-@pytest.mark.xfail(strict=True, raises=(IndexError, OverflowError, ValueError),
-                   reason="flight_recorder.dump lets IndexError/OverflowError out of load_fr_dumps and "
-                          "flight_recorder.progress reads a group named '²' as a number (reported)")
 @pytest.mark.parametrize("dump", [
     pytest.param({"entries": [_entry(process_group=[])]}, id="empty-process-group"),
     pytest.param({"entries": [], "pg_config": {"0": {"ranks": [float("inf")]}}}, id="infinite-rank"),
     pytest.param({"entries": [_entry(input_sizes=[[float("inf")]])]}, id="infinite-size"),
     pytest.param({"entries": [_entry(process_group=("²", "d"))]}, id="unicode-digit-group-name"),
 ])
-def test_fr_known_crashes(scratch, recorded_report, dump):
-    _load_and_correlate(_fr_dir(scratch, "fr_known", pickle.dumps(dump)), recorded_report, tolerate=())
+def test_fr_dumps_that_once_crashed_fail_cleanly(scratch, recorded_report, dump):
+    _load_and_correlate(_fr_dir(scratch, "fr_known", pickle.dumps(dump)), recorded_report)

@@ -121,7 +121,7 @@ def _run_to_exit(tmp_path, script, args, timeout=180.0) -> tuple[int | None, str
 def _metric_lines(log: str) -> list[tuple[int, int, float]]:
     """(rank, step, mtp_1_loss) of every metric line the MTP worker printed."""
     out = []
-    for m in re.finditer(r"rank (\d+) step (\d+) (\{.*\})", log):
+    for m in re.finditer(r"rank (\d+) step (\d+) (\{[^{}]*\})", log):
         out.append((int(m[1]), int(m[2]), ast.literal_eval(m[3])["mtp_1_loss"]))
     return out
 

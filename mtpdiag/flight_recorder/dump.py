@@ -156,7 +156,7 @@ def _load_one(path: str, rank: int) -> FRRankDump:
         raise InputError(f"{path}: not a readable Flight Recorder dump ({_one_line(exc)})") from None
     try:
         return _rank_dump(data, rank, path)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
         raise InputError(f"{path}: not a Flight Recorder dump ({_one_line(exc)})") from None
 
 

@@ -121,4 +121,4 @@ def conflicting_memberships(fr: FRDump) -> list[str]:
 
 
 def group_sort_key(name: str) -> tuple[int, int | str]:
-    return (0, int(name)) if name.isdigit() else (1, name)
+    return (0, int(name)) if name.isascii() and name.isdigit() else (1, name)

@@ -102,8 +102,9 @@ def _sites_table(report: Report) -> Table:
     for i, g in enumerate(report.sites):
         style = PALETTE[i % len(PALETTE)]
         op = g.op or "(running)"
-        table.add_row(Text(group_letter(i), style=f"bold {style}"), words.rank_runs(g.ranks), op,
-                      words.site_label(g.site))
+        # Text, not str: a str cell is read as rich markup, and names come from the targets.
+        table.add_row(Text(group_letter(i), style=f"bold {style}"), Text(words.rank_runs(g.ranks)), Text(op),
+                      Text(words.site_label(g.site)))
     return table
 
 

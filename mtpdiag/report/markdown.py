@@ -30,18 +30,24 @@ def render(report: Report) -> str:
         out.append("")
     out += ["### Where each rank waits", "", "| ranks | op | call site |", "|---|---|---|"]
     for g in report.sites:
-        out.append(f"| {_ranks(g.ranks)} | {g.op or '(running)'} | `{words.site_label(g.site)}` |")
+        out.append(f"| {_ranks(g.ranks)} | {g.op or '(running)'} | {_cell(words.site_label(g.site))} |")
     out.append("")
     out += ["### Ranks", "", "| rank | host | pid | coords | state | doing |", "|---|---|---|---|---|---|"]
     for v in report.ranks:
-        out.append(f"| {v.rank if v.rank is not None else '?'} | {v.host} | {v.pid or ''} | "
-                   f"{words.coords_label(v.coords, layout)} | {v.state} | {words.doing(v)} |")
+        out.append(f"| {v.rank if v.rank is not None else '?'} | {_cell(v.host)} | {v.pid or ''} | "
+                   f"{words.coords_label(v.coords, layout)} | {v.state} | {_cell(words.doing(v))} |")
     fr = report.extra.get("flight_recorder")
     if fr:
         out += ["", "### Flight Recorder", ""] + [f"- {line}" for line in fr.get("lines", [])]
     if report.notes:
         out += ["", "### Notes", ""] + [f"- {n}" for n in report.notes]
     return "\n".join(out) + "\n"
+
+
+def _cell(text: str) -> str:
+    """A table cell: names come from the targets, so ``|``, backticks and HTML must not act as markup."""
+    return (text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+            .replace("<", "&lt;").replace(">", "&gt;"))
 
 
 def _ranks(ranks) -> str:
