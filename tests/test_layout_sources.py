@@ -6,7 +6,6 @@ The configs under fixtures/configs/ are written in the shape of verl 0.8's real 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from mtpdiag.errors import InputError
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.layout_sources import read_verl_config, resolve_layout
+from verl_wheels import verl_megatron_config
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 CP2_PP2 = str(CONFIGS / "ppo_megatron_cp2_pp2.yaml")
@@ -266,20 +266,9 @@ def test_unknown_keys_are_a_programming_error():
 
 # ---- the real verl config tree -------------------------------------------------------------------------
 
-def _verl_generated_config() -> Path | None:
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    config_dir = Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
-    path = config_dir / "_generated_ppo_megatron_trainer.yaml"
-    return path if path.is_file() else None
-
-
 @pytest.mark.verl
 def test_verl_generated_megatron_config_with_the_jobs_overrides():
-    path = _verl_generated_config()
-    if path is None:
-        pytest.skip("verl is not installed")
+    path = verl_megatron_config("0.8.0")  # the real config tree from the PyPI wheel
     overrides = [f"{ACTOR}.context_parallel_size=2", f"{ACTOR}.pipeline_model_parallel_size=2",
                  "trainer.n_gpus_per_node=4", "trainer.nnodes=1"]
     assert read_verl_config(str(path), overrides) == {"tp": 1, "cp": 2, "pp": 2, "ep": 1}

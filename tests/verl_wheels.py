@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 ENGINE = "verl/workers/engine/megatron/transformer_impl.py"
+MEGATRON_CONFIG = "verl/trainer/config/_generated_ppo_megatron_trainer.yaml"  # in 0.8.0 and later
+LAYOUT_MARK = ".mtpdiag-tree-v2"  # the unpacked tree holds everything these helpers extract
 VERSIONS = ("0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1")
 
 
@@ -32,9 +34,17 @@ def cache_dir() -> Path:
 def verl_root(version: str) -> Path:
     """The unpacked tree of one version: ``<root>/verl/...`` and ``<root>/verl-V.dist-info/METADATA``."""
     root = cache_dir() / version
-    if not (root / ENGINE).is_file() or not (root / f"verl-{version}.dist-info" / "METADATA").is_file():
+    if not (root / LAYOUT_MARK).is_file():
         _fetch(version, root)
     return root
+
+
+def verl_megatron_config(version: str) -> Path:
+    """verl ``version``'s generated PPO Megatron trainer config (the full config tree, as shipped)."""
+    path = verl_root(version) / MEGATRON_CONFIG
+    if not path.is_file():
+        pytest.fail(f"verl {version} ships no {MEGATRON_CONFIG}")
+    return path
 
 
 def verl_engine_file(version: str) -> Path:
@@ -61,17 +71,21 @@ def _fetch(version: str, root: Path) -> None:
         staged = Path(tmp) / "tree"
         metadata = f"verl-{version}.dist-info/METADATA"
         with zipfile.ZipFile(found[0]) as wheel:
-            for member in (ENGINE, metadata):
+            names = set(wheel.namelist())
+            for member in (ENGINE, metadata, MEGATRON_CONFIG):
+                if member not in names and member == MEGATRON_CONFIG:
+                    continue  # older releases have no generated config
                 target = staged / member
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(wheel.read(member))
+        (staged / LAYOUT_MARK).write_text("engine, METADATA and the megatron config where shipped\n")
         # Publish whole: a concurrent or interrupted run never sees half a tree.
         if root.exists():
             shutil.rmtree(root)
         try:
             os.replace(staged, root)
         except OSError:
-            if not (root / ENGINE).is_file():  # another run published it first
+            if not (root / LAYOUT_MARK).is_file():  # another run published it first
                 raise
 
 
