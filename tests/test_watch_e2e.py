@@ -150,14 +150,20 @@ class TestHang:
     def test_tracker_calls_the_hang_from_real_samples(self, hang_job):
         job, workers = hang_job
         job.wait_until_stuck(quiet_s=2.0, timeout=180)
-        # The main thread's ticks, read straight from /proc, and the stacks from real py-spy dumps.
+        # The main thread's CPU time in ns, read straight from /proc, and the stacks from real py-spy dumps.
+        # (Not stat's 10 ms ticks: a pause's few microseconds can cross a tick boundary and look like 10 ms.)
         tracker = StallTracker.start(0.0)
         decisions = []
+        def main_thread_cpus() -> dict[int, int]:
+            return {p: main_thread_cpu_ns(p) for p in workers}
+
         for i in range(4):
-            ticks = {p: procfs.main_thread_ticks(p) for p in workers}
-            cpu = {p: t * NS_PER_TICK for p, t in ticks.items()}
             stacks = stack_signatures(capture(workers, timeout=30.0)) if i else None
-            tracker = tracker.observe(2.0 * i, cpu, stacks)
+            tracker = tracker.observe(2.0 * i, main_thread_cpus(), stacks)
+            if stacks is not None:
+                # As watch does: the pause itself costs a blocked main thread a little kernel time;
+                # the reading after the pause is the baseline.
+                tracker = tracker.after_pause(2.0 * i, main_thread_cpus())
             decisions.append(tracker.is_hang(2.0 * i, stall_s=5.0))
             time.sleep(0.5)
         assert len(tracker.stacks) == 4 and tracker.stack_samples_while_quiet == 3
