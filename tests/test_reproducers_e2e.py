@@ -158,5 +158,10 @@ def test_scenario_hangs_where_expected(scenario):
         for rank, pid in ranks.items():
             got[rank] = op_and_site(json.loads(record.py_spy_dump(pid, as_json=True, stopped=rank in stopped)))
         states = {rank: procfs.read_stat(pid).state for rank, pid in ranks.items()}
-    assert got == EXPECTED[scenario]
+    expected = dict(EXPECTED[scenario])
+    for rank in stopped:
+        # Where a SIGSTOP lands in the step is chance: only "outside any collective" is promised.
+        assert got.pop(rank)[0] is None, rank
+        expected.pop(rank)
+    assert got == expected
     assert [r for r, s in sorted(states.items()) if s == "T"] == stopped
