@@ -33,15 +33,13 @@ DP_CP = "DATA_PARALLEL_GROUP_WITH_CP"
 @dataclass(frozen=True)
 class HungJob:
     prefix: str  # TORCH_FR_DUMP_TEMP_FILE: the dumps are <prefix><rank>
-    report: Report | None  # the stack diagnosis of the same hang, when capture+diagnose exist
+    report: Report  # the stack diagnosis of the same hang
 
 
-def _diagnose_live(agent_pid: int) -> Report | None:
-    try:
-        from mtpdiag.analysis import diagnose
-        from mtpdiag.capture import capture
-    except ImportError:
-        return None
+def _diagnose_live(agent_pid: int) -> Report:
+    from mtpdiag.analysis import diagnose
+    from mtpdiag.capture import capture
+
     snapshot = capture(pids=[agent_pid])
     return diagnose(snapshot, LAYOUT, "flags")
 
@@ -124,8 +122,6 @@ def test_pg_config_catches_a_wrong_layout(fr):
 
 
 def test_correlation_with_the_stack_diagnosis_agrees_on_the_split_group(fr, hung):
-    if hung.report is None:
-        pytest.skip("mtpdiag.capture.capture / mtpdiag.analysis.diagnose are not available yet")
     result = correlate(hung.report, fr)
     [root] = [m for m in result["mismatches"] if m["op"] == "all_reduce"]
     assert (root["group"], root["fr_desc"], root["fr_members"]) == ("dp_cp", DP_CP, [2, 3])
@@ -138,8 +134,6 @@ def test_correlation_with_the_stack_diagnosis_agrees_on_the_split_group(fr, hung
 
 def test_a_mislabelled_dump_shows_up_as_disagreements(hung, tmp_path):
     """Rank 2's dump filed as rank 3's: FR and the stacks now tell different stories about rank 3."""
-    if hung.report is None:
-        pytest.skip("mtpdiag.capture.capture / mtpdiag.analysis.diagnose are not available yet")
     for rank, source in ((0, 0), (1, 1), (2, 2), (3, 2)):
         shutil.copy(f"{hung.prefix}{source}", tmp_path / f"rank_{rank}")
     result = correlate(hung.report, load_fr_dumps(str(tmp_path)))
@@ -160,8 +154,6 @@ def test_without_pg_config_the_layout_supplies_the_members(fr, hung, tmp_path):
     assert all(d.groups == () for d in bare.ranks)
     g = _progress(bare, DP_CP, 2)
     assert (g.members, g.members_from, g.behind) == ((2,), "entries", ())
-    if hung.report is None:
-        pytest.skip("mtpdiag.capture.capture / mtpdiag.analysis.diagnose are not available yet")
     [root] = [m for m in correlate(hung.report, bare)["mismatches"] if m["op"] == "all_reduce"]
     assert (root["fr_members"], root["fr_members_from"], root["fr_absent"], root["agrees"]) == \
         ([2, 3], "entries", [3], True)
