@@ -31,13 +31,13 @@ class Job:
 
     def workers(self) -> list[int]:
         """Worker pids: descendants of the agent that carry RANK in their environment."""
-        out = []
+        ranks = {}
         for pid in procfs.descendants(self.pid):
             env = procfs.read_env(pid)
             if env and "RANK" in env:
-                out.append(pid)
-        self._known.update(out)
-        return sorted(out, key=lambda p: int((procfs.read_env(p) or {}).get("RANK", "0") or 0))
+                ranks[pid] = int(env["RANK"] or 0)
+        self._known.update(ranks)
+        return sorted(ranks, key=ranks.get)
 
     def wait_for_workers(self, timeout: float = 60.0) -> list[int]:
         deadline = time.monotonic() + timeout

@@ -241,6 +241,11 @@ class Snapshot:
     tool_version: str = ""
     errors: tuple[str, ...] = ()  # targets that yielded no capture at all, one line each
 
+    @property
+    def world_sizes(self) -> list[int]:
+        """The distinct WORLD_SIZEs the captures carry, smallest first (more than one is a conflict)."""
+        return sorted({c.world_size for c in self.captures if c.world_size})
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": BUNDLE_SCHEMA,

@@ -152,7 +152,7 @@ def _index(views: tuple[RankView, ...], layout: ParallelLayout | None, notes: li
 
 
 def _world_size(snapshot: Snapshot, layout: ParallelLayout | None, notes: list[str]) -> int | None:
-    sizes = sorted({c.world_size for c in snapshot.captures if c.world_size})
+    sizes = snapshot.world_sizes
     if len(sizes) > 1:
         notes.append(f"captures disagree on WORLD_SIZE ({', '.join(map(str, sizes))}): using {sizes[-1]}")
     if sizes:

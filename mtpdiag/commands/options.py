@@ -56,8 +56,9 @@ class LayoutOptions:
 
 
 def world_size_of(snapshot: Snapshot) -> int | None:
-    sizes = [c.world_size for c in snapshot.captures if c.world_size]
-    return max(sizes) if sizes else None
+    """The largest WORLD_SIZE the captures carry (diagnose() notes any disagreement)."""
+    sizes = snapshot.world_sizes
+    return sizes[-1] if sizes else None
 
 
 def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions) -> Report:
