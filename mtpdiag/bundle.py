@@ -78,10 +78,11 @@ def load_bundle(path: str) -> Snapshot:
     return snapshot_from_data(data, path)
 
 
-def snapshot_from_data(data: object, path: str) -> Snapshot:
-    """A Snapshot from parsed bundle JSON; ``path`` names the file in errors."""
+def snapshot_from_data(data: object, path: str, seen_frames: dict | None = None) -> Snapshot:
+    """A Snapshot from parsed bundle JSON; ``path`` names the file in errors (``seen_frames``: see
+    ``Snapshot.from_dict``)."""
     try:
-        return Snapshot.from_dict(data)  # type: ignore[arg-type]
+        return Snapshot.from_dict(data, seen_frames)  # type: ignore[arg-type]
     except (SchemaError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{path}: not a valid mtpdiag bundle ({exc})") from None
 

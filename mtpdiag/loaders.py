@@ -63,9 +63,10 @@ def load_paths(paths: list[str]) -> Snapshot:
     files = _expand(paths)
     loaded: list[_FileCaptures] = []
     errors: list[str] = []
+    seen_frames: dict = {}  # shared by all files: the hosts of one job hold the same few stacks
     for path in files:
         try:
-            loaded.append(load_file(path))
+            loaded.append(load_file(path, seen_frames))
         except InputError as exc:
             errors.append(str(exc))
     if not loaded:
@@ -83,7 +84,7 @@ def load_paths(paths: list[str]) -> Snapshot:
     return snapshot
 
 
-def load_file(path: str) -> _FileCaptures:
+def load_file(path: str, seen_frames: dict | None = None) -> _FileCaptures:
     """Captures of one file, whichever of the three forms it is; InputError naming it otherwise."""
     try:
         with open(path, "rb") as f:
@@ -97,14 +98,14 @@ def load_file(path: str) -> _FileCaptures:
     if not text.strip():
         raise InputError(f"{path}: empty file")
     if text.lstrip()[0] in "[{":
-        return _load_json(path, text)
+        return _load_json(path, text, seen_frames)
     return _load_text(path, text)
 
 
 # ---------------------------------------------------------------- forms
 
 
-def _load_json(path: str, text: str) -> _FileCaptures:
+def _load_json(path: str, text: str, seen_frames: dict | None = None) -> _FileCaptures:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -113,7 +114,7 @@ def _load_json(path: str, text: str) -> _FileCaptures:
         raise InputError(f"{path}: JSON nested too deeply to be a bundle or a py-spy dump") from None
     if isinstance(data, dict) and data.get("schema") == BUNDLE_SCHEMA:
         _set_sources(data, path)
-        snapshot = snapshot_from_data(data, path)
+        snapshot = snapshot_from_data(data, path, seen_frames)
         return _FileCaptures(path, snapshot.captures, snapshot)
     schema = data.get("schema") if isinstance(data, dict) else None
     if isinstance(schema, str) and schema.startswith("mtpdiag.bundle/"):

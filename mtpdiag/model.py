@@ -139,6 +139,7 @@ class ThreadStack:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any], seen_frames: dict | None = None) -> "ThreadStack":
+        """``seen_frames`` is shared by the reader of many captures: equal stacks become one tuple."""
         frames = d.get("frames")
         if not isinstance(frames, list):
             raise SchemaError("thread frames must be a list")
@@ -148,8 +149,33 @@ class ThreadStack:
             name=printable(str(d.get("name") or "")),
             native_id=_opt_int(d, "native_id"),
             active=d.get("active") if isinstance(d.get("active"), bool) else None,
-            frames=tuple(Frame.from_dict_shared(f, seen) for f in frames),
+            frames=_shared_frames(frames, seen),
         )
+
+
+def _shared_frames(frames: list, seen: dict) -> tuple[Frame, ...]:
+    """The Frames of a frames list, as the very tuple read before for an equal list.
+
+    The ranks of a big job share a handful of stacks. Keying the whole list (its values and the type
+    of each line, so ``true`` is never taken for ``1``) costs about a microsecond, and every rank
+    after the first with that stack skips the validation of its frames; the analysis then meets the
+    same tuple object again and again. Anything unusual takes the frame-by-frame path.
+    """
+    try:
+        key = tuple([(f["function"], f["file"], f["line"], type(f["line"]),
+                      _args_key(f["args"]) if len(f) > 3 and "args" in f else None) for f in frames])
+        shared = seen.get(key)
+    except (KeyError, TypeError, AttributeError):
+        return tuple(Frame.from_dict_shared(f, seen) for f in frames)
+    if shared is None:
+        shared = seen[key] = tuple(Frame.from_dict_shared(f, seen) for f in frames)
+    return shared
+
+
+def _args_key(args: Any) -> tuple:
+    if type(args) is not dict:
+        raise TypeError("frame args are not an object")
+    return tuple((k, v, type(v)) for k, v in args.items())
 
 
 @dataclass(frozen=True)
@@ -211,24 +237,45 @@ class RankCapture:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any], seen_frames: dict | None = None) -> "RankCapture":
+        """``seen_frames``: see ``ThreadStack.from_dict``; it also shares the ranks' equal layout hints."""
         env = d.get("env") or {}
         hints = d.get("layout_hints") or {}
         threads = d.get("threads") or []
         if not isinstance(env, Mapping) or not isinstance(hints, Mapping) or not isinstance(threads, list):
             raise SchemaError("capture env, layout_hints and threads have the wrong type")
+        seen = {} if seen_frames is None else seen_frames
+        error = d.get("error")
+        source = d.get("source")
         return RankCapture(
             pid=_opt_int(d, "pid"),
             host=printable(str(d.get("host") or "unknown")),
             rank=_opt_rank(d),
             state=printable(str(d.get("state") or "unreadable")),
-            threads=tuple(ThreadStack.from_dict(_obj(t), seen_frames) for t in threads),
-            env=tuple(sorted((str(k), printable(str(v))) for k, v in env.items() if k in ENV_WHITELIST)),
-            error=printable(d["error"]) if isinstance(d.get("error"), str) else None,
+            threads=tuple([ThreadStack.from_dict(_obj(t), seen) for t in threads]),
+            env=tuple(sorted([(str(k), printable(str(v))) for k, v in env.items() if k in _ENV_KEYS])),
+            error=printable(error) if isinstance(error, str) else None,
             nonblocking=bool(d.get("nonblocking", False)),
             main_cpu_ticks=_opt_int(d, "main_cpu_ticks"),
-            layout_hints=tuple(sorted((str(k), _int(hints, k)) for k in hints)),
-            source=d.get("source") if isinstance(d.get("source"), str) else None,
+            layout_hints=_shared_hints(hints, seen),
+            source=source if isinstance(source, str) else None,
         )
+
+
+_ENV_KEYS = frozenset(ENV_WHITELIST)
+
+
+def _shared_hints(hints: Mapping[str, Any], seen: dict) -> tuple[tuple[str, int], ...]:
+    """Layout hints as a sorted tuple; every rank of a job carries the same few, so they are read once."""
+    try:
+        key = ("layout_hints",) + tuple([(k, v, type(v)) for k, v in hints.items()])
+        shared = seen.get(key)
+    except TypeError:  # an unhashable value: let _int say what is wrong
+        key, shared = None, None
+    if shared is None:
+        shared = tuple(sorted((str(k), _int(hints, k)) for k in hints))
+        if key is not None:
+            seen[key] = shared
+    return shared
 
 
 @dataclass(frozen=True)
@@ -257,14 +304,16 @@ class Snapshot:
         }
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> "Snapshot":
+    def from_dict(d: Mapping[str, Any], seen_frames: dict | None = None) -> "Snapshot":
+        """``seen_frames``: pass one dict to every bundle of a set, so that they share their stacks."""
         if not isinstance(d, Mapping) or d.get("schema") != BUNDLE_SCHEMA:
             raise SchemaError(f"not an {BUNDLE_SCHEMA} document")
         captures = d.get("captures")
         if not isinstance(captures, list):
             raise SchemaError("bundle captures must be a list")
         errors = d.get("errors") or []
-        seen_frames: dict = {}
+        if seen_frames is None:
+            seen_frames = {}
         return Snapshot(
             captures=tuple(RankCapture.from_dict(_obj(c), seen_frames) for c in captures),
             host=printable(str(d.get("host") or "unknown")),
