@@ -160,7 +160,8 @@ class ParallelLayout:
                 f"order {order!r} does not end in pp, which megatron allows only when the expert "
                 f"data-parallel size equals dp (here {expert_dp} and {layout.dp})"
             )
-        if layout._dense.groups(("pp",)) != layout._expert.groups(("pp",)):
+        # With pp outermost both generators give the same pipeline groups; only other orders need the test.
+        if not order.endswith("pp") and layout._dense.groups(("pp",)) != layout._expert.groups(("pp",)):
             raise LayoutError(f"order {order!r} gives the dense and the expert layers different pipeline "
                               f"groups, which megatron refuses")
         return layout

@@ -7,13 +7,12 @@ ranks (groups are looked up by rank through the layout's cached index).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Mapping
 
 from mtpdiag.analysis import findings as fnd
-from mtpdiag.analysis.classify import classify_capture, rank_state, site_of
+from mtpdiag.analysis.classify import Classified, classify_capture, rank_state, site_of
 from mtpdiag.analysis.known_sites import lookup
-from mtpdiag.analysis.mismatch import find_mismatches, is_point_to_point
+from mtpdiag.analysis.mismatch import find_mismatches, is_p2p_op, is_point_to_point
 from mtpdiag.analysis.sites import group_sites
 from mtpdiag.analysis.waits import find_causes
 from mtpdiag.layout import LayoutError, ParallelLayout
@@ -31,7 +30,16 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
     layout = _usable_layout(layout, world_size, notes)
     if world_size is None and layout is not None:
         world_size = layout.world_size
-    views = tuple(sorted((_view(c, layout) for c in snapshot.captures),
+    coords_cache: dict[int, Mapping[str, int]] = {}
+
+    def coords_of(rank: int) -> Mapping[str, int]:
+        c = coords_cache.get(rank)
+        if c is None:
+            c = coords_cache[rank] = layout.coords(rank)
+        return c
+
+    read = _StackReader(layout)
+    views = tuple(sorted((_view(c, layout, coords_of, read) for c in snapshot.captures),
                          key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.pid or 0)))
     by_rank = _index(views, layout, notes)
     missing = [r for r in range(world_size) if r not in by_rank] if world_size is not None else []
@@ -39,14 +47,6 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
     mismatches: tuple[Mismatch, ...] = ()
     found: list[Finding] = []
     if layout is not None:
-        coords_cache: dict[int, Mapping[str, int]] = {}
-
-        def coords_of(rank: int) -> Mapping[str, int]:
-            c = coords_cache.get(rank)
-            if c is None:
-                c = coords_cache[rank] = layout.coords(rank)
-            return c
-
         causes = find_causes(find_mismatches(by_rank, layout, coords_of), by_rank, layout)
         mismatches = _ordered_mismatches(causes.mismatches)
         found += fnd.collective_findings([m for m in mismatches if m.role == "root"], layout)
@@ -88,38 +88,63 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
 # ---------------------------------------------------------------- ranks
 
 
-def _view(capture: RankCapture, layout: ParallelLayout | None) -> RankView:
-    classified = classify_capture(capture)
+class _StackReader:
+    """Classification and pipeline direction of each distinct main-thread stack, read once.
+
+    The loaders hand equal stacks over as one tuple, so at 16k ranks a few reads serve every rank.
+    Entries are keyed by the tuple's id; the captures keep the tuples alive for the whole diagnosis.
+    """
+
+    def __init__(self, layout: ParallelLayout | None) -> None:
+        self.layout = layout
+        self._classified: dict[tuple[int, bool | None], Classified] = {}
+        self._direction: dict[int, str | None] = {}
+
+    def classify(self, capture: RankCapture) -> Classified:
+        thread = capture.main_thread
+        if thread is None:
+            return classify_capture(capture)
+        key = (id(thread.frames), thread.active)
+        found = self._classified.get(key)
+        if found is None:
+            found = self._classified[key] = classify_capture(capture)
+        return found
+
+    def direction(self, stack: tuple) -> str | None:
+        """``next``/``prev``: the neighbour stage that known pipeline code in ``stack`` talks to."""
+        key = id(stack)
+        if key not in self._direction:
+            self._direction[key] = next(
+                (row.peer for row in map(lookup, map(site_of, stack)) if row is not None and row.peer), None)
+        return self._direction[key]
+
+
+def _view(capture: RankCapture, layout: ParallelLayout | None, coords_of, read: _StackReader) -> RankView:
+    classified = read.classify(capture)
     state = rank_state(capture, classified)
     thread = capture.main_thread
+    stack = thread.frames if thread is not None else ()
     in_layout = layout is not None and capture.rank is not None and 0 <= capture.rank < layout.world_size
-    view = RankView(
+    peer = classified.peer
+    if peer is None and in_layout and classified.op is not None and is_p2p_op(classified.op, classified.site):
+        peer = _pipeline_peer(capture.rank, read.direction(stack), layout)
+    return RankView(
         rank=capture.rank, pid=capture.pid, host=capture.host, state=state.state,
-        coords=layout.coords(capture.rank) if in_layout else None,
-        op=classified.op, site=classified.site, stack=thread.frames if thread is not None else (),
-        peer=classified.peer, error=state.error,
+        coords=coords_of(capture.rank) if in_layout else None,
+        op=classified.op, site=classified.site, stack=stack, peer=peer, error=state.error,
     )
-    if view.peer is None and in_layout and view.op is not None and is_point_to_point(view):
-        peer = _pipeline_peer(view, layout)
-        if peer is not None:
-            view = replace(view, peer=peer)
-    return view
 
 
-def _pipeline_peer(view: RankView, layout: ParallelLayout) -> int | None:
+def _pipeline_peer(rank: int, direction: str | None, layout: ParallelLayout) -> int | None:
     """The neighbour stage that known pipeline code talks to (send_forward -> the next stage).
 
     The direction comes from the innermost frame that names one: a bare wait inside megatron's
     ``_communicate`` takes it from the ``send_forward``/``recv_backward``/... that called it.
     """
-    if view.rank is None or layout.pp < 2:
+    if direction is None or layout.pp < 2:
         return None
-    direction = next((row.peer for row in map(lookup, map(site_of, view.stack)) if row is not None and row.peer),
-                     None)
-    if direction is None:
-        return None
-    stages = layout.group_of("pp", view.rank)
-    here = stages.index(view.rank)
+    stages = layout.group_of("pp", rank)
+    here = stages.index(rank)
     return stages[(here + (1 if direction == "next" else -1)) % len(stages)]
 
 

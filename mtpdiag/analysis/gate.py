@@ -7,25 +7,37 @@ collective splits nothing, since every member of a DP×CP group is on the same s
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
-
-from mtpdiag.model import Mismatch
+from typing import Callable, Mapping, Protocol, Sequence
 
 COORDINATES = ("tp", "cp", "ep", "dp", "pp")
 
 CoordsOf = Callable[[int], Mapping[str, int]]
 
 
-def varying_coordinates(instances: Sequence[Mismatch], coords_of: CoordsOf) -> tuple[str, ...]:
+class SplitInstance(Protocol):
+    """A partly entered group instance: a ``Mismatch``, or the analysis's lighter form of one."""
+
+    members: Sequence[int]
+    entered: Sequence[int]
+    absent: Sequence[int]
+
+
+def varying_coordinates(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> tuple[str, ...]:
     """Coordinates that take more than one value inside at least one of the instances."""
-    out = []
-    for name in COORDINATES:
-        if any(len({coords_of(r)[name] for r in m.members}) > 1 for m in instances):
-            out.append(name)
-    return tuple(out)
+    varying: set[str] = set()
+    for m in instances:
+        if not m.members:
+            continue
+        first = coords_of(m.members[0])
+        for r in m.members[1:]:
+            coords = coords_of(r)
+            varying.update(name for name in COORDINATES if coords[name] != first[name])
+        if len(varying) == len(COORDINATES):
+            break
+    return tuple(name for name in COORDINATES if name in varying)
 
 
-def gate_of(instances: Sequence[Mismatch], coords_of: CoordsOf) -> dict[str, int] | None:
+def gate_of(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> dict[str, int] | None:
     """Coordinate values shared by every entered rank and by no absent rank, over all split instances.
 
     Each coordinate that separates entered from absent on its own is part of the gate (``{"cp": 0}``).

@@ -14,8 +14,7 @@ world group, and point-to-point ops are matched by peer elsewhere (``waits``), n
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from mtpdiag.analysis.classify import BARRIER_OPS, P2P_OPS, WAIT_OP
 from mtpdiag.analysis.gate import CoordsOf, gate_of
@@ -35,13 +34,18 @@ def is_point_to_point(view: RankView) -> bool:
     A ``batch_isend_irecv`` or ``wait`` at a known site of another kind (context-parallel ring
     attention) is treated as a collective of that site's group: every member must take part.
     """
-    if view.op in P2P_OPS:
+    return is_p2p_op(view.op, view.site)
+
+
+def is_p2p_op(op: str | None, site: Site | None) -> bool:
+    """``is_point_to_point`` of a rank in ``op`` at ``site``."""
+    if op in P2P_OPS:
         return True
-    if view.op in ("batch_isend_irecv", WAIT_OP):
-        known = lookup(view.site)
+    if op in ("batch_isend_irecv", WAIT_OP):
+        known = lookup(site)
         if known is not None:
             return known.p2p
-        return view.op == "batch_isend_irecv"
+        return op == "batch_isend_irecv"
     return False
 
 
@@ -93,6 +97,14 @@ def choose_kind(entered: Sequence[int], kinds: Sequence[str], layout: ParallelLa
     return first_split or kinds[0]
 
 
+class _Split(NamedTuple):
+    """A partly entered instance, before its site's gate is known (what ``gate_of`` reads)."""
+
+    members: tuple[int, ...]
+    entered: tuple[int, ...]
+    absent: tuple[int, ...]
+
+
 def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
                     coords_of: CoordsOf) -> list[Mismatch]:
     """Every partly entered group instance, for every site where ranks wait in a collective.
@@ -116,15 +128,13 @@ def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
                 seen.add(id(group))
                 if any(m not in entered_set for m in group):
                     split[id(group)] = group
-        instances = []
+        splits = []
         for group in sorted(split.values(), key=min):
             members = tuple(sorted(group))
-            absent = tuple(m for m in members if m not in entered_set)
-            instances.append(Mismatch(
-                op=op, site=site, group=kind, members=members,
-                entered=tuple(m for m in members if m in entered_set), absent=absent, gate=None,
-                absent_doing={a: doing(views.get(a)) for a in absent},
-            ))
-        gate = gate_of(instances, coords_of)
-        out += [replace(m, gate=gate) for m in instances]
+            splits.append(_Split(members=members, entered=tuple(m for m in members if m in entered_set),
+                                 absent=tuple(m for m in members if m not in entered_set)))
+        gate = gate_of(splits, coords_of)
+        out += [Mismatch(op=op, site=site, group=kind, members=s.members, entered=s.entered, absent=s.absent,
+                         gate=gate, absent_doing={a: doing(views.get(a)) for a in s.absent})
+                for s in splits]
     return out

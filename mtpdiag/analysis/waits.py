@@ -18,7 +18,7 @@ Instances are nodes of their own, so a group of 8192 ranks costs 8192 edges, not
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from mtpdiag.analysis.classify import BARRIER_OPS, RECV_OPS, SEND_OPS
@@ -84,27 +84,40 @@ def unmatched_p2p(views: Mapping[int, RankView]) -> list[P2PWait]:
 
 
 class _Graph:
-    """Nodes are ("r", rank) and ("m", mismatch index); edges point from waiter to waited-on."""
+    """Nodes are ranks and split instances (mismatch indices); edges point from waiter to waited-on.
+
+    Node ids are list positions; a rank's id is looked up by the rank itself, an instance's by its
+    index, so building the graph of 16k ranks creates no key objects.
+    """
 
     def __init__(self) -> None:
-        self.index: dict[tuple[str, int], int] = {}
-        self.keys: list[tuple[str, int]] = []
+        self.rank_nodes: dict[int, int] = {}
+        self.mismatch_nodes: list[int] = []
         self.edges: list[list[int]] = []
 
-    def node(self, key: tuple[str, int]) -> int:
-        found = self.index.get(key)
+    def rank(self, rank: int) -> int:
+        found = self.rank_nodes.get(rank)
         if found is None:
-            found = self.index[key] = len(self.keys)
-            self.keys.append(key)
+            found = self.rank_nodes[rank] = len(self.edges)
             self.edges.append([])
         return found
 
-    def edge(self, a: tuple[str, int], b: tuple[str, int]) -> None:
-        self.edges[self.node(a)].append(self.node(b))
+    def add_mismatch(self, entered: Sequence[int], absent: Sequence[int]) -> int:
+        """A node for the next split instance: its entered ranks wait on it, it waits on its absent ones."""
+        node = len(self.edges)
+        self.mismatch_nodes.append(node)
+        self.edges.append([self.rank(a) for a in absent])
+        edges, rank = self.edges, self.rank
+        for r in entered:
+            edges[rank(r)].append(node)
+        return node
+
+    def edge(self, a: int, b: int) -> None:
+        self.edges[self.rank(a)].append(self.rank(b))
 
     def components(self) -> list[int]:
         """Tarjan's strongly connected components, iteratively (no recursion limit at 16k ranks)."""
-        n = len(self.keys)
+        n = len(self.edges)
         index, low, comp = [-1] * n, [0] * n, [-1] * n
         on_stack = [False] * n
         stack: list[int] = []
@@ -147,7 +160,7 @@ class _Graph:
 
     def reaching(self, targets: Sequence[int]) -> set[int]:
         """Nodes with a path to any target (the targets included)."""
-        reverse: list[list[int]] = [[] for _ in self.keys]
+        reverse: list[list[int]] = [[] for _ in self.edges]
         for v, outs in enumerate(self.edges):
             for w in outs:
                 reverse[w].append(v)
@@ -168,14 +181,11 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
     p2p = unmatched_p2p(views)
     graph = _Graph()
     for rank in views:
-        graph.node(("r", rank))
-    for i, m in enumerate(mismatches):
-        for r in m.entered:
-            graph.edge(("r", r), ("m", i))
-        for a in m.absent:
-            graph.edge(("m", i), ("r", a))
+        graph.rank(rank)
+    for m in mismatches:
+        graph.add_mismatch(m.entered, m.absent)
     for w in p2p:
-        graph.edge(("r", w.rank), ("r", w.peer))
+        graph.edge(w.rank, w.peer)
 
     comp = graph.components()
     size: dict[int, int] = {}
@@ -193,28 +203,35 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
             blocked.setdefault(w.peer, []).append(Waiter(p2p=w))
 
     targets = [v for v, c in enumerate(comp) if c in cyclic]
-    targets += [graph.index[("r", r)] for r in blocked]
+    targets += [graph.rank_nodes[r] for r in blocked]
     downstream = graph.reaching(targets)
 
     root_keys = _choose_roots(mismatches, p2p, views, graph, comp, cyclic, layout)
     roles = []
     for i, m in enumerate(mismatches):
-        node = graph.index[("m", i)]
+        node = graph.mismatch_nodes[i]
         if comp[node] in cyclic:
             root = root_keys.get(comp[node]) == _mismatch_key(m)
         else:
             root = node not in downstream
-        roles.append(replace(m, role="root" if root else "consequence"))
+        role = "root" if root else "consequence"
+        roles.append(m if m.role == role else _with_role(m, role))
     root_p2p, consequence_p2p = [], []
     for w in p2p:
-        node = graph.index[("r", w.rank)]
+        node = graph.rank_nodes[w.rank]
         if comp[node] in cyclic:
-            root = root_keys.get(comp[node]) == _p2p_key(w) and comp[graph.index[("r", w.peer)]] == comp[node]
+            root = root_keys.get(comp[node]) == _p2p_key(w) and comp[graph.rank_nodes[w.peer]] == comp[node]
         else:
             root = node not in downstream
         (root_p2p if root else consequence_p2p).append(w)
     return Causes(mismatches=tuple(roles), root_p2p=tuple(root_p2p), consequence_p2p=tuple(consequence_p2p),
                   blocked_on={r: tuple(ws) for r, ws in sorted(blocked.items())})
+
+
+def _with_role(m: Mismatch, role: str) -> Mismatch:
+    """``replace(m, role=role)`` without its per-call field introspection (8k instances at 16k ranks)."""
+    return Mismatch(op=m.op, site=m.site, group=m.group, members=m.members, entered=m.entered, absent=m.absent,
+                    gate=m.gate, absent_doing=m.absent_doing, role=role)
 
 
 def _is_problem(view: RankView | None) -> bool:
@@ -251,7 +268,7 @@ def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views:
         return view is not None and view.state == "collective" and view.op in BARRIER_OPS
 
     for i, m in enumerate(mismatches):
-        c = comp[graph.index[("m", i)]]
+        c = comp[graph.mismatch_nodes[i]]
         if c not in cyclic:
             continue
         key = _mismatch_key(m)
@@ -265,8 +282,8 @@ def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views:
         cand.other_side_in_barrier |= any(in_barrier(a) for a in m.absent)
         cand.first = min(cand.first, m.entered[0])
     for w in p2p:
-        c = comp[graph.index[("r", w.rank)]]
-        if c not in cyclic or comp[graph.index[("r", w.peer)]] != c:
+        c = comp[graph.rank_nodes[w.rank]]
+        if c not in cyclic or comp[graph.rank_nodes[w.peer]] != c:
             continue
         key = _p2p_key(w)
         cand = candidates.setdefault(c, {}).get(key)
