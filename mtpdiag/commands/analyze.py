@@ -37,19 +37,20 @@ def analyze(
         from mtpdiag.flight_recorder import load_fr_dumps
 
         fr_dumps = load_fr_dumps(fr)
-    snapshot = load_paths(list(paths))
-    if world_size is not None:
-        snapshot = with_world_size(snapshot, world_size)
-    layout_options = o.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
-                                     config=config, overrides=tuple(override or ()))
-    report = o.diagnose_snapshot(snapshot, layout_options)
-    if fr_dumps is not None:
-        from dataclasses import replace
+    with o.paused_gc():
+        snapshot = load_paths(list(paths))
+        if world_size is not None:
+            snapshot = with_world_size(snapshot, world_size)
+        layout_options = o.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
+                                         config=config, overrides=tuple(override or ()))
+        report = o.diagnose_snapshot(snapshot, layout_options)
+        if fr_dumps is not None:
+            from dataclasses import replace
 
-        from mtpdiag.flight_recorder import correlate
+            from mtpdiag.flight_recorder import correlate
 
-        report = replace(report, extra={**report.extra, "flight_recorder": correlate(report, fr_dumps)})
-    o.emit(report, as_json, markdown, html)
+            report = replace(report, extra={**report.extra, "flight_recorder": correlate(report, fr_dumps)})
+        o.emit(report, as_json, markdown, html)
     o.warn_incomplete(snapshot)
     raise typer.Exit(o.exit_code(report))
 
