@@ -298,7 +298,8 @@ def _walk(directory: str) -> list[str]:
 def _check_world_sizes(loaded: list[_FileCaptures]) -> None:
     first: tuple[int, str] | None = None
     for item in loaded:
-        for size in sorted({c.world_size for c in item.captures if c.world_size}):
+        sizes = {c.world_size for c in item.captures} - {None, 0}
+        for size in sorted(sizes):
             if first is None:
                 first = (size, item.path)
             elif size != first[0]:
@@ -308,7 +309,9 @@ def _check_world_sizes(loaded: list[_FileCaptures]) -> None:
 def _check_duplicate_ranks(loaded: list[_FileCaptures]) -> None:
     owner: dict[int, str] = {}
     for item in loaded:
-        for rank in sorted({c.rank for c in item.captures if c.rank is not None}):
+        ranks = {c.rank for c in item.captures}
+        ranks.discard(None)
+        for rank in sorted(ranks):
             if rank in owner:
                 raise InputError(f"rank {rank} is in two files: {owner[rank]} and {item.path}")
             owner[rank] = item.path

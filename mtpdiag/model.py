@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 BUNDLE_SCHEMA = "mtpdiag.bundle/1"
@@ -63,6 +62,25 @@ def decimal(text: str | None, max_digits: int = 9) -> int | None:
     if 0 < len(text) <= max_digits and text.isascii() and text.isdigit():
         return int(text)
     return None
+
+
+class _computed_once:  # noqa: N801 - used as a decorator, like functools.cached_property
+    """``functools.cached_property`` without its per-instance lock (Python 3.11 takes one on every first
+    read, which cost more than the value itself over 16k captures). The value lands in the instance's
+    ``__dict__``, so later reads never reach this descriptor."""
+
+    def __init__(self, compute: Any) -> None:
+        self.compute = compute
+        self.__doc__ = compute.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.compute(instance)
+        return value
 
 
 @dataclass(frozen=True)
@@ -141,15 +159,17 @@ class ThreadStack:
     def from_dict(d: Mapping[str, Any], seen_frames: dict | None = None) -> "ThreadStack":
         """``seen_frames`` is shared by the reader of many captures: equal stacks become one tuple."""
         frames = d.get("frames")
-        if not isinstance(frames, list):
+        if type(frames) is not list:
             raise SchemaError("thread frames must be a list")
-        seen = {} if seen_frames is None else seen_frames
+        # Type checks inline rather than through _int/_opt_int/printable: this runs once per rank.
+        thread_id, name, native_id, active = d.get("thread_id"), d.get("name") or "", d.get("native_id"), \
+            d.get("active")
         return ThreadStack(
-            thread_id=_int(d, "thread_id"),
-            name=printable(str(d.get("name") or "")),
-            native_id=_opt_int(d, "native_id"),
-            active=d.get("active") if isinstance(d.get("active"), bool) else None,
-            frames=_shared_frames(frames, seen),
+            thread_id=thread_id if type(thread_id) is int else _int(d, "thread_id"),
+            name=name if type(name) is str and name.isprintable() else printable(str(name)),
+            native_id=native_id if native_id is None or type(native_id) is int else _opt_int(d, "native_id"),
+            active=active if type(active) is bool else None,
+            frames=_shared_frames(frames, {} if seen_frames is None else seen_frames),
         )
 
 
@@ -201,10 +221,11 @@ class RankCapture:
     layout_hints: tuple[tuple[str, int], ...] = ()
     source: str | None = None  # file the capture was read from, for analyze
 
-    @cached_property
+    @_computed_once
     def world_size(self) -> int | None:
+        env = dict(self.env)
         for key in ("WORLD_SIZE", "SLURM_NTASKS"):
-            value = decimal(dict(self.env).get(key))
+            value = decimal(env.get(key))
             if value is not None:
                 return value
         return None
@@ -238,24 +259,25 @@ class RankCapture:
     @staticmethod
     def from_dict(d: Mapping[str, Any], seen_frames: dict | None = None) -> "RankCapture":
         """``seen_frames``: see ``ThreadStack.from_dict``; it also shares the ranks' equal layout hints."""
-        env = d.get("env") or {}
-        hints = d.get("layout_hints") or {}
-        threads = d.get("threads") or []
-        if not isinstance(env, Mapping) or not isinstance(hints, Mapping) or not isinstance(threads, list):
+        get = d.get
+        env, hints, threads = get("env") or {}, get("layout_hints") or {}, get("threads") or []
+        if not isinstance(env, Mapping) or not isinstance(hints, Mapping) or type(threads) is not list:
             raise SchemaError("capture env, layout_hints and threads have the wrong type")
         seen = {} if seen_frames is None else seen_frames
-        error = d.get("error")
-        source = d.get("source")
+        # Type checks inline rather than through _opt_int/printable: this runs once per rank.
+        pid, host, state, error, source, ticks = (get("pid"), get("host") or "unknown", get("state") or "unreadable",
+                                                  get("error"), get("source"), get("main_cpu_ticks"))
         return RankCapture(
-            pid=_opt_int(d, "pid"),
-            host=printable(str(d.get("host") or "unknown")),
+            pid=pid if pid is None or type(pid) is int else _opt_int(d, "pid"),
+            host=host if type(host) is str and host.isprintable() else printable(str(host)),
             rank=_opt_rank(d),
-            state=printable(str(d.get("state") or "unreadable")),
-            threads=tuple([ThreadStack.from_dict(_obj(t), seen) for t in threads]),
-            env=tuple(sorted([(str(k), printable(str(v))) for k, v in env.items() if k in _ENV_KEYS])),
+            state=state if type(state) is str and state.isprintable() else printable(str(state)),
+            threads=tuple([ThreadStack.from_dict(t if type(t) is dict else _obj(t), seen) for t in threads]),
+            env=tuple(sorted([(k, v if type(v) is str and v.isprintable() else printable(str(v)))
+                              for k, v in env.items() if k in _ENV_KEYS])),
             error=printable(error) if isinstance(error, str) else None,
-            nonblocking=bool(d.get("nonblocking", False)),
-            main_cpu_ticks=_opt_int(d, "main_cpu_ticks"),
+            nonblocking=bool(get("nonblocking", False)),
+            main_cpu_ticks=ticks if ticks is None or type(ticks) is int else _opt_int(d, "main_cpu_ticks"),
             layout_hints=_shared_hints(hints, seen),
             source=source if isinstance(source, str) else None,
         )
