@@ -187,8 +187,9 @@ class ParallelLayout:
         if not 0 <= rank < self.world_size:
             raise LayoutError(f"rank {rank} is outside a world of {self.world_size}")
         dense = self._dense.coords(rank)
-        return {"tp": dense["tp"], "cp": dense["cp"], "ep": self._expert.coords(rank)["ep"],
-                "dp": dense["dp"], "pp": dense["pp"]}
+        # Without experts every rank is on expert rank 0 (the report asks this for each of 16k ranks).
+        ep = self._expert.coords(rank)["ep"] if self.ep > 1 else 0
+        return {"tp": dense["tp"], "cp": dense["cp"], "ep": ep, "dp": dense["dp"], "pp": dense["pp"]}
 
     def groups(self, kind: str) -> list[tuple[int, ...]]:
         """Every instance of a group kind, in megatron's order."""

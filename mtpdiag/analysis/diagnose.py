@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from mtpdiag.analysis import findings as fnd
-from mtpdiag.analysis.classify import Classified, classify_capture, rank_state, site_of
+from mtpdiag.analysis.classify import Classified, RankState, classify_capture, rank_state, site_of
 from mtpdiag.analysis.known_sites import lookup
 from mtpdiag.analysis.mismatch import find_mismatches, is_p2p_op, is_point_to_point
 from mtpdiag.analysis.sites import group_sites
@@ -99,6 +99,15 @@ class _StackReader:
         self.layout = layout
         self._classified: dict[tuple[int, bool | None], Classified] = {}
         self._direction: dict[int, str | None] = {}
+        self._states: dict[tuple, RankState] = {}
+
+    def state(self, capture: RankCapture, classified: Classified) -> RankState:
+        """``rank_state``, shared by the ranks whose state, error and stack kind agree."""
+        key = (capture.state, capture.error, capture.main_thread is None, classified.op is None)
+        found = self._states.get(key)
+        if found is None:
+            found = self._states[key] = rank_state(capture, classified)
+        return found
 
     def classify(self, capture: RankCapture) -> Classified:
         thread = capture.main_thread
@@ -121,7 +130,7 @@ class _StackReader:
 
 def _view(capture: RankCapture, layout: ParallelLayout | None, coords_of, read: _StackReader) -> RankView:
     classified = read.classify(capture)
-    state = rank_state(capture, classified)
+    state = read.state(capture, classified)
     thread = capture.main_thread
     stack = thread.frames if thread is not None else ()
     in_layout = layout is not None and capture.rank is not None and 0 <= capture.rank < layout.world_size

@@ -112,10 +112,11 @@ def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
     ``views`` maps each captured rank inside the layout's world to its view. Only ranks in state
     ``collective`` count as entered: a stopped rank cannot take part, so it is absent.
     """
-    by_site: dict[tuple[str, Site | None], list[int]] = {}
+    waiting: dict[tuple[str, Site | None], list[int]] = {}
     for rank, view in views.items():
-        if view.state == "collective" and view.op is not None and not is_point_to_point(view):
-            by_site.setdefault((view.op, view.site), []).append(rank)
+        if view.state == "collective" and view.op is not None:
+            waiting.setdefault((view.op, view.site), []).append(rank)
+    by_site = {key: ranks for key, ranks in waiting.items() if not is_p2p_op(*key)}
     out: list[Mismatch] = []
     for (op, site), entered in sorted(by_site.items(), key=lambda item: min(item[1])):
         kind = choose_kind(entered, candidate_kinds(op, site, layout), layout)
@@ -126,13 +127,13 @@ def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
             group = layout.group_of(kind, rank)
             if id(group) not in seen:
                 seen.add(id(group))
-                if any(m not in entered_set for m in group):
+                if not entered_set.issuperset(group):
                     split[id(group)] = group
         splits = []
         for group in sorted(split.values(), key=min):
             members = tuple(sorted(group))
-            splits.append(_Split(members=members, entered=tuple(m for m in members if m in entered_set),
-                                 absent=tuple(m for m in members if m not in entered_set)))
+            splits.append(_Split(members=members, entered=tuple([m for m in members if m in entered_set]),
+                                 absent=tuple([m for m in members if m not in entered_set])))
         gate = gate_of(splits, coords_of)
         out += [Mismatch(op=op, site=site, group=kind, members=s.members, entered=s.entered, absent=s.absent,
                          gate=gate, absent_doing={a: doing(views.get(a)) for a in s.absent})
