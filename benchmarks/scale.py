@@ -13,7 +13,7 @@ ranks each, with the environment a ``collect`` bundle carries. Each size is then
 Both are subprocesses (both pay interpreter start-up), run alternately; wall time is the median, memory
 the peak RSS of the child (``os.wait4``); CPU (user+sys) is shown too, as it is steadier than wall time on
 a shared machine. Above the goal of 1.5x at the largest size, the CPU split of the in-process steps
-(load_paths, diagnose, to_dict, JSON render) is printed; ``--profile`` adds a cProfile listing. No assertions.
+(start-up, load_paths, diagnose, JSON render) is printed; ``--profile`` adds a cProfile listing. No assertions.
 """
 
 from __future__ import annotations
@@ -127,9 +127,11 @@ def measure(directory: str, repeat: int, layout_flags: list[str]) -> dict:
 
 
 def phase_split(directory: str, layout_flags: dict) -> dict[str, float]:
-    """CPU seconds of each step ``analyze --json`` takes, in-process, next to json.loads of the same files."""
-    from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot
+    """CPU seconds of each step ``analyze --json`` takes, in-process and as analyze runs them (without the
+    cyclic GC), next to json.loads of the same files and the start-up of ``mtpdiag --version``."""
+    from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot, paused_gc
     from mtpdiag.loaders import load_paths
+    from mtpdiag.report import json_report
 
     steps: dict[str, float] = {}
 
@@ -146,26 +148,29 @@ def phase_split(directory: str, layout_flags: dict) -> dict[str, float]:
                 kept.append(json.loads(f.read()))
         return kept
 
-    step("json.loads only (baseline work)", read_all)
-    snapshot = step("load_paths (json.loads + from_dict + merge)", load_paths, [directory])
-    report = step("resolve layout + diagnose", diagnose_snapshot, snapshot, LayoutOptions(**layout_flags))
-    doc = step("Report.to_dict", report.to_dict)
-    step("json.dumps indent=2 (json_report.render)", lambda: json.dumps(doc, indent=2))
-    step("json.dumps compact (for comparison)", lambda: json.dumps(doc))
+    steps["interpreter + CLI imports (mtpdiag --version)"] = run_child(
+        [sys.executable, "-m", "mtpdiag", "--version"])[1]
+    step("json.loads only, GC on (baseline work)", read_all)
+    with paused_gc():
+        step("json.loads only, GC off", read_all)
+        snapshot = step("load_paths (json.loads + from_dict + merge)", load_paths, [directory])
+        report = step("resolve layout + diagnose", diagnose_snapshot, snapshot, LayoutOptions(**layout_flags))
+        step("json_report.render", json_report.render, report)
     return steps
 
 
 def profile(directory: str, layout_flags: dict, top: int = 25) -> str:
     """cProfile of what ``analyze --json`` does in-process: load, diagnose, render."""
-    from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot
+    from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot, paused_gc
     from mtpdiag.loaders import load_paths
     from mtpdiag.report import json_report
 
     profiler = cProfile.Profile()
-    profiler.enable()
-    report = diagnose_snapshot(load_paths([directory]), LayoutOptions(**layout_flags))
-    json_report.render(report)
-    profiler.disable()
+    with paused_gc():
+        profiler.enable()
+        report = diagnose_snapshot(load_paths([directory]), LayoutOptions(**layout_flags))
+        json_report.render(report)
+        profiler.disable()
     stream = io.StringIO()
     stats = pstats.Stats(profiler, stream=stream)
     stats.sort_stats("cumulative").print_stats(r"mtpdiag|json", top)
