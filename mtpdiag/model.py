@@ -288,7 +288,7 @@ _ENV_KEYS = frozenset(ENV_WHITELIST)
 
 def _shared_hints(hints: Mapping[str, Any], seen: dict) -> tuple[tuple[str, int], ...]:
     """Layout hints as a sorted tuple; every rank of a job carries the same few, so they are read once."""
-    try:
+    try:  # the leading tag keeps these keys apart from the frame and stack keys in the same dict
         key = ("layout_hints",) + tuple([(k, v, type(v)) for k, v in hints.items()])
         shared = seen.get(key)
     except TypeError:  # an unhashable value: let _int say what is wrong

@@ -38,7 +38,7 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
             c = coords_cache[rank] = layout.coords(rank)
         return c
 
-    read = _StackReader(layout)
+    read = _StackReader()
     views = tuple(sorted((_view(c, layout, coords_of, read) for c in snapshot.captures),
                          key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.pid or 0)))
     by_rank = _index(views, layout, notes)
@@ -95,8 +95,7 @@ class _StackReader:
     Entries are keyed by the tuple's id; the captures keep the tuples alive for the whole diagnosis.
     """
 
-    def __init__(self, layout: ParallelLayout | None) -> None:
-        self.layout = layout
+    def __init__(self) -> None:
         self._classified: dict[tuple[int, bool | None], Classified] = {}
         self._direction: dict[int, str | None] = {}
         self._states: dict[tuple, RankState] = {}
