@@ -235,3 +235,13 @@ def test_pipeline_peers_are_inferred_from_known_sites_when_torch_frames_lack_the
     without_layout = diagnose(replace(snapshot, captures=tuple(stripped)))
     assert all(v.peer is None for v in without_layout.ranks)
     assert any("peer" in n for n in without_layout.notes)
+
+
+@pytest.mark.parametrize("name", ["mtp_cp_pp", "mtp_cp_dp", "tp_broadcast"])
+def test_with_role_is_replace_of_every_field(name):
+    """Mismatch.with_role copies the fields by hand (for speed); a field it forgot would differ here."""
+    mismatches = _report(name)[0].mismatches
+    assert mismatches
+    for m in mismatches:
+        for role in ("root", "consequence"):
+            assert m.with_role(role) == replace(m, role=role)

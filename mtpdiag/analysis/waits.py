@@ -215,7 +215,7 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
         else:
             root = node not in downstream
         role = "root" if root else "consequence"
-        roles.append(m if m.role == role else _with_role(m, role))
+        roles.append(m if m.role == role else m.with_role(role))
     root_p2p, consequence_p2p = [], []
     for w in p2p:
         node = graph.rank_nodes[w.rank]
@@ -226,12 +226,6 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
         (root_p2p if root else consequence_p2p).append(w)
     return Causes(mismatches=tuple(roles), root_p2p=tuple(root_p2p), consequence_p2p=tuple(consequence_p2p),
                   blocked_on={r: tuple(ws) for r, ws in sorted(blocked.items())})
-
-
-def _with_role(m: Mismatch, role: str) -> Mismatch:
-    """``replace(m, role=role)`` without its per-call field introspection (8k instances at 16k ranks)."""
-    return Mismatch(op=m.op, site=m.site, group=m.group, members=m.members, entered=m.entered, absent=m.absent,
-                    gate=m.gate, absent_doing=m.absent_doing, role=role)
 
 
 def _is_problem(view: RankView | None) -> bool:
