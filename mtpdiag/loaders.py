@@ -28,7 +28,7 @@ from mtpdiag.capture.discover import is_launcher_argv
 from mtpdiag.capture.pyspy import display_path, kept_args, threads_from_json
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.model import (BUNDLE_SCHEMA, ENV_WHITELIST, Frame, RankCapture, Snapshot, ThreadStack,
-                           decimal, printable)
+                           decimal, printable, world_sizes)
 
 STATE_UNKNOWN = "unknown"
 DUMP_SUFFIXES = (".json", ".txt", ".log", ".dump", ".out")
@@ -298,8 +298,7 @@ def _walk(directory: str) -> list[str]:
 def _check_world_sizes(loaded: list[_FileCaptures]) -> None:
     first: tuple[int, str] | None = None
     for item in loaded:
-        sizes = {c.world_size for c in item.captures} - {None, 0}
-        for size in sorted(sizes):
+        for size in world_sizes(item.captures):
             if first is None:
                 first = (size, item.path)
             elif size != first[0]:

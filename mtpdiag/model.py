@@ -6,7 +6,7 @@ Frozen dataclasses with versioned JSON (de)serialization and no other I/O. Captu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,17 @@ def decimal(text: str | None, max_digits: int = 9) -> int | None:
     if 0 < len(text) <= max_digits and text.isascii() and text.isdigit():
         return int(text)
     return None
+
+
+def world_sizes(captures: Iterable[RankCapture]) -> list[int]:
+    """The distinct WORLD_SIZEs some captures carry, smallest first (more than one is a conflict)."""
+    return sorted({c.world_size for c in captures} - {None, 0})
+
+
+def who_and_why(item: Any) -> str:
+    """``rank 3: <error>`` (``pid 812: ...`` without a rank) for a capture or a view that was not read."""
+    who = f"rank {item.rank}" if item.rank is not None else f"pid {item.pid}"
+    return f"{who}: {item.error or item.state}"
 
 
 class _computed_once:  # noqa: N801 - used as a decorator, like functools.cached_property
@@ -313,7 +324,7 @@ class Snapshot:
     @property
     def world_sizes(self) -> list[int]:
         """The distinct WORLD_SIZEs the captures carry, smallest first (more than one is a conflict)."""
-        return sorted({c.world_size for c in self.captures if c.world_size})
+        return world_sizes(self.captures)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -16,7 +16,7 @@ from mtpdiag.analysis.mismatch import find_mismatches, is_p2p_op, is_point_to_po
 from mtpdiag.analysis.sites import group_sites
 from mtpdiag.analysis.waits import find_causes
 from mtpdiag.layout import LayoutError, ParallelLayout
-from mtpdiag.model import Finding, Mismatch, RankCapture, RankView, Report, Snapshot
+from mtpdiag.model import Finding, Mismatch, RankCapture, RankView, Report, Snapshot, who_and_why
 
 NO_LAYOUT_NOTE = "no parallel layout: pass --tp/--cp/--pp or --config to find split groups"
 _LIST = 8  # ranks listed in a note before "…"
@@ -225,10 +225,8 @@ def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...]) -> list[str]
     notes = []
     bad = [v for v in views if v.state in ("unreadable", "gone")]
     if bad:
-        first = bad[0]
-        who = f"rank {first.rank}" if first.rank is not None else f"pid {first.pid}"
         notes.append(f"{len(bad)} rank{'s' if len(bad) > 1 else ''} could not be read "
-                     f"(first: {who}: {first.error or first.state})")
+                     f"(first: {who_and_why(bad[0])})")
     if snapshot.errors:
         more = f" (and {len(snapshot.errors) - 1} more)" if len(snapshot.errors) > 1 else ""
         notes.append(f"not captured: {snapshot.errors[0]}{more}")

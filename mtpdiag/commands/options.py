@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError
-from mtpdiag.model import Report, Snapshot
+from mtpdiag.model import Report, Snapshot, who_and_why
 
 # typer options (module-level so every command spells them the same way)
 PID = typer.Option(None, "--pid", help="A worker pid, or a launcher (torchrun agent, raylet) to expand. Repeatable.")
@@ -137,10 +137,8 @@ def warn_incomplete(snapshot: Snapshot) -> None:
     missed = [c for c in snapshot.captures if not c.threads]
     parts = []
     if missed:
-        first = missed[0]
-        who = f"rank {first.rank}" if first.rank is not None else f"pid {first.pid}"
         parts.append(f"{len(missed)} of {len(snapshot.captures)} ranks not captured "
-                     f"(first: {who}: {first.error or first.state})")
+                     f"(first: {who_and_why(missed[0])})")
     if snapshot.errors:
         parts.append(f"{len(snapshot.errors)} input(s) skipped (first: {snapshot.errors[0]})")
     if parts:
