@@ -245,3 +245,16 @@ def test_with_role_is_replace_of_every_field(name):
     for m in mismatches:
         for role in ("root", "consequence"):
             assert m.with_role(role) == replace(m, role=role)
+
+
+def test_wait_graph_links_a_split_to_an_uncaptured_absent_rank():
+    """A split instance's absent rank may be in no capture; its node must not take the instance's id."""
+    from mtpdiag.analysis.waits import _Graph
+
+    graph = _Graph()
+    graph.rank(0)
+    graph.add_mismatch(entered=[0], absent=[5])  # rank 5 was never captured
+    split = graph.mismatch_nodes[0]
+    assert graph.edges[split] == [graph.rank_nodes[5]]
+    assert graph.edges[graph.rank_nodes[0]] == [split]
+    assert graph.edges[graph.rank_nodes[5]] == []

@@ -104,9 +104,10 @@ class _Graph:
 
     def add_mismatch(self, entered: Sequence[int], absent: Sequence[int]) -> int:
         """A node for the next split instance: its entered ranks wait on it, it waits on its absent ones."""
+        waits_on = [self.rank(a) for a in absent]  # may add nodes for uncaptured ranks: before this one's id
         node = len(self.edges)
         self.mismatch_nodes.append(node)
-        self.edges.append([self.rank(a) for a in absent])
+        self.edges.append(waits_on)
         edges, rank = self.edges, self.rank
         for r in entered:
             edges[rank(r)].append(node)
