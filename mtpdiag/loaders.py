@@ -16,9 +16,11 @@ Rules (the same for every command that reads files):
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 from mtpdiag import __version__
@@ -266,32 +268,44 @@ def _env_lines(text: str) -> dict[str, str]:
 
 
 def _expand(paths: list[str]) -> list[str]:
+    """The files to read: directories walked, each file once (by device and inode, which a
+    ``realpath`` per file found at several times the cost)."""
     out: list[str] = []
-    seen: set[str] = set()
+    seen: set[tuple[int, int]] = set()
     for path in paths:
-        if os.path.isdir(path):
+        try:
+            info = os.stat(path)
+        except OSError as exc:
+            why = "no such file or directory" if exc.errno == errno.ENOENT else f"cannot read ({exc.strerror or exc})"
+            raise InputError(f"{path}: {why}") from None
+        if stat.S_ISDIR(info.st_mode):
             found = _walk(path)
             if not found:
                 raise InputError(f"{path}: no capture files ({', '.join(DUMP_SUFFIXES)}) in this directory")
-        elif os.path.exists(path):
-            found = [path]
         else:
-            raise InputError(f"{path}: no such file or directory")
-        for file in found:
-            key = os.path.realpath(file)
+            found = [(path, info)]  # a named file is read whatever it is
+        for file, info in found:
+            key = (info.st_dev, info.st_ino)
             if key not in seen:
                 seen.add(key)
                 out.append(file)
     return out
 
 
-def _walk(directory: str) -> list[str]:
+def _walk(directory: str) -> list[tuple[str, os.stat_result]]:
     found = []
     for root, dirs, files in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found += [os.path.join(root, f) for f in sorted(files)
-                  if not f.startswith(".") and f.lower().endswith(DUMP_SUFFIXES)
-                  and os.path.isfile(os.path.join(root, f))]
+        for name in sorted(files):
+            if name.startswith(".") or not name.lower().endswith(DUMP_SUFFIXES):
+                continue
+            path = os.path.join(root, name)
+            try:
+                info = os.stat(path)
+            except OSError:  # a dangling link, or gone since the walk
+                continue
+            if stat.S_ISREG(info.st_mode):
+                found.append((path, info))
     return found
 
 

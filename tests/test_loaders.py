@@ -86,6 +86,30 @@ def test_directory_is_walked_recursively(tmp_path):
     assert snapshot.errors == ()
 
 
+def test_a_file_named_again_through_a_directory_a_link_or_a_hard_link_is_read_once(tmp_path):
+    for r in RANKS:
+        shutil.copy(SCENARIO / f"rank{r}.json", tmp_path / f"rank{r}.json")
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-links"
+    elsewhere.mkdir()
+    (elsewhere / "again.json").symlink_to(tmp_path / "rank0.json")
+    os.link(tmp_path / "rank1.json", elsewhere / "rank1-hard.json")
+    (elsewhere / "dangling.json").symlink_to(tmp_path / "gone.json")
+    os.mkfifo(elsewhere / "pipe.json")  # never opened: reading a FIFO found in a walk would block
+    snapshot = load_paths([str(tmp_path / "rank2.json"), str(tmp_path), str(elsewhere)])
+    assert sorted(c.rank for c in snapshot.captures) == list(RANKS)  # no "rank 0 is in two files"
+    assert snapshot.errors == ()
+
+
+def test_a_path_that_cannot_be_read_names_why(tmp_path):
+    with pytest.raises(InputError) as missing:
+        load_paths([str(tmp_path / "nope")])
+    assert _one_line(missing).endswith("nope: no such file or directory")
+    with pytest.raises(InputError) as looping:
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+        load_paths([str(tmp_path / "loop")])
+    assert "loop: cannot read (" in _one_line(looping)
+
+
 def test_bundle_round_trip_into_a_directory(tmp_path):
     snapshot = replace(load_paths(_files(".json")), host="gpu-node-7")
     written = save_bundle(snapshot, str(tmp_path))
