@@ -6,6 +6,7 @@ Frozen dataclasses with versioned JSON (de)serialization and no other I/O. Captu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,10 @@ def decimal(text: str | None, max_digits: int = 9) -> int | None:
     if 0 < len(text) <= max_digits and text.isascii() and text.isdigit():
         return int(text)
     return None
+
+
+# Every rank of a job carries the same WORLD_SIZE text: parse each distinct text once.
+_env_number = functools.lru_cache(maxsize=256)(decimal)
 
 
 def world_sizes(captures: Iterable[RankCapture]) -> list[int]:
@@ -234,12 +239,16 @@ class RankCapture:
 
     @_computed_once
     def world_size(self) -> int | None:
-        env = dict(self.env)
-        for key in ("WORLD_SIZE", "SLURM_NTASKS"):
-            value = decimal(env.get(key))
-            if value is not None:
-                return value
-        return None
+        """WORLD_SIZE, else SLURM_NTASKS, from the environment (None if neither is a number)."""
+        slurm = None
+        for key, value in self.env:
+            if key == "WORLD_SIZE":
+                size = _env_number(value)
+                if size is not None:
+                    return size
+            elif key == "SLURM_NTASKS":
+                slurm = value
+        return _env_number(slurm)
 
     @property
     def main_thread(self) -> ThreadStack | None:

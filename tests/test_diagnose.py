@@ -192,6 +192,19 @@ def test_conflicting_world_sizes_take_the_largest_with_a_note():
     assert any("disagree on WORLD_SIZE" in n for n in report.notes)
 
 
+@pytest.mark.parametrize("env, expected", [
+    ((("SLURM_NTASKS", "8"), ("WORLD_SIZE", "4")), 4),  # torch's own variable wins
+    ((("SLURM_NTASKS", "8"), ("WORLD_SIZE", "four")), 8),  # a WORLD_SIZE that is no number is passed over
+    ((("SLURM_NTASKS", "8"),), 8),
+    ((("SLURM_NTASKS", "²"), ("WORLD_SIZE", " 16 ")), 16),
+    ((("RANK", "3"), ("WORLD_SIZE", "1" * 10)), None),  # longer than any real world
+    ((), None),
+])
+def test_world_size_comes_from_world_size_then_slurm_ntasks(env, expected):
+    snapshot, _, _ = load_scenario("mtp_cp_pp")
+    assert replace(snapshot.captures[0], env=env).world_size == expected
+
+
 def test_a_stopped_process_state_makes_a_frozen_rank_even_inside_the_collective():
     snapshot, layout, _ = load_scenario("straggler")
     caps = tuple(replace(c, state="D") if c.rank == 0 else c for c in snapshot.captures)
