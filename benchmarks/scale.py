@@ -10,10 +10,13 @@ ranks each, with the environment a ``collect`` bundle carries. Each size is then
 * baseline: a fresh interpreter that ``json.loads`` every bundle file and keeps the results;
 * analyze:  ``python -m mtpdiag analyze DIR --cp 2 --pp 2 --json > /dev/null``.
 
-Both are subprocesses (both pay interpreter start-up), run alternately; wall time is the median, memory
-the peak RSS of the child (``os.wait4``); CPU (user+sys) is shown too, as it is steadier than wall time on
-a shared machine. Above the goal of 1.5x at the largest size, the CPU split of the in-process steps
-(start-up, load_paths, diagnose, JSON render) is printed; ``--profile`` adds a cProfile listing. No assertions.
+Both are subprocesses (both pay interpreter start-up, both may cache bytecode as an installed package
+does), run alternately after one warm-up each; wall time is the median, memory the peak RSS of the child
+(``os.wait4``); CPU (user+sys) is shown too, as it is steadier than wall time on a shared machine. Above
+the goal of 1.5x at the largest size, the CPU split of the in-process steps (start-up, load_paths,
+diagnose, JSON render) is printed, with the floor of the data model: what start-up, parsing, one bare
+set of per-rank objects and the render cost with nothing checked or analysed. ``--profile`` adds a
+cProfile listing. No assertions.
 """
 
 from __future__ import annotations
@@ -93,16 +96,30 @@ def _collect_env(rank: int, world: int, per_host: int) -> tuple[tuple[str, str],
 # ---------------------------------------------------------------- measurement
 
 
+CHILD_ENV = dict(os.environ)
+
+
+def use_bytecode_cache(directory: str) -> None:
+    """Let the children cache bytecode (in ``directory``), as an installed package has its .pyc files.
+
+    Without this, a shell with PYTHONDONTWRITEBYTECODE set (CI images often set it) makes every
+    ``analyze`` recompile mtpdiag's modules, which the baseline, one small program, hardly pays.
+    """
+    CHILD_ENV.pop("PYTHONDONTWRITEBYTECODE", None)
+    CHILD_ENV["PYTHONPYCACHEPREFIX"] = directory
+
+
 def run_child(argv: list[str]) -> tuple[float, float, float, int]:
     """Wall seconds, CPU seconds, peak RSS in MB and exit status of one child (stdout discarded)."""
     began = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            env=CHILD_ENV)
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.monotonic() - began
     proc.returncode = os.waitstatus_to_exitcode(status)
     err = proc.stderr.read().decode(errors="replace").strip()
     proc.stderr.close()
-    if proc.returncode not in (0, 1):
+    if proc.returncode not in (0, 1) and argv[-1] != MISSING:
         print(f"  ! {' '.join(argv[1:4])} exited {proc.returncode}: {err.splitlines()[-1:] if err else ''}")
     return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode
 
@@ -111,6 +128,7 @@ def measure(directory: str, repeat: int, layout_flags: list[str]) -> dict:
     baseline = [sys.executable, "-c", BASELINE_PROGRAM, directory]
     analyze = [sys.executable, "-m", "mtpdiag", "analyze", directory, *layout_flags, "--json"]
     runs: dict[str, list[tuple[float, float, float, int]]] = {"baseline": [], "analyze": []}
+    run_child(baseline), run_child(analyze)  # warm-up: bytecode compiled and files in the page cache
     for _ in range(repeat):
         runs["baseline"].append(run_child(baseline))
         runs["analyze"].append(run_child(analyze))
@@ -128,7 +146,7 @@ def measure(directory: str, repeat: int, layout_flags: list[str]) -> dict:
 
 def phase_split(directory: str, layout_flags: dict) -> dict[str, float]:
     """CPU seconds of each step ``analyze --json`` takes, in-process and as analyze runs them (without the
-    cyclic GC), next to json.loads of the same files and the start-up of ``mtpdiag --version``."""
+    cyclic GC), next to json.loads of the same files, the start-up, and the floor of the data model."""
     from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot, paused_gc
     from mtpdiag.loaders import load_paths
     from mtpdiag.report import json_report
@@ -148,15 +166,55 @@ def phase_split(directory: str, layout_flags: dict) -> dict[str, float]:
                 kept.append(json.loads(f.read()))
         return kept
 
-    steps["interpreter + CLI imports (mtpdiag --version)"] = run_child(
-        [sys.executable, "-m", "mtpdiag", "--version"])[1]
+    steps[STARTUP] = statistics.median(run_child([sys.executable, "-m", "mtpdiag", "analyze", MISSING])[1]
+                                       for _ in range(5))
     step("json.loads only, GC on (baseline work)", read_all)
     with paused_gc():
-        step("json.loads only, GC off", read_all)
+        parsed = step(PARSE, read_all)
         snapshot = step("load_paths (json.loads + from_dict + merge)", load_paths, [directory])
         report = step("resolve layout + diagnose", diagnose_snapshot, snapshot, LayoutOptions(**layout_flags))
-        step("json_report.render", json_report.render, report)
+        step(RENDER, json_report.render, report)
+        step(BARE, bare_objects, parsed)
     return steps
+
+
+STARTUP = "interpreter + analyze's imports (analyze of a missing path)"
+PARSE = "json.loads only, GC off"
+RENDER = "json_report.render"
+BARE = "bare per-rank objects: no checks, no analysis (floor)"
+MISSING = "/nonexistent/mtpdiag-scale-start-up"
+
+
+def bare_objects(parsed: list) -> list:
+    """The least this design's data model costs: a RankCapture with its ThreadStack, and a RankView,
+    per rank, equal stacks shared, built straight from the parsed bundles with nothing checked."""
+    from mtpdiag.model import Frame, RankCapture, RankView, ThreadStack
+
+    stacks: dict = {}
+    views = []
+    for bundle in parsed:
+        for c in bundle["captures"]:
+            thread = c["threads"][0]
+            key = tuple([(f["function"], f["file"], f["line"]) for f in thread["frames"]])
+            frames = stacks.get(key)
+            if frames is None:
+                frames = stacks[key] = tuple(Frame(f["function"], f["file"], f["line"]) for f in thread["frames"])
+            capture = RankCapture(pid=c["pid"], host=c["host"], rank=c["rank"], state=c["state"],
+                                  threads=(ThreadStack(thread["thread_id"], thread["name"], frames,
+                                                       thread["native_id"], thread["active"]),),
+                                  env=tuple(c["env"].items()), source=c["source"])
+            views.append(RankView(rank=capture.rank, pid=capture.pid, host=capture.host, state=capture.state,
+                                  coords=None, op=None, site=None, stack=frames, peer=None, error=None))
+    return views
+
+
+def floor_line(steps: dict[str, float], baseline_cpu: float, world: int) -> str:
+    """What the goal leaves for checking and diagnosing, once the unavoidable steps are paid."""
+    floor = steps[STARTUP] + steps[PARSE] + steps[BARE] + steps[RENDER]
+    left = GOAL_RATIO * baseline_cpu - floor
+    return (f"floor of this design: start-up + json.loads (GC off) + bare objects + render = {floor:.2f} s CPU, "
+            f"{floor / baseline_cpu:.2f}x the baseline's {baseline_cpu:.2f} s; {GOAL_RATIO}x leaves {left:.2f} s "
+            f"to check and diagnose {world:,} ranks ({left / world * 1e6:.0f} us per rank)")
 
 
 def profile(directory: str, layout_flags: dict, top: int = 25) -> str:
@@ -191,11 +249,12 @@ def main() -> None:
     layout = {k: v for k, v in meta["layout"].items() if k in ("tp", "cp", "pp", "ep") and v > 1}
     flags = [x for k, v in layout.items() for x in (f"--{k}", str(v))]
     root = tempfile.mkdtemp(prefix="mtpdiag-scale-")
+    use_bytecode_cache(os.path.join(root, "pycache"))
     rows = []
     try:
         for world in sizes:
             directory = os.path.join(root, f"n{world}")
-            os.mkdir(directory)
+            os.makedirs(directory)
             began = time.monotonic()
             files = synthesize(world, args.per_host, directory)
             mb = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)) / 2**20
@@ -227,8 +286,10 @@ def main() -> None:
         if args.profile or largest["ratio"] > GOAL_RATIO:
             directory = os.path.join(root, f"n{largest['world']}")
             print(f"\nwhere analyze spends its CPU at N={largest['world']} (in-process, no profiler):")
-            for name, seconds in phase_split(directory, layout).items():
+            steps = phase_split(directory, layout)
+            for name, seconds in steps.items():
                 print(f"  {seconds:6.2f} s  {name}")
+            print(floor_line(steps, largest["baseline_cpu"], largest["world"]))
             if args.profile:
                 print()
                 print(profile(directory, layout))
