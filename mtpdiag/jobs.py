@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 
 from mtpdiag.capture import procfs
 
+# Prefix that runs a command in a new network namespace with its own loopback up: a job started so
+# has a private network that ``Job.cut_network`` can take away without touching the host's.
+PRIVATE_NETWORK = ("unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh")
+
 
 @dataclass
 class Job:
@@ -69,6 +73,23 @@ class Job:
             time.sleep(0.25)
         raise TimeoutError(f"the job did not go quiet within {timeout}s")
 
+    def cut_network(self) -> None:
+        """Take down the loopback of the job's private network namespace (``start_torchrun(...,
+        private_network=True)``): established connections then stop delivering while sends still
+        succeed, so every rank blocks in its next collective below Python, as on a lost network."""
+        own = os.readlink("/proc/self/ns/net")
+        try:
+            theirs = os.readlink(f"/proc/{self.pid}/ns/net")
+        except OSError as exc:
+            raise RuntimeError(f"cannot read the network namespace of pid {self.pid}: {exc}") from exc
+        if theirs == own:
+            raise RuntimeError(f"pid {self.pid} shares this process's network namespace; refusing to take "
+                               "its loopback down (start the job with private_network=True)")
+        done = subprocess.run(["nsenter", f"--net=/proc/{self.pid}/ns/net", "ip", "link", "set", "lo", "down"],
+                              capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise RuntimeError(f"could not cut the job's network: {done.stderr.strip()}")
+
     def wait(self, timeout: float) -> int | None:
         try:
             return self.proc.wait(timeout=timeout)
@@ -109,10 +130,16 @@ class Job:
 
 
 def start_torchrun(script: str, args: list[str], nproc: int, env: dict[str, str] | None = None,
-                   log_path: str | None = None) -> Job:
-    """Launch ``torchrun --standalone --nproc-per-node N script args`` in the background."""
+                   log_path: str | None = None, private_network: bool = False) -> Job:
+    """Launch ``torchrun --standalone --nproc-per-node N script args`` in the background.
+
+    ``private_network`` runs it in its own network namespace (needs root; see ``PRIVATE_NETWORK``);
+    ``unshare`` and ``sh`` exec into torchrun, so ``Job.pid`` is still the agent's.
+    """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            script, *args]
+    if private_network:
+        cmd = [*PRIVATE_NETWORK, *cmd]
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env or {})
