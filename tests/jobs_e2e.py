@@ -10,6 +10,8 @@ import sys
 import time
 from contextlib import contextmanager
 
+import pytest
+
 from mtpdiag.capture import procfs
 from mtpdiag.jobs import Job, start_torchrun
 
@@ -82,6 +84,24 @@ def _wait_for_log(path, needle: str, timeout: float) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"{needle!r} never appeared in {path}")
+
+
+def require_private_network() -> None:
+    """Skip unless jobs may run in their own network namespace (root, and ``unshare --net`` allowed);
+    in CI (``CI`` set) fail instead: there the network-loss reproducer must run."""
+    if os.geteuid() != 0:
+        reason = "needs root for unshare --net / nsenter"
+    else:
+        try:
+            probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, text=True, timeout=30)
+            reason = None if probe.returncode == 0 else f"unshare --net refused: {probe.stderr.strip()}"
+        except FileNotFoundError:
+            reason = "unshare (util-linux) is not installed"
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
 
 
 def by_rank(report: dict) -> dict[int, dict]:
