@@ -1,0 +1,163 @@
+"""A Ray job that deploys Megatron workers as verl does, and hangs in verl's MTP + context-parallel bug.
+
+Run like verl's trainer, with Hydra-style overrides for the parallel sizes::
+
+    python examples/ray_verl/driver.py \\
+        actor_rollout_ref.actor.megatron.context_parallel_size=2 \\
+        actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+
+The driver starts a local Ray cluster and, like verl's ``main_ppo``, a ``TaskRunner`` actor that builds
+the worker group: ``trainer.n_gpus_per_node`` actors of a class named ``WorkerDict`` (verl's name), each
+given ``RANK``, ``WORLD_SIZE``, ``WG_PREFIX``, ``WG_BACKEND``, ``RAY_LOCAL_WORLD_SIZE``, ``MASTER_ADDR``
+and ``MASTER_PORT`` through ``runtime_env={"env_vars": ...}``, as verl's ``RayWorkerGroup`` does. The
+sizes reach the actors as method arguments (verl hands them its config that way), never on their
+command lines. Each actor then runs the training step of ``examples/mtp_cp_deadlock/worker.py``: real
+megatron-core ``parallel_state`` and ``MTPLossLoggingHelper`` on gloo. With ``--gate buggy`` (verl 0.7.1)
+the cp > 0 ranks never join the DP x CP all_reduce and the job hangs; ``--gate fixed`` (verl 0.8.0)
+completes.
+
+It prints ``ready pids=RANK:PID,...`` once every actor has set up model parallelism and been sent its
+training step. SIGTERM or SIGINT shuts Ray down: the cluster it started (raylet, GCS, workers), or, with
+``--address``, its connection and its actors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+
+EXAMPLES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MTP_WORKER = os.path.join(EXAMPLES, "mtp_cp_deadlock", "worker.py")
+
+# The keys of verl's config that this job reads. Sizes default to 1 as in verl; the world to 4 CPU processes.
+SIZE_KEYS = {
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": "tp",
+    "actor_rollout_ref.actor.megatron.context_parallel_size": "cp",
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": "pp",
+}
+DEFAULTS = {"tp": 1, "cp": 1, "pp": 1, "trainer.n_gpus_per_node": 4, "trainer.nnodes": 1}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="verl-style config overrides")
+    parser.add_argument("--gate", choices=["buggy", "fixed"], default="buggy",
+                        help="buggy: verl 0.7.1's MTP loss gate (hangs with cp > 1); fixed: verl 0.8.0's")
+    parser.add_argument("--steps", type=int, default=3, help="training steps before a clean exit")
+    parser.add_argument("--address", help="join this running Ray cluster (`ray start --head`) instead of "
+                        "starting one")
+    parser.add_argument("--temp-dir", help="Ray's session directory root for a cluster of its own "
+                        "(default: Ray's /tmp/ray)")
+    parser.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="more env_vars for the workers, as verl's worker_env (e.g. WANDB_API_KEY)")
+    args = parser.parse_args(argv)
+    config = dict(DEFAULTS)
+    for item in args.overrides:
+        key, eq, value = item.lstrip("+").partition("=")
+        if not eq or not value.isdigit():
+            parser.error(f"expected KEY=INTEGER, got {item!r}")
+        config[SIZE_KEYS.get(key, key)] = int(value)
+    args.sizes = {k: config[k] for k in ("tp", "cp", "pp")}
+    args.world_size = config["trainer.n_gpus_per_node"] * config["trainer.nnodes"]
+    args.worker_env = dict(item.partition("=")[::2] for item in args.worker_env)
+    return args
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback for torch.distributed's rendezvous (verl asks a worker node)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class WorkerDict:
+    """One Megatron worker, as verl's fused ``WorkerDict`` actor: rank and rendezvous come from its env."""
+
+    def __init__(self, mtp_worker_path: str) -> None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("mtp_cp_deadlock_worker", mtp_worker_path)
+        self.mtp = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.mtp)
+
+    def init_model(self, tp: int, cp: int, pp: int) -> tuple[int, int, str]:
+        """torch.distributed from RANK/WORLD_SIZE/MASTER_* (env://) and megatron-core model parallelism."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as mpu
+
+        dist.init_process_group("gloo")
+        mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                      context_parallel_size=cp)
+        coords = (f"tp{mpu.get_tensor_model_parallel_rank()} cp{mpu.get_context_parallel_rank()} "
+                  f"dp{mpu.get_data_parallel_rank()} pp{mpu.get_pipeline_model_parallel_rank()}")
+        return dist.get_rank(), os.getpid(), coords
+
+    def update_actor(self, gate: str, steps: int) -> list[dict]:
+        """The training steps; with the buggy gate the MTP loss reduce never completes."""
+        import torch.distributed as dist
+
+        metrics = [self.mtp.train_step(step, gate) for step in range(steps)]
+        dist.barrier()
+        return metrics
+
+
+class TaskRunner:
+    """verl's ``TaskRunner``: an actor without RANK that builds the worker group and drives it."""
+
+    def init_workers(self, sizes: dict[str, int], world_size: int, worker_env: dict) -> list[tuple]:
+        """Create the worker group and set up model parallelism; (rank, pid, coords) of each worker."""
+        import uuid
+
+        import ray
+
+        prefix = uuid.uuid4().hex[:6]  # verl: a random 6-character name prefix
+        master = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        actor_class = ray.remote(num_cpus=1)(WorkerDict)
+        self.workers = []
+        for rank in range(world_size):
+            env_vars = {"WORLD_SIZE": str(world_size), "RANK": str(rank), "WG_PREFIX": prefix,
+                        "WG_BACKEND": "ray", "RAY_LOCAL_WORLD_SIZE": str(world_size),
+                        "RAY_LOCAL_RANK": str(rank), **master, "OMP_NUM_THREADS": "1", **worker_env}
+            self.workers.append(actor_class.options(name=f"{prefix}WorkerDict_0:{rank}",
+                                                    runtime_env={"env_vars": env_vars}).remote(MTP_WORKER))
+        return sorted(ray.get([w.init_model.remote(**sizes) for w in self.workers]))
+
+    def fit(self, gate: str, steps: int) -> list:
+        import ray
+
+        return ray.get([w.update_actor.remote(gate, steps) for w in self.workers])
+
+
+def _stop(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        if args.address:
+            ray.init(address=args.address)
+        else:
+            ray.init(num_cpus=args.world_size + 1, include_dashboard=False, _node_ip_address="127.0.0.1",
+                     _temp_dir=args.temp_dir)
+        runner = ray.remote(num_cpus=1)(TaskRunner).remote()
+        placed = ray.get(runner.init_workers.remote(args.sizes, args.world_size, args.worker_env))
+        training = runner.fit.remote(args.gate, args.steps)
+        print("ready pids=" + ",".join(f"{rank}:{pid}" for rank, pid, _ in placed)
+              + " coords=" + "; ".join(coords for _, _, coords in placed), flush=True)
+        print(f"done metrics={ray.get(training)}", flush=True)
+        return 0
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
