@@ -98,7 +98,7 @@ def _scan_host() -> list[int]:
 
 
 def _topmost_workers(ranked: dict[int, str]) -> list[int]:
-    """Ranked processes that are workers: not launchers, and not the helpers of another worker.
+    """Ranked processes that are workers: not launchers, not Ray's own, not the helpers of another worker.
 
     A launcher is torchrun itself, or any ranked process with a ranked descendant of another RANK.
     A helper (DataLoader worker, compile subprocess) inherits its worker's RANK and sits below it.
@@ -107,5 +107,24 @@ def _topmost_workers(ranked: dict[int, str]) -> list[int]:
     launchers = {pid for pid in ranked if is_launcher(pid)}
     for pid, ancestors in lineage.items():
         launchers.update(a for a in ancestors if a in ranked and ranked[a] != ranked[pid])
-    workers = set(ranked) - launchers
+    workers = set(ranked) - launchers - _with_a_raylets_env(ranked, lineage)
     return sorted(pid for pid in workers if not workers.intersection(lineage[pid]))
+
+
+def _with_a_raylets_env(ranked: dict[int, str], lineage: dict[int, list[int]]) -> set[int]:
+    """Ranked processes whose whitelisted environment is that of a raylet above some ranked process.
+
+    A node's RANK (a Kubeflow PyTorchJob pod has one) passes from the shell that ran ``ray start`` to the
+    raylet, Ray's agents, idle workers, the driver and its TaskRunner. A Ray worker's RANK comes from its
+    actor's ``runtime_env``, so its environment differs from the raylet's.
+    """
+    raylets = {a for ancestors in lineage.values() for a in ancestors if _is_raylet(a)}
+    node_envs = [env for env in map(procfs.read_env, raylets) if env and "RANK" in env]
+    if not node_envs:
+        return set()
+    return {pid for pid in ranked if procfs.read_env(pid) in node_envs}
+
+
+def _is_raylet(pid: int) -> bool:
+    stat = procfs.read_stat(pid)
+    return stat is not None and stat.comm == "raylet"

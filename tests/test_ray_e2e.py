@@ -1,0 +1,295 @@
+"""End to end on a real Ray cluster: verl-style Megatron workers hang as Ray actors; the real CLI finds them.
+
+The driver (``examples/ray_verl/driver.py``, standing in for ``python -m verl.trainer.main_ppo``, with its
+Hydra overrides) has a TaskRunner actor create four ``WorkerDict`` actors with verl's ``runtime_env`` env_vars
+(RANK, WORLD_SIZE, WG_PREFIX, ...) and a secret; they run real megatron-core MTP loss code on gloo and hang
+(verl #5895, cp=2 pp=2). Two deployments, one job each:
+
+* ``ray start``: verl's cluster guide on one node: ``ray start --head``, then the driver joins the cluster
+  from the same shell (same session). The raylet is no descendant of the driver and the actors' command
+  lines carry no sizes, so the layout can only come from the driver among the session's Python processes.
+* ``ray.init``: the driver starts a local cluster of its own; the raylet is its child.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from jobs_e2e import ROOT, by_rank, run_cli
+from mtpdiag.capture import procfs
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ray]
+
+DRIVER = os.path.join(ROOT, "examples", "ray_verl", "driver.py")
+WORLD = 4
+# A Kubeflow PyTorchJob gives each pod (node) a RANK and WORLD_SIZE: in the "ray start" job, the shell, the
+# driver and every Ray process inherit them; only the actors get their own from verl's runtime_env.
+NODE_ENV = {"RANK": "0", "WORLD_SIZE": "1"}
+CANARY = "cnry-ray-6b0e-wandb"  # in every actor's environment and on the driver's command line
+OVERRIDES = ["actor_rollout_ref.actor.megatron.context_parallel_size=2",
+             "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+             f"trainer.n_gpus_per_node={WORLD}", "trainer.nnodes=1"]
+# Where each rank of the cp=2 pp=2 hang waits (see examples/mtp_cp_deadlock/README.md).
+EXPECTED = {0: ("send", "send_forward"), 1: ("all_gather", "ring_attention"),
+            2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
+            3: ("all_gather", "ring_attention")}
+
+
+@dataclass(frozen=True)
+class RayJob:
+    mode: str  # "ray start" (the driver joins a running cluster) or "ray.init" (it starts its own)
+    session: int  # the session id of the shell that ran `ray start` and the driver
+    driver: int
+    raylet: int
+    actors: dict[int, int]  # rank -> pid
+    log: Path
+
+
+def _require_ray() -> None:
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("CI"):
+            pytest.fail("ray is not installed (requirements-ci.txt pins it; run scripts/setup.sh)")
+        pytest.skip("ray is not installed (pip install -r requirements-ci.txt)")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _session_members(session: int) -> list[int]:
+    members = []
+    for pid in procfs.all_pids():
+        stat = procfs.read_stat(pid)
+        if stat is not None and stat.session == session and stat.state != "Z":
+            members.append(pid)
+    return members
+
+
+def _end_session(session: int, also: set[int]) -> list[int]:
+    """SIGKILL every process of the job's session and every descendant of them; what is left (should be none).
+
+    Everything is stopped before anything is killed, so a raylet cannot start a worker in between.
+    """
+    for _ in range(5):
+        pids = set(_session_members(session)) | {p for p in also if procfs.read_stat(p)}
+        pids |= {d for p in list(pids) for d in procfs.descendants(p)}
+        if not pids:
+            return []
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+                (s := procfs.read_stat(p)) is not None and s.state != "Z" for p in pids):
+            time.sleep(0.1)
+    return [p for p in _session_members(session)]
+
+
+def _wait_for_line(proc: subprocess.Popen, log: Path, prefix: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(prefix):
+                return line
+        if proc.poll() is not None:
+            raise AssertionError(f"the Ray job exited ({proc.returncode}) before {prefix!r}: {_tail(log)}")
+        time.sleep(0.25)
+    raise AssertionError(f"no {prefix!r} within {timeout}s: {_tail(log)}")
+
+
+def _tail(log: Path) -> str:
+    return " | ".join(log.read_text(errors="replace").strip().splitlines()[-8:])
+
+
+def _wait_until_quiet(pids: list[int], quiet_s: float = 2.5, timeout: float = 120.0) -> None:
+    """Until no actor's main thread has used CPU for ``quiet_s``: the job hangs."""
+    deadline = time.monotonic() + timeout
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        ticks = [procfs.main_thread_ticks(p) for p in pids]
+        assert None not in ticks, f"an actor exited: {ticks}"
+        if ticks != last:
+            last, since = ticks, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"the actors did not go quiet within {timeout}s")
+
+
+def _launch(mode: str, ray_tmp: str, log: Path) -> subprocess.Popen:
+    """The job in a session of its own, as a user starts it from a terminal."""
+    py = sys.executable
+    driver = [py, DRIVER, *OVERRIDES, "--gate", "buggy", "--worker-env", f"WANDB_API_KEY={CANARY}"]
+    if mode == "ray start":  # the cluster first, then the driver joins it from the same shell
+        port = _free_port()
+        script = (f'set -e\n"{py}" -m ray.scripts.scripts start --head --port={port} --node-ip-address=127.0.0.1 '
+                  f'--num-cpus={WORLD + 1} --include-dashboard=false --disable-usage-stats --temp-dir={ray_tmp}\n'
+                  f'exec "$@" --address 127.0.0.1:{port}\n')
+        cmd = ["bash", "-c", script, "bash", *driver]
+    else:  # the driver's ray.init starts a local cluster of its own
+        cmd = [*driver, "--temp-dir", ray_tmp]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
+    env.update(NODE_ENV if mode == "ray start" else {})
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                cwd=ROOT, start_new_session=True)
+
+
+@pytest.fixture(scope="module", params=["ray start", "ray.init"])
+def job(request, tmp_path_factory):
+    """The hung job: ``ray start`` + a driver that joins (verl's cluster guide), or a driver's own ray.init."""
+    _require_ray()
+    mode = request.param
+    tmp = tmp_path_factory.mktemp("ray")
+    log = tmp / "job.log"
+    # Ray's unix socket paths live under its temp dir and must stay under 108 bytes: pytest's is too long.
+    ray_tmp = tempfile.mkdtemp(prefix="mtpd-ray-", dir="/tmp")
+    proc = _launch(mode, ray_tmp, log)
+    session = proc.pid  # start_new_session: the launcher leads a new session, which Ray's processes keep
+    seen: set[int] = set()
+    try:
+        ready = _wait_for_line(proc, log, "ready pids=", timeout=300)
+        actors = {int(r): int(p) for r, p in
+                  (item.split(":") for item in ready.split()[1].removeprefix("pids=").split(","))}
+        seen.update(actors.values())
+        raylets = [p for p in _session_members(session) if procfs.read_stat(p).comm == "raylet"]
+        assert len(raylets) == 1, raylets
+        seen.update(procfs.descendants(raylets[0]))
+        _wait_until_quiet(list(actors.values()))
+        yield RayJob(mode=mode, session=session, driver=proc.pid, raylet=raylets[0], actors=actors, log=log)
+    finally:
+        proc.send_signal(signal.SIGTERM)  # the driver shuts Ray down (ray start: only its connection)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        left = _end_session(session, seen)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+        assert not left, f"processes of the Ray job survived: {left}"
+
+
+def _raw(pid: int, what: str) -> bytes:
+    with open(f"/proc/{pid}/{what}", "rb") as f:
+        return f.read()
+
+
+def _python_descendants(pid: int) -> set[int]:
+    return {p for p in procfs.descendants(pid) if procfs.is_python(p)}
+
+
+def test_the_actors_are_deployed_as_verl_deploys_them(job):
+    """What the other tests rely on, checked on the live processes, so they cannot pass vacuously."""
+    assert sorted(job.actors) == list(range(WORLD))
+    driver_argv = procfs.read_cmdline(job.driver)
+    assert all(o in driver_argv for o in OVERRIDES[:2])
+    assert any(CANARY in a for a in driver_argv)
+    if job.mode == "ray start":  # the layout can only come from the session's driver
+        assert job.raylet not in procfs.ancestors(job.driver) and job.driver not in procfs.ancestors(job.raylet)
+    else:
+        assert procfs.read_stat(job.raylet).ppid == job.driver
+    for rank, pid in job.actors.items():
+        stat = procfs.read_stat(pid)
+        argv = procfs.read_cmdline(pid)
+        assert stat.comm == "ray::WorkerDict" and argv[0] == "ray::WorkerDict.update_actor", (stat.comm, argv)
+        assert stat.ppid == job.raylet and stat.session == job.session
+        assert (job.driver in procfs.ancestors(pid)) == (job.mode == "ray.init")
+        assert not any("parallel" in a or a in ("--cp", "--pp") for a in argv), argv
+        environ = dict(e.partition(b"=")[::2] for e in _raw(pid, "environ").split(b"\0") if e)
+        assert environ[b"RANK"] == str(rank).encode() and environ[b"WORLD_SIZE"] == str(WORLD).encode()
+        assert environ[b"WG_BACKEND"] == b"ray" and environ[b"WG_PREFIX"] and environ[b"MASTER_PORT"]
+        assert environ[b"WANDB_API_KEY"] == CANARY.encode()
+    # Beside the actors, the raylet runs Python processes that are no workers (TaskRunner, Ray's agents);
+    # in the "ray start" job they and the driver carry the node's RANK, which a worker must not be taken for.
+    others = _python_descendants(job.raylet) - set(job.actors.values())
+    assert len(others) >= 2, others
+    node_env = NODE_ENV if job.mode == "ray start" else {}
+    for pid in [*others, job.driver]:
+        assert {k: v for k, v in (procfs.read_env(pid) or {}).items() if k in ("RANK", "WORLD_SIZE")} == node_env
+
+
+def _check_diagnosis(report: dict, job: RayJob) -> None:
+    assert sorted((v["rank"], v["pid"]) for v in report["ranks"]) == sorted(job.actors.items())
+    ranks = by_rank(report)
+    assert report["world_size"] == WORLD
+    layout = report["layout"]
+    assert (layout["tp"], layout["cp"], layout["dp"], layout["pp"]) == (1, 2, 1, 2), layout
+    assert "command line" in report["layout_source"], report["layout_source"]
+    for rank, (op, function) in EXPECTED.items():
+        view = ranks[rank]
+        assert (view["state"], view["op"], view["site"]["function"]) == ("collective", op, function), view
+        # The stack is the actor's: Ray's task loop calls the WorkerDict method that trains.
+        assert any(f["function"].endswith("update_actor") for f in view["stack"]), rank
+    assert report["verdict"] == "problem"
+    finding = report["findings"][0]
+    assert (finding["id"], finding["ranks"]) == ("mtp-cp-gated-reduce", [2, 3])
+    (root,) = [m for m in report["mismatches"] if m["role"] == "root"]
+    assert (root["group"], root["entered"], root["absent"], root["gate"]) == ("dp_cp", [2], [3], {"cp": 0})
+
+
+def _foreign_ranked(job: RayJob) -> list[int]:
+    """Ranked Python processes of other jobs on this host (a shared machine may run some)."""
+    ours = set(_session_members(job.session))
+    return [p for p in procfs.all_pids() if p not in ours and p != os.getpid()
+            and {"RANK", "WORLD_SIZE"} <= set(procfs.read_env(p) or {}) and procfs.is_python(p)]
+
+
+def _no_canary(done: subprocess.CompletedProcess, name: str) -> None:
+    assert CANARY not in done.stdout and CANARY not in done.stderr, name
+    assert "Traceback" not in done.stderr, (name, done.stderr[-2000:])
+
+
+def _cli_json(name: str, *args: str) -> dict:
+    done = run_cli(*args, "--json", timeout=300)
+    _no_canary(done, name)
+    assert done.returncode == 1, (name, done.returncode, done.stderr[-2000:])
+    return json.loads(done.stdout)
+
+
+def test_inspect_all_finds_exactly_the_actors_and_reads_the_layout_from_the_driver(job):
+    deadline = time.monotonic() + 120
+    while (foreign := _foreign_ranked(job)) and time.monotonic() < deadline:
+        time.sleep(1)  # another job's ranks would join the report; wait for them to finish
+    assert not foreign, f"other ranked processes run on this host: {foreign}"
+    report = _cli_json("inspect --all", "inspect", "--all")
+    _check_diagnosis(report, job)
+
+
+def test_inspect_raylet_pid_expands_to_the_actors(job):
+    report = _cli_json("inspect --pid raylet", "inspect", "--pid", str(job.raylet))
+    _check_diagnosis(report, job)
+    if job.mode == "ray.init":  # the driver is the raylet's parent: its pid expands the same way
+        _check_diagnosis(_cli_json("inspect --pid driver", "inspect", "--pid", str(job.driver)), job)
+
+
+def test_collect_from_the_raylet_then_analyze(job, tmp_path):
+    out = tmp_path / "bundle"
+    out.mkdir()  # a directory: one bundle file per host goes in it
+    done = run_cli("collect", "--pid", str(job.raylet), "--out", str(out), timeout=300)
+    _no_canary(done, "collect")
+    assert done.returncode == 0, done.stderr[-2000:]
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        assert CANARY.encode() not in path.read_bytes(), path
+    _check_diagnosis(_cli_json("analyze", "analyze", str(out)), job)
+    console = run_cli("analyze", str(out))
+    _no_canary(console, "analyze (console)")
+    assert console.returncode == 1 and "verl #5895" in console.stdout, console.stdout[-2000:]
