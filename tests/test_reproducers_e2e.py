@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs_e2e import require_private_network
 from mtpdiag.capture import procfs
 from mtpdiag.jobs import start_torchrun
 from mtpdiag.layout import ParallelLayout
@@ -45,6 +46,7 @@ EXPECTED: dict[str, dict[int, tuple[str | None, str]]] = {
                   2: ("all_reduce", "reduce_gradients"), 3: (None, "load_batch")},
     "frozen": {0: ("all_reduce", "reduce_gradients"), 1: (None, "forward_backward"),
                2: ("all_reduce", "reduce_gradients"), 3: ("all_reduce", "reduce_gradients")},
+    "network_loss": {r: ("all_reduce", "reduce_gradients") for r in range(4)},
 }
 
 
@@ -152,6 +154,8 @@ def test_mtp_buggy_gate_without_context_parallelism_completes(tmp_path):
 @pytest.mark.parametrize("scenario", sorted(EXPECTED))
 def test_scenario_hangs_where_expected(scenario):
     spec = record.SCENARIOS[scenario]
+    if spec.cut_network:
+        require_private_network()
     with record.hung_job(spec) as (job, ranks, stopped):
         assert job.proc.poll() is None
         got = {}
