@@ -14,6 +14,10 @@ from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Snapshot
 
 ROOT_IDS = {"mtp-cp-gated-reduce", "gated-collective", "p2p-unmatched", "straggler", "frozen-rank"}
+# The finding each recorded hang must lead with; a newly recorded scenario has to say what it shows.
+FIRST_FINDING = {"mtp_cp_pp": "mtp-cp-gated-reduce", "mtp_cp_dp": "mtp-cp-gated-reduce",
+                 "tp_broadcast": "gated-collective", "p2p_count": "p2p-unmatched", "straggler": "straggler",
+                 "frozen": "frozen-rank", "network_loss": "all-waiting"}
 
 
 def _report(name: str, **kwargs):
@@ -121,7 +125,7 @@ def test_a_missing_rank_file_is_named_with_its_coords(name):
 def test_every_recorded_hang_is_a_problem_and_serializes(name):
     report, _ = _report(name)
     assert report.verdict == "problem"
-    assert report.findings[0].id in ROOT_IDS
+    assert report.findings[0].id == FIRST_FINDING[name]
     data = json.loads(json.dumps(report.to_dict()))
     assert data["schema"] == "mtpdiag.report/1"
     assert all(r["ranks"] == sorted(r["ranks"]) for r in data["sites"])
@@ -150,14 +154,18 @@ def test_without_a_layout_a_straggler_or_frozen_rank_is_still_found():
 
 
 def test_every_rank_in_one_complete_collective_is_all_waiting():
-    snapshot, layout, _ = load_scenario("frozen")
-    waiting = snapshot.captures[0]  # rank 0, in the gradient all_reduce
-    world = Snapshot(captures=tuple(replace(waiting, rank=r, pid=(waiting.pid or 0) + r) for r in range(4)))
-    report = diagnose(world, layout)
+    # examples/network_loss: a healthy job whose network was cut; every rank in the same all_reduce
+    snapshot, layout, _ = load_scenario("network_loss")
+    assert sorted(c.rank for c in snapshot.captures) == [0, 1, 2, 3]
+    assert len({c.pid for c in snapshot.captures}) == 4  # four recorded processes, none replicated
+    report = diagnose(snapshot, layout)
     assert [f.id for f in report.findings] == ["all-waiting"]
+    assert report.findings[0].ranks == (0, 1, 2, 3)
     assert "TORCH_FR_BUFFER_SIZE" in report.findings[0].remedy
     assert report.mismatches == ()
-    assert [f.id for f in diagnose(world).findings] == ["all-waiting"]  # no layout needed for this
+    assert [(s.op, s.site.function, s.ranks) for s in report.sites] == [("all_reduce", "reduce_gradients",
+                                                                         (0, 1, 2, 3))]
+    assert [f.id for f in diagnose(snapshot).findings] == ["all-waiting"]  # no layout needed for this
 
 
 def test_a_world_of_running_ranks_is_ok_and_an_unreadable_one_is_incomplete():
