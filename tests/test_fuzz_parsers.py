@@ -123,7 +123,10 @@ def _at(doc, path):
     return doc
 
 
-WRONG_TYPES = st.sampled_from([None, True, -1, 2**70, 1.5, float("inf"), "", "x", "7", [], {}, [1], {"a": 1}])
+# A fresh copy of each value: a later mutation of the same example may write into a drawn [] or {}, and
+# a shared one would change what the strategy hands out (hypothesis then fails with FlakyStrategyDefinition).
+WRONG_TYPES = st.sampled_from([None, True, -1, 2**70, 1.5, float("inf"), "", "x", "7", [], {}, [1], {"a": 1}]
+                              ).map(copy.deepcopy)
 
 
 def _mutate(data, doc):
