@@ -154,9 +154,15 @@ def phase_split(directory: str, layout_flags: dict) -> dict[str, float]:
     steps: dict[str, float] = {}
 
     def step(name, fn, *args):
-        began = time.process_time()
-        result = fn(*args)
-        steps[name] = time.process_time() - began
+        """Run ``fn`` three times and keep the least CPU: on a shared machine noise only ever adds."""
+        best, result = None, None
+        for _ in range(3):
+            result = None  # the previous run's result is freed before the next run
+            began = time.process_time()
+            result = fn(*args)
+            spent = time.process_time() - began
+            best = spent if best is None else min(best, spent)
+        steps[name] = best
         return result
 
     def read_all() -> list:
@@ -166,20 +172,24 @@ def phase_split(directory: str, layout_flags: dict) -> dict[str, float]:
                 kept.append(json.loads(f.read()))
         return kept
 
-    steps[STARTUP] = statistics.median(run_child([sys.executable, "-m", "mtpdiag", "analyze", MISSING])[1]
-                                       for _ in range(5))
-    step("json.loads only, GC on (baseline work)", read_all)
+    steps[INTERPRETER] = min(run_child([sys.executable, "-c", "pass"])[1] for _ in range(5))
+    steps[STARTUP] = min(run_child([sys.executable, "-m", "mtpdiag", "analyze", MISSING])[1] for _ in range(5))
+    step(PARSE_GC, read_all)
     with paused_gc():
         parsed = step(PARSE, read_all)
-        snapshot = step("load_paths (json.loads + from_dict + merge)", load_paths, [directory])
-        report = step("resolve layout + diagnose", diagnose_snapshot, snapshot, LayoutOptions(**layout_flags))
+        snapshot = step(LOAD, load_paths, [directory])
+        report = step(DIAGNOSE, diagnose_snapshot, snapshot, LayoutOptions(**layout_flags))
         step(RENDER, json_report.render, report)
         step(BARE, bare_objects, parsed)
     return steps
 
 
+INTERPRETER = "interpreter alone (python -c pass)"
 STARTUP = "interpreter + analyze's imports (analyze of a missing path)"
+PARSE_GC = "json.loads only, GC on (baseline work)"
 PARSE = "json.loads only, GC off"
+LOAD = "load_paths (json.loads + from_dict + merge)"
+DIAGNOSE = "resolve layout + diagnose"
 RENDER = "json_report.render"
 BARE = "bare per-rank objects: no checks, no analysis (floor)"
 MISSING = "/nonexistent/mtpdiag-scale-start-up"
@@ -208,13 +218,17 @@ def bare_objects(parsed: list) -> list:
     return views
 
 
-def floor_line(steps: dict[str, float], baseline_cpu: float, world: int) -> str:
-    """What the goal leaves for checking and diagnosing, once the unavoidable steps are paid."""
+def floor_line(steps: dict[str, float], world: int) -> str:
+    """What the goal leaves for checking and diagnosing once the unavoidable steps are paid, against the
+    baseline's own work measured in the same minute (its interpreter plus json.loads with the GC on)."""
+    baseline = steps[INTERPRETER] + steps[PARSE_GC]
     floor = steps[STARTUP] + steps[PARSE] + steps[BARE] + steps[RENDER]
-    left = GOAL_RATIO * baseline_cpu - floor
+    left = GOAL_RATIO * baseline - floor
     return (f"floor of this design: start-up + json.loads (GC off) + bare objects + render = {floor:.2f} s CPU, "
-            f"{floor / baseline_cpu:.2f}x the baseline's {baseline_cpu:.2f} s; {GOAL_RATIO}x leaves {left:.2f} s "
-            f"to check and diagnose {world:,} ranks ({left / world * 1e6:.0f} us per rank)")
+            f"{floor / baseline:.2f}x the baseline's work ({baseline:.2f} s: interpreter + json.loads, GC on); "
+            f"{GOAL_RATIO}x leaves {left:.2f} s to check and diagnose {world:,} ranks "
+            f"({left / world * 1e6:.0f} us per rank; this run spent "
+            f"{(steps[LOAD] - steps[PARSE] - steps[BARE] + steps[DIAGNOSE]) / world * 1e6:.0f})")
 
 
 def profile(directory: str, layout_flags: dict, top: int = 25) -> str:
@@ -289,7 +303,7 @@ def main() -> None:
             steps = phase_split(directory, layout)
             for name, seconds in steps.items():
                 print(f"  {seconds:6.2f} s  {name}")
-            print(floor_line(steps, largest["baseline_cpu"], largest["world"]))
+            print(floor_line(steps, largest["world"]))
             if args.profile:
                 print()
                 print(profile(directory, layout))
