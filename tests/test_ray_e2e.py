@@ -9,6 +9,9 @@ Hydra overrides) has a TaskRunner actor create four ``WorkerDict`` actors with v
   from the same shell (same session). The raylet is no descendant of the driver and the actors' command
   lines carry no sizes, so the layout can only come from the driver among the session's Python processes.
 * ``ray.init``: the driver starts a local cluster of its own; the raylet is its child.
+* ``ray job submit``: verl's documented launch on a cluster: ``ray start --head``, then the driver is
+  submitted as a Ray job. Ray runs it below the raylet's ``ray::JobSupervisor``, in a session of its own,
+  so the layout can only come from the drivers of the jobs submitted to the workers' raylet.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ WORLD = 4
 # A Kubeflow PyTorchJob gives each pod (node) a RANK and WORLD_SIZE: in the "ray start" job, the shell, the
 # driver and every Ray process inherit them; only the actors get their own from verl's runtime_env.
 NODE_ENV = {"RANK": "0", "WORLD_SIZE": "1"}
+SUBMISSION = "mtpdiag-e2e-verl"  # the `ray job submit --submission-id` of the third deployment
 CANARY = "cnry-ray-6b0e-wandb"  # in every actor's environment and on the driver's command line
 OVERRIDES = ["actor_rollout_ref.actor.megatron.context_parallel_size=2",
              "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
@@ -58,11 +62,15 @@ class RayJob:
     log: Path
 
 
-def _require_ray() -> None:
-    if importlib.util.find_spec("ray") is None:
+def _require_ray(mode: str) -> None:
+    # `ray job submit` needs Ray's job server, which ray[default] brings (aiohttp among others).
+    needed = ("ray", "aiohttp") if mode == "ray job submit" else ("ray",)
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
         if os.environ.get("CI"):
-            pytest.fail("ray is not installed (requirements-ci.txt pins it; run scripts/setup.sh)")
-        pytest.skip("ray is not installed (pip install -r requirements-ci.txt)")
+            pytest.fail(f"{', '.join(missing)} not installed (requirements-ci.txt pins ray[default]; run "
+                        "scripts/setup.sh)")
+        pytest.skip(f"{', '.join(missing)} not installed (pip install -r requirements-ci.txt)")
 
 
 def _free_port() -> int:
@@ -138,26 +146,34 @@ def _launch(mode: str, ray_tmp: str, log: Path) -> subprocess.Popen:
     """The job in a session of its own, as a user starts it from a terminal."""
     py = sys.executable
     driver = [py, DRIVER, *OVERRIDES, "--gate", "buggy", "--worker-env", f"WANDB_API_KEY={CANARY}"]
+    ray = f'"{py}" -m ray.scripts.scripts'
+    port = _free_port()
+    start = (f'{ray} start --head --port={port} --node-ip-address=127.0.0.1 --num-cpus={WORLD + 1} '
+             f'--disable-usage-stats --temp-dir={ray_tmp}')
     if mode == "ray start":  # the cluster first, then the driver joins it from the same shell
-        port = _free_port()
-        script = (f'set -e\n"{py}" -m ray.scripts.scripts start --head --port={port} --node-ip-address=127.0.0.1 '
-                  f'--num-cpus={WORLD + 1} --include-dashboard=false --disable-usage-stats --temp-dir={ray_tmp}\n'
-                  f'exec "$@" --address 127.0.0.1:{port}\n')
+        script = f'set -e\n{start} --include-dashboard=false\nexec "$@" --address 127.0.0.1:{port}\n'
+        cmd = ["bash", "-c", script, "bash", *driver]
+    elif mode == "ray job submit":  # the driver runs as a Ray job; its output is followed into the log
+        jobs = f"http://127.0.0.1:{_free_port()}"
+        script = (f'set -e\n{start} --include-dashboard=true --dashboard-port={jobs.rsplit(":", 1)[1]}\n'
+                  f'{ray} job submit --address {jobs} --submission-id {SUBMISSION} --no-wait -- "$@"\n'
+                  f'exec {ray} job logs --address {jobs} --follow {SUBMISSION}\n')
         cmd = ["bash", "-c", script, "bash", *driver]
     else:  # the driver's ray.init starts a local cluster of its own
         cmd = [*driver, "--temp-dir", ray_tmp]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
-    env.update(NODE_ENV if mode == "ray start" else {})
+    env.update(NODE_ENV if mode != "ray.init" else {})
     with open(log, "w") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 cwd=ROOT, start_new_session=True)
 
 
-@pytest.fixture(scope="module", params=["ray start", "ray.init"])
+@pytest.fixture(scope="module", params=["ray start", "ray.init", "ray job submit"])
 def job(request, tmp_path_factory):
-    """The hung job: ``ray start`` + a driver that joins (verl's cluster guide), or a driver's own ray.init."""
-    _require_ray()
+    """The hung job: ``ray start`` + a driver that joins (verl's cluster guide), a driver's own ray.init, or
+    ``ray start`` + ``ray job submit`` (verl's documented launch)."""
     mode = request.param
+    _require_ray(mode)
     tmp = tmp_path_factory.mktemp("ray")
     log = tmp / "job.log"
     # Ray's unix socket paths live under its temp dir and must stay under 108 bytes: pytest's is too long.
@@ -173,8 +189,12 @@ def job(request, tmp_path_factory):
         raylets = [p for p in _session_members(session) if procfs.read_stat(p).comm == "raylet"]
         assert len(raylets) == 1, raylets
         seen.update(procfs.descendants(raylets[0]))
+        driver = proc.pid
+        if mode == "ray job submit":  # the driver Ray's job supervisor started, below the raylet
+            (driver,) = [p for p in procfs.descendants(raylets[0])
+                         if procfs.is_python(p) and DRIVER in (procfs.read_cmdline(p) or [])]
         _wait_until_quiet(list(actors.values()))
-        yield RayJob(mode=mode, session=session, driver=proc.pid, raylet=raylets[0], actors=actors, log=log)
+        yield RayJob(mode=mode, session=session, driver=driver, raylet=raylets[0], actors=actors, log=log)
     finally:
         proc.send_signal(signal.SIGTERM)  # the driver shuts Ray down (ray start: only its connection)
         try:
@@ -203,6 +223,10 @@ def test_the_actors_are_deployed_as_verl_deploys_them(job):
     assert any(CANARY in a for a in driver_argv)
     if job.mode == "ray start":  # the layout can only come from the session's driver
         assert job.raylet not in procfs.ancestors(job.driver) and job.driver not in procfs.ancestors(job.raylet)
+    elif job.mode == "ray job submit":  # ... or from the drivers of the jobs submitted to the raylet
+        assert procfs.read_stat(job.driver).session != job.session
+        assert any(procfs.is_ray_job_supervisor(p) for p in procfs.ancestors(job.driver))
+        assert job.raylet in procfs.ancestors(job.driver)
     else:
         assert procfs.read_stat(job.raylet).ppid == job.driver
     for rank, pid in job.actors.items():
@@ -220,7 +244,7 @@ def test_the_actors_are_deployed_as_verl_deploys_them(job):
     # in the "ray start" job they and the driver carry the node's RANK, which a worker must not be taken for.
     others = _python_descendants(job.raylet) - set(job.actors.values())
     assert len(others) >= 2, others
-    node_env = NODE_ENV if job.mode == "ray start" else {}
+    node_env = NODE_ENV if job.mode != "ray.init" else {}
     for pid in [*others, job.driver]:
         assert {k: v for k, v in (procfs.read_env(pid) or {}).items() if k in ("RANK", "WORLD_SIZE")} == node_env
 
@@ -246,7 +270,7 @@ def _check_diagnosis(report: dict, job: RayJob) -> None:
 
 def _foreign_ranked(job: RayJob) -> list[int]:
     """Ranked Python processes of other jobs on this host (a shared machine may run some)."""
-    ours = set(_session_members(job.session))
+    ours = set(_session_members(job.session)) | set(procfs.descendants(job.raylet))  # a submitted driver too
     return [p for p in procfs.all_pids() if p not in ours and p != os.getpid()
             and {"RANK", "WORLD_SIZE"} <= set(procfs.read_env(p) or {}) and procfs.is_python(p)]
 

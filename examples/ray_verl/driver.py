@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     try:
-        if args.address:
-            ray.init(address=args.address)
+        if args.address or os.environ.get("RAY_ADDRESS"):  # a running cluster: `ray start`, `ray job submit`
+            ray.init(address=args.address or os.environ["RAY_ADDRESS"])
         else:
             ray.init(num_cpus=args.world_size + 1, include_dashboard=False, _node_ip_address="127.0.0.1",
                      _temp_dir=args.temp_dir)

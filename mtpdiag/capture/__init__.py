@@ -125,9 +125,12 @@ def _order(c: RankCapture) -> tuple:
 
 
 class _HintReader:
-    """Layout hints of a worker: its own argv, its ancestors', then its session's Python processes.
+    """Layout hints of a worker: its own argv, its ancestors', its session's Python processes, then the
+    drivers of the Ray jobs submitted to its raylet.
 
-    verl's Ray workers carry no sizes on their command lines; the driver of the same session does.
+    verl's Ray workers carry no sizes on their command lines; their driver does. A driver started from
+    a shell shares the workers' session (the shell that ran ``ray start``, or its own ``ray.init``); one
+    started by ``ray job submit`` runs in a session of its own, below the raylet's ``ray::JobSupervisor``.
     Argv is read, reduced to sizes and dropped here.
     """
 
@@ -135,14 +138,24 @@ class _HintReader:
         self._own = {os.getpid(), *procfs.ancestors(os.getpid())}
         self._argv_hints: dict[int, dict[str, int]] = {}
         self._session_hints: dict[int, dict[str, int]] = {}
+        self._job_driver_hints: dict[int, dict[str, int]] = {}
 
     def for_process(self, pid: int) -> dict[str, int]:
-        lineage = [pid, *procfs.ancestors(pid)]
-        sources = [self._hints_of(p) for p in lineage if p not in self._own]
+        ancestors = procfs.ancestors(pid)
+        sources = [self._hints_of(p) for p in [pid, *ancestors] if p not in self._own]
         stat = procfs.read_stat(pid)
         if stat is not None and stat.session > 0:
             sources.append(self._of_session(stat.session))
+        sources += [self._of_job_drivers(p) for p in ancestors if procfs.is_raylet(p)]
         return cmdline.merge_hints(*sources)
+
+    def _of_job_drivers(self, raylet: int) -> dict[str, int]:
+        """Hints of the Python processes that the raylet's job supervisors started (submitted drivers)."""
+        if raylet not in self._job_driver_hints:
+            drivers = [d for child in procfs.descendants(raylet) if procfs.is_ray_job_supervisor(child)
+                       for d in procfs.descendants(child) if d not in self._own and procfs.is_python(d)]
+            self._job_driver_hints[raylet] = cmdline.merge_hints(*(self._hints_of(d) for d in sorted(drivers)))
+        return self._job_driver_hints[raylet]
 
     def _hints_of(self, pid: int) -> dict[str, int]:
         if pid not in self._argv_hints:
@@ -158,3 +171,4 @@ class _HintReader:
                     members.append(pid)
             self._session_hints[session] = cmdline.merge_hints(*(self._hints_of(p) for p in members))
         return self._session_hints[session]
+

@@ -118,13 +118,9 @@ def _with_a_raylets_env(ranked: dict[int, str], lineage: dict[int, list[int]]) -
     raylet, Ray's agents, idle workers, the driver and its TaskRunner. A Ray worker's RANK comes from its
     actor's ``runtime_env``, so its environment differs from the raylet's.
     """
-    raylets = {a for ancestors in lineage.values() for a in ancestors if _is_raylet(a)}
+    raylets = {a for ancestors in lineage.values() for a in ancestors if procfs.is_raylet(a)}
     node_envs = [env for env in map(procfs.read_env, raylets) if env and "RANK" in env]
     if not node_envs:
         return set()
     return {pid for pid in ranked if procfs.read_env(pid) in node_envs}
 
-
-def _is_raylet(pid: int) -> bool:
-    stat = procfs.read_stat(pid)
-    return stat is not None and stat.comm == "raylet"

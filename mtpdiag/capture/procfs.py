@@ -103,6 +103,18 @@ def is_python(pid: int) -> bool:
     return False
 
 
+def is_raylet(pid: int) -> bool:
+    """Ray's per-node daemon, the parent of that node's Ray workers (verl's actors among them)."""
+    stat = read_stat(pid)
+    return stat is not None and stat.comm == "raylet"
+
+
+def is_ray_job_supervisor(pid: int) -> bool:
+    """The Ray worker that runs a ``ray job submit`` entrypoint (its title is ``ray::JobSupervisor``)."""
+    argv = read_cmdline(pid) or []
+    return bool(argv) and argv[0].startswith("ray::JobSupervisor")
+
+
 def read_env(pid: int, keys: tuple[str, ...] = ENV_WHITELIST) -> dict[str, str] | None:
     """Whitelisted environment keys of a process; None when the environment cannot be read."""
     try:
