@@ -171,4 +171,3 @@ class _HintReader:
                     members.append(pid)
             self._session_hints[session] = cmdline.merge_hints(*(self._hints_of(p) for p in members))
         return self._session_hints[session]
-

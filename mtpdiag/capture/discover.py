@@ -123,4 +123,3 @@ def _with_a_raylets_env(ranked: dict[int, str], lineage: dict[int, list[int]]) -
     if not node_envs:
         return set()
     return {pid for pid in ranked if procfs.read_env(pid) in node_envs}
-
