@@ -69,9 +69,18 @@ class Job:
             if ticks != last:
                 last, since = ticks, time.monotonic()
             elif time.monotonic() - since >= quiet_s:
-                return pids
+                return self._in_rank_order(pids)
             time.sleep(0.25)
         raise TimeoutError(f"the job did not go quiet within {timeout}s")
+
+    @staticmethod
+    def _in_rank_order(pids: list[int]) -> list[int]:
+        """``pids`` sorted by the RANK they carry now. ``workers()`` may have read a child between fork
+        and exec, when it still had the agent's environment (a CI run got ranks 0, 3, 1, 2 in order)."""
+        def rank(pid: int) -> int:
+            env = procfs.read_env(pid) or {}
+            return int(env["RANK"]) if env.get("RANK", "").isdigit() else -1
+        return sorted(pids, key=rank)
 
     def cut_network(self) -> None:
         """Take down the loopback of the job's private network namespace (``start_torchrun(...,
