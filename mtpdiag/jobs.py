@@ -34,11 +34,16 @@ class Job:
         return self.proc.pid
 
     def workers(self) -> list[int]:
-        """Worker pids: descendants of the agent that carry RANK in their environment."""
+        """Worker pids, in rank order: descendants of the agent that carry RANK in their environment.
+
+        A child still between fork and exec shows the agent's environment, RANK included where the
+        agent has one (a Kubeflow pod's); it is no worker yet. Counting it once gave ranks 0, 3, 1, 2.
+        """
+        agent_env = procfs.read_env(self.pid)
         ranks = {}
         for pid in procfs.descendants(self.pid):
             env = procfs.read_env(pid)
-            if env and "RANK" in env:
+            if env and "RANK" in env and env != agent_env:
                 ranks[pid] = int(env["RANK"] or 0)
         self._known.update(ranks)
         return sorted(ranks, key=ranks.get)
@@ -69,18 +74,9 @@ class Job:
             if ticks != last:
                 last, since = ticks, time.monotonic()
             elif time.monotonic() - since >= quiet_s:
-                return self._in_rank_order(pids)
+                return pids
             time.sleep(0.25)
         raise TimeoutError(f"the job did not go quiet within {timeout}s")
-
-    @staticmethod
-    def _in_rank_order(pids: list[int]) -> list[int]:
-        """``pids`` sorted by the RANK they carry now. ``workers()`` may have read a child between fork
-        and exec, when it still had the agent's environment (a CI run got ranks 0, 3, 1, 2 in order)."""
-        def rank(pid: int) -> int:
-            env = procfs.read_env(pid) or {}
-            return int(env["RANK"]) if env.get("RANK", "").isdigit() else -1
-        return sorted(pids, key=rank)
 
     def cut_network(self) -> None:
         """Take down the loopback of the job's private network namespace (``start_torchrun(...,

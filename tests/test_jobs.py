@@ -5,20 +5,45 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
+from mtpdiag.capture import procfs
 from mtpdiag.jobs import Job
 
+# An "agent" with a node RANK, as in a Kubeflow pod: it starts two workers with their own RANK (rank 1
+# first, so pid order is not rank order) and forks one child that never execs, which therefore keeps
+# the agent's environment, as a worker does between fork and exec.
+AGENT = """
+import os, subprocess, sys, time
+for rank in (1, 0):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                     env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"})
+if os.fork() == 0:
+    time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
 
-def test_workers_come_back_in_rank_order_whatever_the_pid_order():
-    """A CI run got ranks 0, 3, 1, 2: the ranks were read between fork and exec, from the agent's env."""
-    ranks = [2, 0, 3, 1]  # started in this order, so the pids do not follow the ranks
-    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                 env={**os.environ, "RANK": str(r), "WORLD_SIZE": "4"}) for r in ranks]
+
+def test_workers_are_the_ranked_children_in_rank_order_not_a_copy_of_the_agent():
+    """A CI run got ranks 0, 3, 1, 2: a child read between fork and exec was taken for a rank-0 worker."""
+    agent = subprocess.Popen([sys.executable, "-c", AGENT], env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})
+    job = Job(proc=agent, nproc=2)
     try:
-        pids = [c.pid for c in children]
-        in_order = Job._in_rank_order(pids)
-        assert in_order == [children[ranks.index(r)].pid for r in range(4)]
+        def started() -> list[int]:  # both workers exec'd (they alone have LOCAL_RANK) and the copy forked
+            children = procfs.descendants(agent.pid)
+            execd = [p for p in children if "LOCAL_RANK" in (procfs.read_env(p) or {})]
+            return children if len(children) == 3 and len(execd) == 2 else []
+
+        deadline = time.monotonic() + 30
+        while not started() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        children = started()
+        assert len(children) == 3
+        copy = [p for p in children if procfs.read_env(p) == procfs.read_env(agent.pid)]
+        assert len(copy) == 1 and (procfs.read_env(copy[0]) or {}).get("RANK") == "0"  # what the old code counted
+        workers = job.workers()
+        assert [procfs.read_env(p)["RANK"] for p in workers] == ["0", "1"]
+        assert copy[0] not in workers
     finally:
-        for child in children:
-            child.kill()
-            child.wait()
+        job.kill()
