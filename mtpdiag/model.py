@@ -101,13 +101,18 @@ class _computed_once:  # noqa: N801 - used as a decorator, like functools.cached
 
 @dataclass(frozen=True)
 class Frame:
-    """One Python frame. ``file`` is a display path (site-packages-relative where possible)."""
+    """One frame. ``file`` is a display path (site-packages-relative where possible).
+
+    ``native`` marks a C/C++ frame (py-spy ``--native``, pystack ``--native``): evidence of what a rank
+    waits on (``cudaStreamSynchronize``, ``futex``), never its call site.
+    """
 
     function: str
     file: str
     line: int
     # Whitelisted integer arguments of torch.distributed frames (dst, src, group_dst, group_src, tag).
     args: tuple[tuple[str, int], ...] = ()
+    native: bool = False
 
     def arg(self, name: str) -> int | None:
         for key, value in self.args:
@@ -119,6 +124,8 @@ class Frame:
         out: dict[str, Any] = {"file": self.file, "line": self.line, "function": self.function}
         if self.args:
             out["args"] = dict(self.args)
+        if self.native:
+            out["native"] = True
         return out
 
     @staticmethod
@@ -126,11 +133,15 @@ class Frame:
         args = d.get("args") or {}
         if not isinstance(args, Mapping):
             raise SchemaError("frame args must be an object")
+        native = d.get("native", False)
+        if type(native) is not bool:
+            raise SchemaError("field 'native' must be a boolean")
         return Frame(
             function=_str(d, "function"),
             file=_str(d, "file"),
             line=_int(d, "line"),
             args=tuple(sorted((str(k), _int(args, k)) for k in args)),
+            native=native,
         )
 
     @staticmethod
@@ -142,8 +153,9 @@ class Frame:
         args = d.get("args")
         line = d.get("line")
         try:
+            native = d.get("native")
             key = (d.get("function"), d.get("file"), line, type(line),
-                   tuple(args.items()) if type(args) is dict else args)
+                   tuple(args.items()) if type(args) is dict else args, native, type(native))
             return seen[key]
         except TypeError:  # unhashable values: let from_dict say what is wrong
             return Frame.from_dict(d)
@@ -199,13 +211,20 @@ def _shared_frames(frames: list, seen: dict) -> tuple[Frame, ...]:
     """
     try:
         key = tuple([(f["function"], f["file"], f["line"], type(f["line"]),
-                      _args_key(f["args"]) if len(f) > 3 and "args" in f else None) for f in frames])
+                      _args_key(f["args"]) if len(f) > 3 and "args" in f else None,
+                      _native_key(f["native"]) if len(f) > 3 and "native" in f else None) for f in frames])
         shared = seen.get(key)
     except (KeyError, TypeError, AttributeError):
         return tuple(Frame.from_dict_shared(f, seen) for f in frames)
     if shared is None:
         shared = seen[key] = tuple(Frame.from_dict_shared(f, seen) for f in frames)
     return shared
+
+
+def _native_key(native: Any) -> bool:
+    if type(native) is not bool:
+        raise TypeError("frame native flag is not a boolean")
+    return native
 
 
 def _args_key(args: Any) -> tuple:

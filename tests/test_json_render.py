@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from mtpdiag.analysis import diagnose
 from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import SchemaError
 from mtpdiag.model import Report, Site
 from mtpdiag.progress import StallTracker
 from mtpdiag.report import json_report
@@ -278,3 +279,17 @@ def test_any_text_in_a_rank_is_written_as_the_encoder_writes_it(big_mtp, host, f
     stack = tuple(replace(f, function=function) if i == 0 else f for i, f in enumerate(view.stack))
     views[at] = replace(view, host=host, stack=stack, error=error, peer=peer)
     _assert_compact_is_exact(replace(big_mtp, ranks=tuple(views)))
+
+
+def test_native_frames_round_trip_and_render_as_the_model_does():
+    """A C frame (py-spy --native) keeps its flag through a bundle and the compact JSON writer."""
+    from mtpdiag.model import Frame, ThreadStack
+
+    native = Frame(function="cudaStreamSynchronize", file="libcudart.so.12", line=0, native=True)
+    python = Frame(function="train_step", file="train.py", line=12)
+    thread = ThreadStack(thread_id=1, name="MainThread", frames=(native, python))
+    back = ThreadStack.from_dict(thread.to_dict())
+    assert back.frames == (native, python)
+    assert "native" not in python.to_dict() and native.to_dict()["native"] is True
+    with pytest.raises(SchemaError):
+        Frame.from_dict({"function": "f", "file": "x", "line": 1, "native": 1})

@@ -24,7 +24,7 @@ _encode_sorted = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 _WRITTEN_FIELDS = {
     RankView: ("rank", "pid", "host", "state", "coords", "op", "site", "stack", "peer", "error"),
     Mismatch: ("op", "site", "group", "members", "entered", "absent", "gate", "absent_doing", "role"),
-    Frame: ("function", "file", "line", "args"),
+    Frame: ("function", "file", "line", "args", "native"),
     Site: ("file", "line", "function"),
 }
 FAST_PATH_MATCHES_MODEL = all(tuple(f.name for f in fields(cls)) == names for cls, names in _WRITTEN_FIELDS.items())
@@ -192,11 +192,12 @@ class _Writer:
         return list(map("[%s]".__mod__, _runs(frames, list(map(len, stacks)))))
 
     def frames(self, frames: list[Frame]) -> list[str]:
-        function, file, line, args = _columns(frames, _WRITTEN_FIELDS[Frame])
+        function, file, line, args, native = _columns(frames, _WRITTEN_FIELDS[Frame])
         texts = iter(self.objects([a for a in args if a], self.same_key_pairs))
         return list(map(_FRAME.__mod__, zip(
             self.texts(file), self.ints(line), self.texts(function),
-            [',"args":' + next(texts) if a else "" for a in args])))
+            [(',"args":' + next(texts) if a else "") + (',"native":true' if n else "")
+             for a, n in zip(args, native)])))
 
     def same_key_objects(self, mappings: Sequence) -> tuple[tuple | None, list]:
         """(the keys, one column of values per key) when every mapping is a dict with the same string keys
