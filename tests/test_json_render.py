@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 
 from mtpdiag.analysis import diagnose
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import SchemaError
-from mtpdiag.model import Report, Site
+from mtpdiag.model import Report, SchemaError, Site
 from mtpdiag.progress import StallTracker
 from mtpdiag.report import json_report
 
