@@ -9,7 +9,7 @@ import sys
 import typer
 
 from mtpdiag import __version__
-from mtpdiag.errors import EXIT_USAGE, MtpdiagError
+from mtpdiag.errors import EXIT_INTERNAL, EXIT_USAGE, MtpdiagError
 
 # Each module defines register(app). Order here is the order of `mtpdiag --help`.
 COMMAND_MODULES = ("inspect", "collect", "analyze", "watch", "check", "apply", "verify", "lint")
@@ -98,7 +98,7 @@ def main() -> None:
             raise
         typer.echo(f"mtpdiag: internal error: {type(exc).__name__}: {_one_line(exc)} "
                    "(set MTPDIAG_DEBUG=1 for a traceback)", err=True)
-        sys.exit(EXIT_USAGE)
+        sys.exit(EXIT_INTERNAL)
 
 
 def _one_line(message: object) -> str:

@@ -7,6 +7,8 @@ EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
 EXIT_NOTHING_CAPTURED = 3
+EXIT_INCOMPLETE = 4  # ranks are stuck, but the evidence cannot say why (never 0 for a stuck job)
+EXIT_INTERNAL = 70  # a bug in mtpdiag (sysexits' EX_SOFTWARE), so that it never looks like a usage error
 
 
 class MtpdiagError(Exception):

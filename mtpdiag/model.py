@@ -173,15 +173,21 @@ class ThreadStack:
     frames: tuple[Frame, ...]
     native_id: int | None = None
     active: bool | None = None
+    # What the innermost Python frame's source line calls, from a short list (``item``, ``synchronize``,
+    # ``acquire``, ...): read from the target's own file at capture time. The line itself is never kept.
+    calls: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "thread_id": self.thread_id,
             "name": self.name,
             "native_id": self.native_id,
             "active": self.active,
             "frames": [f.to_dict() for f in self.frames],
         }
+        if self.calls:
+            out["calls"] = list(self.calls)
+        return out
 
     @staticmethod
     def from_dict(d: Mapping[str, Any], seen_frames: dict | None = None) -> "ThreadStack":
@@ -192,13 +198,21 @@ class ThreadStack:
         # Type checks inline rather than through _int/_opt_int/printable: this runs once per rank.
         thread_id, name, native_id, active = d.get("thread_id"), d.get("name") or "", d.get("native_id"), \
             d.get("active")
+        calls = d.get("calls")
         return ThreadStack(
             thread_id=thread_id if type(thread_id) is int else _int(d, "thread_id"),
             name=name if type(name) is str and name.isprintable() else printable(str(name)),
             native_id=native_id if native_id is None or type(native_id) is int else _opt_int(d, "native_id"),
             active=active if type(active) is bool else None,
             frames=_shared_frames(frames, {} if seen_frames is None else seen_frames),
+            calls=() if calls is None else _call_names(calls),
         )
+
+
+def _call_names(calls: Any) -> tuple[str, ...]:
+    if type(calls) is not list or not all(type(c) is str and c.isidentifier() for c in calls):
+        raise SchemaError("thread calls must be a list of names")
+    return tuple(calls)
 
 
 def _shared_frames(frames: list, seen: dict) -> tuple[Frame, ...]:
@@ -255,6 +269,10 @@ class RankCapture:
     main_cpu_ticks: int | None = None
     layout_hints: tuple[tuple[str, int], ...] = ()
     source: str | None = None  # file the capture was read from, for analyze
+    # What /proc said of the main thread just before the dump: the system call it sits in (``futex``,
+    # ``clock_nanosleep``, ``read``; ``running`` when on the CPU) and whether the process maps CUDA/NCCL.
+    main_syscall: str | None = None
+    cuda: bool | None = None
 
     @_computed_once
     def world_size(self) -> int | None:
@@ -292,6 +310,8 @@ class RankCapture:
             "main_cpu_ticks": self.main_cpu_ticks,
             "layout_hints": dict(self.layout_hints),
             "source": self.source,
+            "main_syscall": self.main_syscall,
+            "cuda": self.cuda,
             "threads": [t.to_dict() for t in self.threads],
         }
 
@@ -319,6 +339,8 @@ class RankCapture:
             main_cpu_ticks=ticks if ticks is None or type(ticks) is int else _opt_int(d, "main_cpu_ticks"),
             layout_hints=_shared_hints(hints, seen),
             source=source if isinstance(source, str) else None,
+            main_syscall=_opt_name(d, "main_syscall"),
+            cuda=_opt_bool(d, "cuda"),
         )
 
 
@@ -404,8 +426,28 @@ class Site:
 
 
 @dataclass(frozen=True)
+class WaitState:
+    """Where a rank is stuck, and how sure the evidence makes us.
+
+    ``kind``: collective | host_sync | comm_init | data_loader | lock | io | sleep | running | unknown.
+    ``confidence``: certain | likely | possible. ``evidence`` says what the call rests on, in a few words
+    each. ``thread`` names the thread that shows it when that is not the main thread.
+    """
+
+    kind: str
+    confidence: str
+    evidence: tuple[str, ...] = ()
+    thread: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "confidence": self.confidence, "evidence": list(self.evidence),
+                "thread": self.thread}
+
+
+@dataclass(frozen=True)
 class RankView:
-    """One rank as the report shows it. ``state`` is collective|running|stopped|gone|unreadable."""
+    """One rank as the report shows it. ``state`` is collective|waiting|running|stopped|gone|unreadable
+    (``waiting``: blocked outside any collective, e.g. at a host sync or a lock; ``wait`` says on what)."""
 
     rank: int | None
     pid: int | None
@@ -417,6 +459,7 @@ class RankView:
     stack: tuple[Frame, ...]
     peer: int | None = None  # the other end of a send/recv, when known
     error: str | None = None
+    wait: WaitState | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -433,22 +476,26 @@ class RankView:
             out["peer"] = self.peer
         if self.error:
             out["error"] = self.error
+        out["wait"] = self.wait.to_dict() if self.wait is not None else None
         return out
 
 
 @dataclass(frozen=True)
 class SiteGroup:
-    """Ranks that wait in the same op at the same site (op None: running at that user frame)."""
+    """Ranks that wait in the same op at the same site (op None: in no collective at that user frame; then
+    ``wait`` is what they wait on there, e.g. ``host_sync``, or ``running``)."""
 
     op: str | None
     site: Site | None
     ranks: tuple[int, ...]
+    wait: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "op": self.op,
             "site": self.site.to_dict() if self.site else None,
             "ranks": list(self.ranks),
+            "wait": self.wait,
         }
 
 
@@ -465,12 +512,25 @@ class Mismatch:
     gate: Mapping[str, int] | None
     absent_doing: Mapping[int, str] = field(default_factory=dict)  # rank -> "all_gather in ring_attention"
     role: str = "root"  # root | consequence
+    # How the group kind was found: known-site | flight-recorder | unique-fit | guess; every kind that fit.
+    group_from: str = "unique-fit"
+    group_candidates: tuple[str, ...] = ()
+    # strong: several ranks on each side split cleanly along the gate; weak: one rank alone, or other
+    # coordinate conditions separate the sides as well (``gate_alternatives``): data-dependent divergence
+    # (a loop that ran once more on some ranks) fits just as well.
+    gate_strength: str | None = None
+    gate_alternatives: tuple[Mapping[str, int], ...] = ()
+    source: str = "stacks"  # stacks | flight-recorder | stacks+flight-recorder
+    seq: int | None = None  # the Flight Recorder's collective sequence number in the group, when known
 
     def with_role(self, role: str) -> "Mismatch":
         """``replace(self, role=role)`` without its per-call field introspection (8k instances at 16k ranks);
         tests compare the two, so a new field cannot be dropped here unnoticed."""
         return Mismatch(op=self.op, site=self.site, group=self.group, members=self.members, entered=self.entered,
-                        absent=self.absent, gate=self.gate, absent_doing=self.absent_doing, role=role)
+                        absent=self.absent, gate=self.gate, absent_doing=self.absent_doing, role=role,
+                        group_from=self.group_from, group_candidates=self.group_candidates,
+                        gate_strength=self.gate_strength, gate_alternatives=self.gate_alternatives,
+                        source=self.source, seq=self.seq)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -483,6 +543,12 @@ class Mismatch:
             "gate": dict(self.gate) if self.gate is not None else None,
             "absent_doing": {str(k): v for k, v in sorted(self.absent_doing.items())},
             "role": self.role,
+            "group_from": self.group_from,
+            "group_candidates": list(self.group_candidates),
+            "gate_strength": self.gate_strength,
+            "gate_alternatives": [dict(g) for g in self.gate_alternatives],
+            "source": self.source,
+            "seq": self.seq,
         }
 
 
@@ -569,6 +635,23 @@ def _opt_int(d: Mapping[str, Any], key: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise SchemaError(f"field {key!r} must be an integer or null")
+    return value
+
+
+def _opt_bool(d: Mapping[str, Any], key: str) -> bool | None:
+    value = d.get(key)
+    if value is None or type(value) is bool:
+        return value
+    raise SchemaError(f"field {key!r} must be true, false or null")
+
+
+def _opt_name(d: Mapping[str, Any], key: str) -> str | None:
+    """A short identifier-like word (a system call's name), or None."""
+    value = d.get(key)
+    if value is None:
+        return None
+    if type(value) is not str or len(value) > 40 or not value.replace("-", "_").isidentifier():
+        raise SchemaError(f"field {key!r} must be a short name or null")
     return value
 
 

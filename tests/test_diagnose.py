@@ -90,14 +90,18 @@ def test_p2p_count_is_an_unmatched_send():
     assert report.mismatches == ()
 
 
-def test_straggler_is_the_rank_running_while_its_group_waits():
+def test_straggler_is_the_rank_outside_any_collective_while_its_group_waits():
+    """Rank 3 polls for its data with time.sleep (a C call): py-spy sees it idle at load_batch's line. It is
+    waiting, but on nothing of the group's: it holds the group up (a straggler), unlike a rank at a host sync."""
     report, _ = _report("straggler")
     assert report.findings[0].id == "straggler"
     assert report.findings[0].ranks == (3,)
     assert "load_batch" in report.findings[0].summary
     (m,) = report.mismatches
-    assert (m.role, m.absent, m.absent_doing[3]) == ("consequence", (3,), "running in load_batch")
-    assert report.ranks[3].state == "running" and report.ranks[3].op is None
+    assert (m.role, m.absent, m.absent_doing[3]) == ("consequence", (3,), "blocked in a C call in load_batch")
+    view = report.ranks[3]
+    assert (view.state, view.op, view.wait.kind) == ("waiting", None, "unknown")
+    assert "idle" in view.wait.evidence[0]
 
 
 def test_frozen_rank_is_the_stopped_one():
@@ -168,12 +172,17 @@ def test_every_rank_in_one_complete_collective_is_all_waiting():
     assert [f.id for f in diagnose(snapshot).findings] == ["all-waiting"]  # no layout needed for this
 
 
-def test_a_world_of_running_ranks_is_ok_and_an_unreadable_one_is_incomplete():
+def test_a_world_of_ranks_blocked_outside_collectives_is_incomplete_never_ok():
+    """Every rank idle in a C call at its own line (rank 3 of the straggler hang, replicated): nothing is split
+    and nobody is in a collective, but every rank is stuck. Not ok: incomplete, with what they wait on."""
     snapshot, layout, _ = load_scenario("straggler")
-    running = next(c for c in snapshot.captures if c.rank == 3)  # sleeping in load_batch
-    world = tuple(replace(running, rank=r, pid=(running.pid or 0) + r) for r in range(4))
+    sleeping = next(c for c in snapshot.captures if c.rank == 3)  # idle at time.sleep in load_batch
+    world = tuple(replace(sleeping, rank=r, pid=(sleeping.pid or 0) + r) for r in range(4))
     report = diagnose(Snapshot(captures=world), layout)
-    assert (report.verdict, report.findings, report.mismatches) == ("ok", (), ())
+    assert (report.verdict, report.mismatches) == ("incomplete", ())
+    (finding,) = report.findings
+    assert finding.id == "unexplained-wait" and finding.ranks == (0, 1, 2, 3)
+    assert "load_batch" in finding.summary and "Flight Recorder" in finding.remedy
     unreadable = replace(world[2], state="unreadable", threads=(), error="py-spy timed out")
     report = diagnose(Snapshot(captures=world[:2] + (unreadable,) + world[3:]), layout)
     assert report.verdict == "incomplete"

@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Sequence
 
 from mtpdiag.analysis.known_sites import lookup
-from mtpdiag.model import STATE_DISK, STATE_STOPPED, STATE_ZOMBIE, Frame, RankCapture, Site
+from mtpdiag.model import STATE_DISK, STATE_STOPPED, STATE_ZOMBIE, Frame, RankCapture, Site, ThreadStack
 
 # Public torch.distributed functions a rank can block in (torch's own names; the report's op names).
 KNOWN_OPS = frozenset({
@@ -56,7 +56,7 @@ class Classified:
 class RankState:
     """The report's state word for a rank, and why, when that is not obvious."""
 
-    state: str  # collective | running | stopped | gone | unreadable
+    state: str  # collective | waiting | running | stopped | gone | unreadable
     error: str | None = None
 
 
@@ -144,15 +144,37 @@ def classify_stack(frames: tuple[Frame, ...], active: bool | None = None) -> Cla
     return Classified(op=None, site=site_of(innermost_user))
 
 
+def classify_thread(thread: ThreadStack) -> Classified:
+    """``classify_stack`` of a thread's Python frames: native frames are evidence, never the call site."""
+    frames = thread.frames
+    if any(f.native for f in frames):
+        frames = tuple(f for f in frames if not f.native)
+    return classify_stack(frames, thread.active)
+
+
 def classify_capture(capture: RankCapture) -> Classified:
     thread = capture.main_thread
     if thread is None:
         return Classified(op=None, site=None)
-    return classify_stack(tuple(thread.frames), thread.active)
+    return classify_thread(thread)
 
 
-def rank_state(capture: RankCapture, classified: Classified) -> RankState:
-    """Map the /proc state and the reading onto the report's state words."""
+def side_collective(capture: RankCapture) -> tuple[ThreadStack, Classified] | None:
+    """A thread other than the main one that waits in a collective (DeepSpeed ZeRO-3 gathers parameters on
+    an autograd thread while the main thread sits in ``backward``): the rank's collective is that one."""
+    main = capture.main_thread
+    for thread in capture.threads:
+        if thread is main:
+            continue
+        found = classify_thread(thread)
+        if found.op is not None and found.op != WAIT_OP:
+            return thread, found
+    return None
+
+
+def rank_state(capture: RankCapture, classified: Classified, waiting: bool = False) -> RankState:
+    """Map the /proc state and the reading onto the report's state words (``waiting``: the wait state
+    says the rank is blocked outside any collective)."""
     letter = (capture.state or "").strip()
     if letter == "gone" or letter == STATE_ZOMBIE:
         return RankState("gone", capture.error or ("zombie process" if letter == STATE_ZOMBIE else None))
@@ -164,4 +186,4 @@ def rank_state(capture: RankCapture, classified: Classified) -> RankState:
         return RankState("unreadable", capture.error or "no stack could be read")
     if classified.op is not None:
         return RankState("collective", capture.error)
-    return RankState("running", capture.error)
+    return RankState("waiting" if waiting else "running", capture.error)

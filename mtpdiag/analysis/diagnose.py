@@ -10,13 +10,16 @@ from __future__ import annotations
 from typing import Mapping
 
 from mtpdiag.analysis import findings as fnd
-from mtpdiag.analysis.classify import Classified, RankState, classify_capture, rank_state, site_of
+from mtpdiag.analysis.classify import (Classified, RankState, classify_capture, rank_state, side_collective,
+                                       site_of)
 from mtpdiag.analysis.known_sites import lookup
 from mtpdiag.analysis.mismatch import find_mismatches, is_p2p_op, is_point_to_point
 from mtpdiag.analysis.sites import group_sites
+from mtpdiag.analysis.wait import is_stuck, wait_state
 from mtpdiag.analysis.waits import find_causes
 from mtpdiag.layout import LayoutError, ParallelLayout
-from mtpdiag.model import Finding, Mismatch, RankCapture, RankView, Report, Snapshot, who_and_why
+from mtpdiag.model import (Finding, Mismatch, RankCapture, RankView, Report, Snapshot, ThreadStack, WaitState,
+                           who_and_why)
 
 NO_LAYOUT_NOTE = "no parallel layout: pass --tp/--cp/--pp or --config to find split groups"
 _LIST = 8  # ranks listed in a note before "…"
@@ -99,14 +102,27 @@ class _StackReader:
         self._classified: dict[tuple[int, bool | None], Classified] = {}
         self._direction: dict[int, str | None] = {}
         self._states: dict[tuple, RankState] = {}
+        self._waits: dict[tuple, WaitState | None] = {}
 
-    def state(self, capture: RankCapture, classified: Classified) -> RankState:
+    def state(self, capture: RankCapture, classified: Classified, wait: WaitState | None) -> RankState:
         """``rank_state``, shared by the ranks whose state, error and stack kind agree."""
-        key = (capture.state, capture.error, capture.main_thread is None, classified.op is None)
+        waiting = wait is not None and wait.kind != "running"
+        key = (capture.state, capture.error, capture.main_thread is None, classified.op is None, waiting)
         found = self._states.get(key)
         if found is None:
-            found = self._states[key] = rank_state(capture, classified)
+            found = self._states[key] = rank_state(capture, classified, waiting)
         return found
+
+    def wait(self, capture: RankCapture, thread: ThreadStack | None, op: str | None,
+             side_thread: str | None) -> WaitState | None:
+        """``wait_state``, shared by the ranks whose stack and /proc facts agree."""
+        if thread is None:
+            return wait_state(capture, thread, op, side_thread)
+        key = (id(thread.frames), thread.active, thread.calls, op, side_thread, capture.state,
+               capture.main_syscall, capture.cuda, thread is capture.main_thread)
+        if key not in self._waits:
+            self._waits[key] = wait_state(capture, thread, op, side_thread)
+        return self._waits[key]
 
     def classify(self, capture: RankCapture) -> Classified:
         thread = capture.main_thread
@@ -129,8 +145,15 @@ class _StackReader:
 
 def _view(capture: RankCapture, layout: ParallelLayout | None, coords_of, read: _StackReader) -> RankView:
     classified = read.classify(capture)
-    state = read.state(capture, classified)
     thread = capture.main_thread
+    side_name = None
+    if classified.op is None and len(capture.threads) > 1:
+        side = side_collective(capture)
+        if side is not None:  # the rank's collective runs on another thread: that thread is what matters
+            thread, classified = side
+            side_name = thread.name or f"thread {thread.thread_id}"
+    wait = read.wait(capture, thread, classified.op, side_name)
+    state = read.state(capture, classified, wait)
     stack = thread.frames if thread is not None else ()
     in_layout = layout is not None and capture.rank is not None and 0 <= capture.rank < layout.world_size
     peer = classified.peer
@@ -139,7 +162,7 @@ def _view(capture: RankCapture, layout: ParallelLayout | None, coords_of, read: 
     return RankView(
         rank=capture.rank, pid=capture.pid, host=capture.host, state=state.state,
         coords=coords_of(capture.rank) if in_layout else None,
-        op=classified.op, site=classified.site, stack=stack, peer=peer, error=state.error,
+        op=classified.op, site=classified.site, stack=stack, peer=peer, error=state.error, wait=wait,
     )
 
 
@@ -242,18 +265,21 @@ def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...]) -> list[str]
 
 def _verdict(found: list[Finding], views: tuple[RankView, ...], by_rank: dict[int, RankView],
              world_size: int | None, layout: ParallelLayout | None, notes: list[str]) -> str:
-    if found:
+    """``problem`` when a finding names one; ``ok`` only when no rank is stuck; else ``incomplete``, with an
+    ``unexplained-wait`` finding that says what the ranks wait on and what to collect next (appended to
+    ``found``). A single dump cannot prove a hang, so ``ok`` needs every rank seen running its own code."""
+    if any(f.id not in fnd.INCOMPLETE_FINDINGS for f in found):
         return "problem"
     if not by_rank:
         notes.append("no capture carries a rank: nothing to diagnose")
         return "incomplete"
-    if any(v.state in ("stopped", "unreadable", "gone") for v in views):
-        return "incomplete"
     waiting = [v for v in by_rank.values() if v.state == "collective"]
-    if world_size is None and waiting:
-        return "incomplete"
     if layout is None and waiting and len({(v.op, v.site) for v in by_rank.values()}) > 1:
         notes.append("ranks wait at different sites; a layout is needed to tell which group is split")
+    stuck = [v for v in views if v.state in ("stopped", "unreadable", "gone") or is_stuck(v.wait)]
+    if stuck:
+        if not any(f.id == "unexplained-wait" for f in found):
+            found.append(fnd.unexplained_wait_finding(stuck, layout is not None))
         return "incomplete"
     return "ok"
 

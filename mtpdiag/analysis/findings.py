@@ -15,7 +15,8 @@ from mtpdiag.analysis.classify import RECV_OPS, SEND_OPS
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.mismatch import doing
-from mtpdiag.analysis.waits import Causes, P2PWait, Waiter
+from mtpdiag.analysis.wait import WAIT_PHRASES
+from mtpdiag.analysis.waits import Causes, P2PWait, Waiter, holds_up
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Finding, Mismatch, RankView, Site
 
@@ -26,13 +27,21 @@ GROUP_NAMES = {
 }
 # Order of findings: causes first.
 _PRIORITY = {"mtp-cp-gated-reduce": 0, "frozen-rank": 1, "straggler": 2, "gated-collective": 3,
-             "p2p-unmatched": 4, "missing-rank": 5, "all-waiting": 6}
+             "p2p-unmatched": 4, "missing-rank": 5, "all-waiting": 6, "unexplained-wait": 7}
+# Findings that describe a gap in the evidence rather than a problem: they make the verdict ``incomplete``.
+INCOMPLETE_FINDINGS = frozenset({"unexplained-wait"})
 _SHOW = 6  # ranks named in a summary before "…"
 
+FR_LAUNCH_ENV = ("TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_ "
+                 "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/fr_pipe_rank_")
+FR_HOW = ("the Flight Recorder dumps ${TORCH_FR_DUMP_TEMP_FILE}<rank> (default ~/.cache/torch/comm_lib_trace_rank_"
+          "<rank>, /tmp/nccl_trace_rank_<rank> before torch 2.6), written on every rank when the NCCL watchdog "
+          "times out (TORCH_NCCL_TIMEOUT, 10 min by default), or now with `mtpdiag inspect --fr-dump` when the "
+          "job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE; then `mtpdiag analyze --fr <prefix>` (with the stacks, or "
+          f"alone). If the job did not record them, relaunch with {FR_LAUNCH_ENV}")
 FLIGHT_RECORDER_HINT = (
-    "look below Python: the network, NCCL or a device (NCCL_DEBUG=INFO, dmesg); record the collectives "
-    "with torch's flight recorder (TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
-    "TORCH_FR_DUMP_TEMP_FILE=/tmp/nccl_trace_rank_) and compare each rank's last collective"
+    "look below Python: the network, NCCL or a device (NCCL_DEBUG=INFO, dmesg); compare each rank's last "
+    f"collective in {FR_HOW}"
 )
 
 
@@ -221,27 +230,29 @@ def blocked_findings(causes: Causes, views: Mapping[int, RankView],
                      layout: ParallelLayout | None) -> list[Finding]:
     """``straggler`` and ``frozen-rank`` for captured ranks that others wait on."""
     words = _Words(layout)
-    running: dict[Site | None, list[int]] = {}
+    running: dict[tuple[Site | None, str], list[int]] = {}
     frozen: dict[str, list[int]] = {}
     for rank in causes.blocked_on:
         view = views.get(rank)
         if view is None:
             continue  # never captured: missing-rank
-        if view.state == "running":
-            running.setdefault(view.site, []).append(rank)
+        if view.state in ("running", "waiting"):
+            kind = view.wait.kind if view.wait is not None else "running"
+            running.setdefault((view.site, kind), []).append(rank)
         else:
             frozen.setdefault(view.state, []).append(rank)
     out = []
-    for site, ranks in running.items():
+    for (site, kind), ranks in running.items():
         waiters = [w for r in ranks for w in causes.blocked_on[r]]
         them = words.verb(ranks, "it", "them")
         out.append(Finding(
             id="straggler", ranks=tuple(ranks),
-            summary=(f"{words.ranks(ranks, coords=True)} {words.verb(ranks, 'is', 'are')} running in "
-                     f"{words.where(site)}, in no collective, while "
+            summary=(f"{words.ranks(ranks, coords=True)} {words.verb(ranks, 'is', 'are')} "
+                     f"{WAIT_PHRASES.get(kind, kind)} in {words.where(site)}, in no collective, while "
                      f"{_waiting_phrase(waiters, causes.mismatches, words, them)}"),
-            remedy=_straggler_remedy(ranks, views),
-            details={"site": site.to_dict() if site else None, "waiting": _waiting_details(waiters, causes)},
+            remedy=_straggler_remedy(ranks, views, kind),
+            details={"site": site.to_dict() if site else None, "wait": kind,
+                     "waiting": _waiting_details(waiters, causes)},
         ))
     for state, ranks in frozen.items():
         waiters = [w for r in ranks for w in causes.blocked_on[r]]
@@ -275,9 +286,19 @@ def _pids(ranks: Sequence[int], views: Mapping[int, RankView]) -> str:
     return " ".join(pids) if pids else "PID"
 
 
-def _straggler_remedy(ranks: Sequence[int], views: Mapping[int, RankView]) -> str:
+_STRAGGLER_CAUSES = {
+    "data_loader": "a DataLoader worker that died or stalls (its own stack: py-spy dump --pid on the worker)",
+    "lock": "a lock or queue that nobody releases or fills (look for the other holder: py-spy dump --native)",
+    "io": "a file system or network endpoint that does not answer (dmesg, the mount, the remote end)",
+    "sleep": "a polling loop whose condition never comes true",
+    "unknown": "a C call that blocks (py-spy dump --native shows on what)",
+}
+
+
+def _straggler_remedy(ranks: Sequence[int], views: Mapping[int, RankView], kind: str = "running") -> str:
+    cause = _STRAGGLER_CAUSES.get(kind, "a data loader, I/O or a loop that never ends")
     return ("find out what the straggler is doing (its stack below, or py-spy dump --pid "
-            f"{_pids(ranks, views)}): a data loader, I/O or a loop that never ends; the others only wait for it")
+            f"{_pids(ranks, views)}): {cause}; the others only wait for it")
 
 
 def _frozen_remedy(state: str, ranks: Sequence[int], views: Mapping[int, RankView]) -> str:
@@ -326,26 +347,92 @@ def all_waiting_finding(views: Sequence[RankView]) -> Finding:
     )
 
 
+def unexplained_wait_finding(stuck: Sequence[RankView], layout_known: bool, fr_found: bool = False) -> Finding:
+    """Ranks that wait, and evidence that cannot say for what: where they wait, and what to collect next.
+
+    On NCCL this is the usual picture of a hang: the collective that hangs only enqueued a kernel, and every
+    rank sits at a later host sync (``.item()``, ``.cpu()``) with no collective on its stack.
+    """
+    words = _Words(None)
+    by_kind: dict[str, list[RankView]] = {}
+    for view in stuck:
+        kind = view.wait.kind if view.wait is not None else view.state
+        by_kind.setdefault(kind, []).append(view)
+    parts = []
+    for kind, views in sorted(by_kind.items(), key=lambda item: (-len(item[1]), item[0])):
+        ranks = sorted(v.rank for v in views if v.rank is not None)
+        sites = list(dict.fromkeys(words.where(v.site) for v in views if v.site is not None))
+        where = f" ({'; '.join(sites[:2])}{'; …' if len(sites) > 2 else ''})" if sites else ""
+        phrase = WAIT_PHRASES.get(kind, kind).replace("waiting", "wait", 1)
+        if kind == "collective":
+            ops = list(dict.fromkeys(v.op for v in views if v.op))
+            phrase = f"wait in {', '.join(ops[:3])}"
+        elif kind in ("stopped", "gone", "unreadable"):
+            phrase = f"are {kind}" if len(ranks) != 1 else f"is {kind}"
+        elif kind == "running":
+            phrase = ("on the CPU in their own code (a busy step, or a wait that spins: one dump cannot tell "
+                      "them apart)")
+        parts.append(f"{words.ranks(ranks)} {phrase}{where}")
+    ranks = tuple(sorted(v.rank for v in stuck if v.rank is not None))
+    kinds = set(by_kind)
+    if kinds == {"collective"} and not layout_known:
+        summary = ("ranks wait in collectives at different call sites and no parallel layout is known: "
+                   + "; ".join(parts))
+        remedy = ("give the layout (--tp/--cp/--pp/--ep, or --config) so the split process group can be found; "
+                  f"the Flight Recorder names the groups too: {FR_HOW}")
+    else:
+        lead = ("no rank is in a collective the stacks can see" if "collective" not in kinds
+                else "the stacks do not explain the hang")
+        summary = f"{lead}: " + "; ".join(parts)
+        if "host_sync" in kinds:
+            summary += (". On NCCL a collective only enqueues a kernel, so the one that hangs is not on any "
+                        "stack: the ranks wait for it at their next host sync")
+        steps = []
+        native_first = not kinds & {"host_sync", "collective", "comm_init"}
+        if native_first:
+            steps.append("see what the C calls wait on with `mtpdiag inspect --native` (py-spy --native)")
+        if fr_found:
+            steps.append("the Flight Recorder dumps found with this capture did not name a split collective: "
+                         "check that they are from this hang and cover every rank")
+        else:
+            steps.append(f"get {FR_HOW}")
+        steps.append("tell a hang from a slow step with `mtpdiag watch --pid <pid>`")
+        if not native_first and kinds & {"lock", "io", "unknown"}:
+            steps.append("see what the C calls wait on with `mtpdiag inspect --native`")
+        remedy = "; ".join(steps)
+    return Finding(
+        id="unexplained-wait", ranks=ranks, summary=summary, remedy=remedy,
+        details={"waits": {k: sorted(v.rank for v in vs if v.rank is not None) for k, vs in sorted(by_kind.items())}},
+    )
+
+
 def layout_free_findings(views: Sequence[RankView]) -> list[Finding]:
-    """Without a layout: a stopped rank while others wait, or a rank running while all others wait."""
+    """Without a layout: stopped ranks while others wait, or ranks that hold up the rest while all others
+    wait in collectives."""
     ranked = [v for v in views if v.rank is not None]
+    by_rank = {v.rank: v for v in ranked}
     waiting = [v.rank for v in ranked if v.state == "collective"]
     out = []
-    frozen = [v.rank for v in ranked if v.state in ("stopped", "gone", "unreadable")]
-    running = [v.rank for v in ranked if v.state == "running"]
+    frozen: dict[str, list[int]] = {}
+    for v in ranked:
+        if v.state in ("stopped", "gone", "unreadable"):
+            frozen.setdefault(v.state, []).append(v.rank)
+    held = [v.rank for v in ranked if v.state in ("running", "waiting") and holds_up(v)]
     words = _Words(None)
-    if frozen and waiting:
-        state = next(v.state for v in ranked if v.rank == frozen[0])
+    if waiting:
+        for state, ranks in frozen.items():
+            out.append(Finding(
+                id="frozen-rank", ranks=tuple(ranks), remedy=_frozen_remedy(state, ranks, by_rank),
+                summary=(f"{words.ranks(ranks)} {words.verb(ranks, 'is', 'are')} {state} while "
+                         f"{words.ranks(waiting)} wait in collectives (no layout: groups unknown)"),
+            ))
+    if held and waiting and len(held) + len(waiting) == len(ranked):
+        kinds = list(dict.fromkeys(by_rank[r].wait.kind if by_rank[r].wait else "running" for r in held))
+        what = WAIT_PHRASES.get(kinds[0], kinds[0]) if len(kinds) == 1 else "outside any collective"
         out.append(Finding(
-            id="frozen-rank", ranks=tuple(frozen), remedy=_frozen_remedy(state, frozen, {v.rank: v for v in ranked}),
-            summary=(f"{words.ranks(frozen)} {words.verb(frozen, 'is', 'are')} {state} while "
-                     f"{words.ranks(waiting)} wait in collectives (no layout: groups unknown)"),
-        ))
-    if running and waiting and len(running) + len(waiting) == len(ranked):
-        out.append(Finding(
-            id="straggler", ranks=tuple(running),
-            remedy=_straggler_remedy(running, {v.rank: v for v in ranked}),
-            summary=(f"{words.ranks(running)} {words.verb(running, 'is', 'are')} running while every other "
+            id="straggler", ranks=tuple(held),
+            remedy=_straggler_remedy(held, by_rank, kinds[0] if len(kinds) == 1 else "running"),
+            summary=(f"{words.ranks(held)} {words.verb(held, 'is', 'are')} {what} while every other "
                      "rank waits in a collective (no layout: groups unknown)"),
         ))
     return out

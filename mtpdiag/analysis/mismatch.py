@@ -19,6 +19,7 @@ from typing import Mapping, NamedTuple, Sequence
 from mtpdiag.analysis.classify import BARRIER_OPS, P2P_OPS, WAIT_OP
 from mtpdiag.analysis.gate import CoordsOf, gate_of
 from mtpdiag.analysis.known_sites import lookup
+from mtpdiag.analysis.wait import WAIT_PHRASES
 from mtpdiag.layout import GROUP_KINDS, INFERENCE_ORDER, ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
 
@@ -58,7 +59,8 @@ def doing(view: RankView | None) -> str:
     where = view.site.function if view.site is not None else None
     if view.op is not None:
         return f"{view.op} in {where}" if where else view.op
-    return f"running in {where}" if where else "running"
+    what = WAIT_PHRASES.get(view.wait.kind, "running") if view.state == "waiting" and view.wait else "running"
+    return f"{what} in {where}" if where else what
 
 
 def candidate_kinds(op: str, site: Site | None, layout: ParallelLayout) -> tuple[str, ...]:

@@ -24,10 +24,20 @@ from typing import Mapping, Sequence
 from mtpdiag.analysis.classify import BARRIER_OPS, RECV_OPS, SEND_OPS
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.mismatch import is_point_to_point
+from mtpdiag.analysis.wait import SELF_INFLICTED
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
 
 PROBLEM_STATES = ("running", "stopped", "gone", "unreadable")
+
+
+def holds_up(view: RankView | None) -> bool:
+    """A rank that others can wait on without it waiting on anybody: it runs, waits on something of its own
+    (a lock, I/O, a data loader, a sleep), is stopped or unreadable, or was never captured. A rank at a host
+    sync waits on the device, which waits on a collective: not one of these."""
+    if view is None or view.state in PROBLEM_STATES:
+        return True
+    return view.state == "waiting" and view.wait is not None and view.wait.kind in SELF_INFLICTED
 
 
 @dataclass(frozen=True)
@@ -197,10 +207,10 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
     blocked: dict[int, list[Waiter]] = {}
     for i, m in enumerate(mismatches):
         for a in m.absent:
-            if _is_problem(views.get(a)):
+            if holds_up(views.get(a)):
                 blocked.setdefault(a, []).append(Waiter(mismatch=i))
     for w in p2p:
-        if _is_problem(views.get(w.peer)):
+        if holds_up(views.get(w.peer)):
             blocked.setdefault(w.peer, []).append(Waiter(p2p=w))
 
     targets = [v for v, c in enumerate(comp) if c in cyclic]
@@ -227,10 +237,6 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
         (root_p2p if root else consequence_p2p).append(w)
     return Causes(mismatches=tuple(roles), root_p2p=tuple(root_p2p), consequence_p2p=tuple(consequence_p2p),
                   blocked_on={r: tuple(ws) for r, ws in sorted(blocked.items())})
-
-
-def _is_problem(view: RankView | None) -> bool:
-    return view is None or view.state in PROBLEM_STATES
 
 
 def _mismatch_key(m: Mismatch) -> tuple:

@@ -31,8 +31,12 @@ __all__ = ["capture", "find_targets", "CaptureFailed", "STATE_GONE", "STATE_UNRE
 
 def capture(pids: Iterable[int] = (), *, scan_all: bool = False, native: bool = False,
             nonblocking: bool = False, timeout: float = 10.0, progress: bool = False,
-            host: str | None = None) -> Snapshot:
-    """Capture every worker behind ``pids`` (and, with ``scan_all``, every ranked process here)."""
+            host: str | None = None, native_timeout: float = 30.0) -> Snapshot:
+    """Capture every worker behind ``pids`` (and, with ``scan_all``, every ranked process here).
+
+    ``native`` adds C/C++ frames (evidence of what a rank waits on); a native dump can take seconds, so it
+    has its own ``native_timeout``, and a rank whose native dump fails is dumped again without it.
+    """
     targets = find_targets(list(pids), scan_all)
     pyspy.find_pyspy()  # fail early, with one line, when py-spy is missing
     label = host or socket.gethostname()
@@ -42,7 +46,8 @@ def capture(pids: Iterable[int] = (), *, scan_all: bool = False, native: bool = 
 
     def one(item: tuple[int, _ProcFacts]) -> RankCapture:
         pid, facts = item
-        return _capture_one(pid, facts, label, native=native, nonblocking=nonblocking, timeout=timeout)
+        return _capture_one(pid, facts, label, native=native, nonblocking=nonblocking, timeout=timeout,
+                            native_timeout=native_timeout)
 
     with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(pending))) as pool:
         captures = _run_with_progress(pool, one, pending, show=progress and len(pending) > 4
@@ -66,6 +71,8 @@ class _ProcFacts:
     env: dict[str, str]  # whitelisted keys only
     main_cpu_ticks: int | None
     hints: dict[str, int]
+    main_syscall: str | None = None
+    cuda: bool | None = None
 
     @property
     def rank(self) -> int | None:
@@ -79,19 +86,30 @@ class _ProcFacts:
 def _read_proc(pid: int, hints: "_HintReader") -> _ProcFacts:
     stat = procfs.read_stat(pid)
     return _ProcFacts(stat=stat, env=procfs.read_env(pid) or {}, main_cpu_ticks=procfs.main_thread_ticks(pid),
-                      hints=hints.for_process(pid) if stat is not None else {})
+                      hints=hints.for_process(pid) if stat is not None else {},
+                      main_syscall=procfs.main_thread_syscall(pid), cuda=procfs.maps_cuda(pid))
 
 
 def _capture_one(pid: int, facts: _ProcFacts, host: str, *, native: bool, nonblocking: bool,
-                 timeout: float) -> RankCapture:
+                 timeout: float, native_timeout: float = 30.0) -> RankCapture:
     stat = facts.stat
     base = dict(pid=pid, host=host, rank=facts.rank, env=tuple(sorted(facts.env.items())),
-                main_cpu_ticks=facts.main_cpu_ticks, layout_hints=tuple(sorted(facts.hints.items())))
+                main_cpu_ticks=facts.main_cpu_ticks, layout_hints=tuple(sorted(facts.hints.items())),
+                main_syscall=facts.main_syscall, cuda=facts.cuda)
     if stat is None or stat.state == "Z":
         return RankCapture(state=STATE_GONE, error="the process exited before it could be captured", **base)
     use_nonblocking = nonblocking or stat.state in _STOPPED
+    note = None
+    if native and not use_nonblocking:  # py-spy reads native stacks only of a paused process
+        try:
+            threads = pyspy.dump(pid, native=True, timeout=native_timeout)
+            return RankCapture(state=stat.state, threads=threads, **base)
+        except CaptureFailed as exc:
+            note = f"native dump failed ({exc}): Python frames only"
+    elif native:
+        note = "no native frames: py-spy reads them only by pausing the process (--nonblocking, or stopped)"
     try:
-        threads = pyspy.dump(pid, native=native, nonblocking=use_nonblocking, timeout=timeout)
+        threads = pyspy.dump(pid, nonblocking=use_nonblocking, timeout=timeout)
     except CaptureFailed as exc:
         now = procfs.read_stat(pid)
         if now is None or now.state == "Z":
@@ -100,10 +118,10 @@ def _capture_one(pid: int, facts: _ProcFacts, host: str, *, native: bool, nonblo
             return RankCapture(state=STATE_UNREADABLE, error=str(exc), **base)
         stat, use_nonblocking = now, True
         try:
-            threads = pyspy.dump(pid, native=native, nonblocking=True, timeout=timeout)
+            threads = pyspy.dump(pid, nonblocking=True, timeout=timeout)
         except CaptureFailed as exc2:
             return RankCapture(state=STATE_UNREADABLE, error=str(exc2), **base)
-    return RankCapture(state=stat.state, threads=threads, nonblocking=use_nonblocking, **base)
+    return RankCapture(state=stat.state, threads=threads, nonblocking=use_nonblocking, error=note, **base)
 
 
 def _run_with_progress(pool: ThreadPoolExecutor, fn: Callable, items: list, *, show: bool) -> list:

@@ -164,3 +164,57 @@ def ancestors(pid: int) -> list[int]:
         out.append(stat.ppid)
         stat = read_stat(stat.ppid)
     return out
+
+
+# System calls a blocked thread sits in that say something about what it waits on, by machine: the
+# numbers of x86_64's table, and of the generic table that aarch64 and riscv64 use.
+_SYSCALLS = {
+    "x86_64": {0: "read", 1: "write", 7: "poll", 17: "pread64", 18: "pwrite64", 19: "readv", 20: "writev",
+               23: "select", 24: "sched_yield", 35: "nanosleep", 42: "connect", 43: "accept", 44: "sendto",
+               45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 61: "wait4", 74: "fsync", 75: "fdatasync",
+               16: "ioctl", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait", 257: "openat",
+               270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 288: "accept4", 247: "waitid",
+               441: "epoll_pwait2"},
+    "generic": {63: "read", 64: "write", 65: "readv", 66: "writev", 67: "pread64", 68: "pwrite64",
+                72: "pselect6", 73: "ppoll", 82: "fsync", 83: "fdatasync", 29: "ioctl", 98: "futex",
+                101: "nanosleep", 115: "clock_nanosleep", 124: "sched_yield", 22: "epoll_pwait", 56: "openat",
+                202: "accept", 203: "connect", 206: "sendto", 207: "recvfrom", 211: "sendmsg",
+                212: "recvmsg", 242: "accept4", 260: "wait4", 95: "waitid", 441: "epoll_pwait2"},
+}
+# Shared libraries whose presence makes a process a CUDA (and NCCL) one.
+_CUDA_LIBS = ("/libcuda.so", "/libcudart.so", "/libnccl.so", "libcuda.so.", "libnccl.so.")
+
+
+def _syscall_table() -> dict[int, str]:
+    return _SYSCALLS["x86_64"] if os.uname().machine == "x86_64" else _SYSCALLS["generic"]
+
+
+def main_thread_syscall(pid: int) -> str | None:
+    """The system call the main thread sits in (``futex``, ``clock_nanosleep``, ...), ``running`` when it is
+    on the CPU, ``syscall-N`` for one this table does not name; None when unreadable (another user's process).
+
+    ``/proc/PID/syscall`` needs the same ptrace access as py-spy; it costs the target nothing.
+    """
+    try:
+        with open(f"{PROC}/{pid}/syscall") as f:
+            text = f.read().split()
+    except OSError:
+        return None
+    if not text:
+        return None
+    if text[0] == "running":
+        return "running"
+    if not text[0].isdigit():  # "-1 sp pc": blocked, but not in a system call
+        return None
+    number = int(text[0])
+    return _syscall_table().get(number, f"syscall-{number}")
+
+
+def maps_cuda(pid: int) -> bool | None:
+    """Whether the process has CUDA or NCCL libraries mapped; None when its maps cannot be read."""
+    try:
+        with open(f"{PROC}/{pid}/maps", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return any(lib.encode() in data for lib in _CUDA_LIBS)

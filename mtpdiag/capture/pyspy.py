@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import Any, Iterable
 
-from mtpdiag.capture import procfs
+from mtpdiag.capture import procfs, source
 from mtpdiag.errors import InputError
 from mtpdiag.model import Frame, ThreadStack, printable
 
@@ -35,13 +35,17 @@ class CaptureFailed(Exception):
 
 
 def find_pyspy() -> str:
-    """The py-spy executable: on PATH, else next to this interpreter (a venv without activation)."""
-    found = shutil.which("py-spy")
-    if found:
-        return found
+    """The py-spy executable installed with mtpdiag (next to this interpreter), else the first on PATH.
+
+    The one beside the interpreter first: the first on PATH may be a pyenv shim (a bash script that costs
+    0.1–0.2 s a call) or another version.
+    """
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
     if os.path.isfile(beside) and os.access(beside, os.X_OK):
         return beside
+    found = shutil.which("py-spy")
+    if found:
+        return found
     raise InputError("py-spy not found on PATH (pip install py-spy)")
 
 
@@ -71,7 +75,7 @@ def dump(pid: int, *, native: bool = False, nonblocking: bool = False,
                                 "or as root with CAP_SYS_PTRACE)")
         raise CaptureFailed(one_line(text) or f"py-spy exited with {proc.returncode}")
     try:
-        return threads_from_json(json.loads(out))
+        return threads_from_json(json.loads(out), pid)
     except (ValueError, TypeError, KeyError) as exc:
         raise CaptureFailed(f"py-spy printed unreadable JSON ({exc})") from None
 
@@ -95,11 +99,15 @@ def one_line(text: str) -> str:
     return "; ".join(errors or lines)[:300]
 
 
-def threads_from_json(data: Any) -> tuple[ThreadStack, ...]:
-    """Threads of one ``py-spy dump --json`` document (a list of thread objects)."""
+def threads_from_json(data: Any, pid: int | None = None) -> tuple[ThreadStack, ...]:
+    """Threads of one ``py-spy dump --json`` document (a list of thread objects).
+
+    With the ``pid`` of a live target, each thread also gets the wait calls on its innermost Python line
+    (``capture.source``), read from the target's files.
+    """
     if not isinstance(data, list):
         raise ValueError("a py-spy dump is a JSON list of threads")
-    return tuple(_thread(t) for t in data)
+    return tuple(_thread(t, pid) for t in data)
 
 
 def display_path(filename: str) -> str:
@@ -122,17 +130,25 @@ def kept_args(file: str, locals_: Iterable[tuple[str, str | None]]) -> tuple[tup
     return tuple(sorted(out.items()))
 
 
-def _thread(t: Any) -> ThreadStack:
+def _thread(t: Any, pid: int | None = None) -> ThreadStack:
     if not isinstance(t, dict) or not isinstance(t.get("frames"), list):
         raise ValueError("a py-spy thread needs a list of frames")
     native_id = t.get("os_thread_id")
     thread_id = t.get("thread_id")
+    frames = tuple(_frame(f) for f in t["frames"])
+    calls: tuple[str, ...] = ()
+    if pid is not None:
+        innermost = next((f for f in t["frames"] if isinstance(f, dict) and f.get("module") is None), None)
+        if innermost is not None and isinstance(innermost.get("filename"), str) and \
+                type(innermost.get("line")) is int:
+            calls = source.line_calls(pid, innermost["filename"], innermost["line"])
     return ThreadStack(
         thread_id=thread_id if isinstance(thread_id, int) else 0,
         name=printable(str(t.get("thread_name") or "")),
         native_id=native_id if isinstance(native_id, int) else None,
         active=t.get("active") if isinstance(t.get("active"), bool) else None,
-        frames=tuple(_frame(f) for f in t["frames"]),
+        frames=frames,
+        calls=calls,
     )
 
 
@@ -149,4 +165,5 @@ def _frame(f: Any) -> Frame:
         file=file,
         line=line if isinstance(line, int) and not isinstance(line, bool) else 0,
         args=kept_args(file, pairs),
+        native=f.get("module") is not None,  # py-spy --native names the shared object of a C frame
     )

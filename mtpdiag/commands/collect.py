@@ -19,6 +19,7 @@ def collect(
     all_: bool = o.ALL,
     host: Optional[str] = typer.Option(None, "--host", help="Host label in the bundle (default: this hostname)."),
     native: bool = o.NATIVE,
+    native_timeout: float = o.NATIVE_TIMEOUT,
     nonblocking: bool = o.NONBLOCKING,
     timeout: float = o.TIMEOUT,
 ) -> None:
@@ -28,7 +29,8 @@ def collect(
 
     check_destination(out)  # before any process is paused
     pids = list(pid or [])
-    snapshot = capture(pids, scan_all=all_ or not pids, native=native, nonblocking=nonblocking,
+    snapshot = capture(pids, scan_all=all_ or not pids, native=native,
+                       native_timeout=native_timeout, nonblocking=nonblocking,
                        timeout=timeout, progress=True, host=host)
     written = save_bundle(snapshot, out)
     captured = sum(1 for c in snapshot.captures if c.threads)

@@ -15,6 +15,7 @@ def inspect(
     pid: Optional[List[int]] = o.PID,
     all_: bool = o.ALL,
     native: bool = o.NATIVE,
+    native_timeout: float = o.NATIVE_TIMEOUT,
     nonblocking: bool = o.NONBLOCKING,
     timeout: float = o.TIMEOUT,
     tp: Optional[int] = o.TP,
@@ -35,7 +36,8 @@ def inspect(
 
     if not pid and not all_:
         raise InputError("give --pid PID (a worker or its torchrun agent) or --all")
-    snapshot = capture(list(pid or []), scan_all=all_, native=native, nonblocking=nonblocking,
+    snapshot = capture(list(pid or []), scan_all=all_, native=native,
+                       native_timeout=native_timeout, nonblocking=nonblocking,
                        timeout=timeout, progress=True)
     layout_options = o.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
                                      config=config, overrides=tuple(override or ()))

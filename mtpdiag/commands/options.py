@@ -12,13 +12,16 @@ from typing import Optional
 
 import typer
 
-from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError
+from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, InputError
 from mtpdiag.model import Report, Snapshot, who_and_why
 
 # typer options (module-level so every command spells them the same way)
 PID = typer.Option(None, "--pid", help="A worker pid, or a launcher (torchrun agent, raylet) to expand. Repeatable.")
 ALL = typer.Option(False, "--all", help="Every process on this host whose environment has RANK and WORLD_SIZE.")
-NATIVE = typer.Option(False, "--native", help="Pass --native to py-spy (C/C++ frames too).")
+NATIVE = typer.Option(False, "--native", help="Pass --native to py-spy: C/C++ frames too, as evidence of what "
+                      "each rank waits on (the call site stays the Python one).")
+NATIVE_TIMEOUT = typer.Option(30.0, "--native-timeout", min=0.1, help="Seconds to wait for each --native dump "
+                              "before dumping that rank again without it.")
 NONBLOCKING = typer.Option(False, "--nonblocking", help="Never pause the targets (py-spy --nonblocking).")
 TIMEOUT = typer.Option(10.0, "--timeout", min=0.1, help="Seconds to wait for each py-spy dump.")
 TP = typer.Option(None, "--tp", min=1, help="Tensor-parallel size.")
@@ -159,7 +162,12 @@ def _one_printable_line(text: str, limit: int = 400) -> str:
 
 
 def exit_code(report: Report) -> int:
-    return EXIT_PROBLEM if report.verdict == "problem" else EXIT_OK
+    """1 for a problem, 4 when ranks are stuck but the evidence cannot say why, 0 only when no rank is."""
+    if report.verdict == "problem":
+        return EXIT_PROBLEM
+    if report.verdict == "incomplete":
+        return EXIT_INCOMPLETE
+    return EXIT_OK
 
 
 def _width() -> int:

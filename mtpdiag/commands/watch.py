@@ -40,6 +40,7 @@ def watch(
     out: Optional[Path] = typer.Option(None, "--out", help="Bundle to write on a hang "
                                        "(default ./mtpdiag-hang-HOST-TIME.json; a directory works)."),
     native: bool = o.NATIVE,
+    native_timeout: float = o.NATIVE_TIMEOUT,
     nonblocking: bool = o.NONBLOCKING,
     timeout: float = o.TIMEOUT,
     tp: Optional[int] = o.TP,
@@ -72,7 +73,8 @@ def watch(
 
     def take_stacks(targets: list[int]) -> Snapshot:
         try:
-            return capture(targets, native=native, nonblocking=nonblocking, timeout=timeout)
+            return capture(targets, native=native,
+                       native_timeout=native_timeout, nonblocking=nonblocking, timeout=timeout)
         except NothingCaptured:
             if _job_ended(pid, all_):
                 _ended(status, tracker, time.monotonic() - start)
@@ -150,8 +152,7 @@ def _hang_report(report: Report, tracker: StallTracker, now: float, interval: fl
     """The diagnosis of the last sample; a hang is a problem even when the stacks explain nothing."""
     stalled = (f"no rank's main thread used CPU or changed its stack for {tracker.stalled_for(now):.1f} s "
                f"({tracker.stack_samples_while_quiet} stack samples)")
-    verdict = "problem" if report.verdict == "ok" else report.verdict
-    return replace(report, verdict=verdict, notes=(*report.notes, stalled),
+    return replace(report, verdict="problem", notes=(*report.notes, stalled),
                    progress=tracker.progress(now, interval, stall))
 
 

@@ -69,6 +69,10 @@ def print_report(console: Console, report: Report) -> None:
 
     console.print()
     console.print(_sites_table(report))
+    waits = _waits_table(report)
+    if waits is not None:
+        console.print()
+        console.print(waits)
     grid = _grid(report)
     if grid is not None:
         console.print()
@@ -101,10 +105,26 @@ def _sites_table(report: Report) -> Table:
     table.add_column("call site")
     for i, g in enumerate(report.sites):
         style = PALETTE[i % len(PALETTE)]
-        op = g.op or "(running)"
+        op = words.op_cell(g.op, g.wait)
         # Text, not str: a str cell is read as rich markup, and names come from the targets.
         table.add_row(Text(group_letter(i), style=f"bold {style}"), Text(words.rank_runs(g.ranks)), Text(op),
                       Text(words.site_label(g.site)))
+    return table
+
+
+def _waits_table(report: Report) -> Table | None:
+    """What the ranks outside collectives wait on, how sure that is, and the evidence."""
+    rows = words.wait_rows(report)
+    if not rows:
+        return None
+    table = Table(title="What the ranks outside collectives wait on", title_justify="left")
+    table.add_column("ranks")
+    table.add_column("wait", no_wrap=True)
+    table.add_column("sure", no_wrap=True)
+    table.add_column("evidence")
+    for ranks, kind, confidence, evidence in rows:
+        table.add_row(Text(words.rank_runs(ranks)), Text(kind.replace("_", " ")), Text(confidence),
+                      Text("; ".join(evidence)))
     return table
 
 

@@ -50,6 +50,7 @@ def render(report: Report) -> str:
         _mismatches(report, views),
         _grid_section(report, group_of),
         _sites_table(report),
+        _waits_table(report),
         _odd_ranks(report),
         _notes(report),
         f"<footer>mtpdiag {_e(__version__)}</footer>",
@@ -122,7 +123,7 @@ def _grid_section(report: Report, group_of: Mapping[int, int]) -> str:
     legend = ["<ul class=legend data-testid=legend>"]
     for i, g in enumerate(report.sites):
         legend.append(f'<li data-g={i} title="show only group {group_letter(i)}"><i class="sw g{i}"></i>'
-                      f"<b>{group_letter(i)}</b> {_e(g.op or '(running)')} at {_e(words.site_label(g.site))}"
+                      f"<b>{group_letter(i)}</b> {_e(words.op_cell(g.op, g.wait))} at {_e(words.site_label(g.site))}"
                       f" <span class=dim>({len(g.ranks)} rank{'s' if len(g.ranks) != 1 else ''})</span></li>")
     legend.append("</ul>")
     cells = _layout_grid(report, group_of)
@@ -210,8 +211,21 @@ def _sites_table(report: Report) -> str:
            "<th>ranks</th><th>op</th><th>call site</th></tr></thead><tbody>"]
     for i, g in enumerate(report.sites):
         out.append(f'<tr><td><i class="sw g{i}"></i><b>{group_letter(i)}</b></td>'
-                   f"<td>{_e(words.rank_runs(g.ranks))}</td><td>{_e(g.op or '(running)')}</td>"
+                   f"<td>{_e(words.rank_runs(g.ranks))}</td><td>{_e(words.op_cell(g.op, g.wait))}</td>"
                    f"<td><code>{_e(words.site_label(g.site))}</code></td></tr>")
+    out.append("</tbody></table></section>")
+    return "".join(out)
+
+
+def _waits_table(report: Report) -> str:
+    rows = words.wait_rows(report)
+    if not rows:
+        return ""
+    out = ["<section><h2>What the ranks outside collectives wait on</h2><table data-testid=waits><thead><tr>"
+           "<th>ranks</th><th>wait</th><th>sure</th><th>evidence</th></tr></thead><tbody>"]
+    for ranks, kind, sure, evidence in rows:
+        out.append(f"<tr><td>{_e(words.rank_runs(ranks))}</td><td>{_e(kind.replace('_', ' '))}</td>"
+                   f"<td>{_e(sure)}</td><td>{_e('; '.join(evidence))}</td></tr>")
     out.append("</tbody></table></section>")
     return "".join(out)
 

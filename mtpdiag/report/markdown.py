@@ -30,8 +30,15 @@ def render(report: Report) -> str:
         out.append("")
     out += ["### Where each rank waits", "", "| ranks | op | call site |", "|---|---|---|"]
     for g in report.sites:
-        out.append(f"| {_ranks(g.ranks)} | {g.op or '(running)'} | {_cell(words.site_label(g.site))} |")
+        out.append(f"| {_ranks(g.ranks)} | {words.op_cell(g.op, g.wait)} | {_cell(words.site_label(g.site))} |")
     out.append("")
+    rows = words.wait_rows(report)
+    if rows:
+        out += ["### What the ranks outside collectives wait on", "", "| ranks | wait | sure | evidence |",
+                "|---|---|---|---|"]
+        for ranks, kind, sure, evidence in rows:
+            out.append(f"| {_ranks(ranks)} | {kind} | {sure} | {_cell('; '.join(evidence))} |")
+        out.append("")
     out += ["### Ranks", "", "| rank | host | pid | coords | state | doing |", "|---|---|---|---|---|---|"]
     for v in report.ranks:
         out.append(f"| {v.rank if v.rank is not None else '?'} | {_cell(v.host)} | {v.pid or ''} | "

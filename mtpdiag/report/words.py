@@ -50,10 +50,36 @@ def doing(view: RankView | None) -> str:
     if view.op:
         direction = "from" if view.op in ("recv", "irecv") else "to"
         peer = f" {direction} rank {view.peer}" if view.peer is not None else ""
-        return f"{prefix}at {view.op}{peer} in {short_function(view.site.function) if view.site else '?'}"
+        thread = f" on thread {view.wait.thread!r}" if view.wait is not None and view.wait.thread else ""
+        return f"{prefix}at {view.op}{peer} in {short_function(view.site.function) if view.site else '?'}{thread}"
     if view.site:
-        return f"{prefix}running in {short_function(view.site.function)} ({view.site.file}:{view.site.line})"
+        what = wait_label(view.wait.kind) if view.state == "waiting" and view.wait else "running"
+        return f"{prefix}{what} in {short_function(view.site.function)} ({view.site.file}:{view.site.line})"
     return prefix.rstrip(", ") or "no stack"
+
+
+def wait_label(kind: str | None) -> str:
+    """``host_sync`` -> ``waiting on the device at a host sync``."""
+    from mtpdiag.analysis.wait import WAIT_PHRASES
+
+    return WAIT_PHRASES.get(kind or "running", kind or "running")
+
+
+def op_cell(op: str | None, wait: str | None) -> str:
+    """The op column of a site group: the collective, else what its ranks wait on, in brackets."""
+    if op:
+        return op
+    return f"({(wait or 'running').replace('_', ' ')})"
+
+
+def wait_rows(report: Report) -> list[tuple[list[int], str, str, tuple[str, ...]]]:
+    """(ranks, kind, confidence, evidence) for ranks in no collective, one row per distinct reading."""
+    rows: dict[tuple[str, str, tuple[str, ...]], list[int]] = {}
+    for v in report.ranks:
+        if v.rank is None or v.op is not None or v.wait is None:
+            continue
+        rows.setdefault((v.wait.kind, v.wait.confidence, v.wait.evidence), []).append(v.rank)
+    return [(sorted(ranks), kind, sure, evidence) for (kind, sure, evidence), ranks in rows.items()]
 
 
 def gate_phrase(gate: Mapping[str, int] | None) -> str:
@@ -105,11 +131,16 @@ def _at(activity: str) -> str:
 
 
 def headline(report: Report) -> str:
+    """The report's first line: the verdict and the finding a person reads first."""
     n = len(report.ranks)
     world = f" of {report.world_size}" if report.world_size else ""
     if report.verdict == "problem":
-        first = report.findings[0]
-        return f"PROBLEM: {first.summary}"
+        if report.findings:
+            return f"PROBLEM: {report.findings[0].summary}"
+        why = report.notes[-1] if report.notes else "no finding explains it"
+        return f"PROBLEM: {n}{world} ranks captured; the job is hung ({why})"
     if report.verdict == "incomplete":
-        return f"INCOMPLETE: {n}{world} ranks captured; nothing wrong found in what was captured"
-    return f"OK: {n}{world} ranks captured; no split collective, straggler or frozen rank found"
+        if report.findings:
+            return f"INCOMPLETE: {report.findings[0].summary}"
+        return f"INCOMPLETE: {n}{world} ranks captured; the evidence cannot say what is wrong"
+    return f"OK: {n}{world} ranks captured; every rank runs its own code: no stuck rank, split collective or straggler"

@@ -1,0 +1,266 @@
+"""Where a rank is stuck when it is in no collective: a host sync, a lock, I/O, a data loader, a sleep.
+
+On NCCL a collective only enqueues a kernel; the rank then blocks at the next host sync (``.item()``,
+``.cpu()``, ``torch.cuda.synchronize()``), a C call that leaves no Python frame of its own, and CUDA usually
+spins there. So "in no collective" is not "running". This module reads every piece of evidence a capture has,
+strongest first, and says what the rank waits on and how sure that is:
+
+* Python frames of torch and the stdlib (``torch.cuda.synchronize``, ``threading.Condition.wait``, the
+  DataLoader's ``_get_data``, ``socket.recv``) — certain;
+* native frames from ``--native`` dumps (``cudaStreamSynchronize``, ``ncclCommInitRank``, ``PyThread_acquire_lock``,
+  ``clock_nanosleep``) — certain, but never the call site;
+* the process state (D: uninterruptible sleep in the kernel) and the system call the main thread sits in
+  (``/proc/PID/syscall``: futex, clock_nanosleep, epoll_wait, read, write; "running" when on the CPU);
+* what the innermost Python line calls, read from the target's source at capture time (``item``,
+  ``synchronize``, ``acquire``, ``sleep``, ``write``);
+* py-spy's idle/active flag, and whether the process maps CUDA/NCCL libraries.
+
+Pure: no I/O. ``kind`` is one of ``WAIT_KINDS``; ``confidence`` is certain, likely or possible.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from mtpdiag.model import STATE_DISK, Frame, RankCapture, ThreadStack, WaitState
+
+WAIT_KINDS = ("collective", "host_sync", "comm_init", "data_loader", "lock", "io", "sleep", "running", "unknown")
+# Kinds in which the rank itself holds the job up when a group waits for it (a straggler): it is not waiting
+# for anybody else. A host sync waits on the device, which waits on a collective: never a straggler.
+SELF_INFLICTED = frozenset({"running", "data_loader", "lock", "io", "sleep", "unknown"})
+# Ops that create or initialise communicators: NCCL blocks the CPU in them.
+COMM_INIT_OPS = frozenset({"init_process_group", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+                           "split_group", "init_device_mesh"})
+
+# Python functions (by file suffix and function name) that are the wait itself.
+_PY_WAITS: tuple[tuple[str, frozenset[str], str], ...] = (
+    ("torch/cuda/__init__.py", frozenset({"synchronize"}), "host_sync"),
+    ("torch/cuda/streams.py", frozenset({"synchronize", "Stream.synchronize", "Event.synchronize", "query"}),
+     "host_sync"),
+    ("torch/distributed/distributed_c10d.py",
+     frozenset({"_store_based_barrier", "_new_process_group_helper", "_create_process_group_wrapper"}),
+     "comm_init"),
+    ("torch/distributed/rendezvous.py", frozenset(), "comm_init"),
+    ("threading.py", frozenset({"wait", "acquire", "join", "_wait_for_tstate_lock", "Condition.wait",
+                                "Event.wait", "Semaphore.acquire", "Thread.join", "Barrier.wait"}), "lock"),
+    ("queue.py", frozenset({"get", "put", "Queue.get", "Queue.put"}), "lock"),
+    ("concurrent/futures/_base.py", frozenset({"result", "wait", "Future.result"}), "lock"),
+    ("multiprocessing/synchronize.py", frozenset(), "lock"),
+    ("multiprocessing/queues.py", frozenset({"get", "Queue.get", "put", "Queue.put"}), "lock"),
+    ("multiprocessing/connection.py", frozenset(), "io"),
+    ("socket.py", frozenset(), "io"),
+    ("ssl.py", frozenset(), "io"),
+    ("selectors.py", frozenset(), "io"),
+    ("subprocess.py", frozenset({"wait", "_wait", "communicate", "Popen.wait", "Popen._wait",
+                                 "Popen.communicate", "_try_wait", "Popen._try_wait"}), "io"),
+    ("http/client.py", frozenset(), "io"),
+    ("asyncio/base_events.py", frozenset({"_run_once", "BaseEventLoop._run_once"}), "io"),
+)
+# A DataLoader frame anywhere above a wait means the rank waits for a batch.
+_DATALOADER = "torch/utils/data/dataloader.py"
+_DATALOADER_WAITS = frozenset({"_get_data", "_try_get_data", "_next_data", "__next__",
+                               "_MultiProcessingDataLoaderIter._get_data",
+                               "_MultiProcessingDataLoaderIter._try_get_data",
+                               "_MultiProcessingDataLoaderIter._next_data", "_BaseDataLoaderIter.__next__"})
+
+# Native symbols (C/C++), innermost first wins. Patterns are searched in the function name and the module.
+_NATIVE_WAITS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), kind) for p, kind in (
+    (r"cu(da)?(Stream|Event|Device|Ctx)Synchronize|cuMemcpyDtoH|cudaMemcpy(?!Async)|_local_scalar_dense|"
+     r"cudaStreamQuery|cuStreamQuery|c10::cuda::.*(synchronize|memcpy)", "host_sync"),
+    (r"ncclCommInit|ncclCommSplit|getNCCLComm|initNCCLComm|ncclGetUniqueId", "comm_init"),
+    (r"c10d::.*(Work|Gloo|NCCL).*::(wait|synchronize)|gloo::.*(allreduce|allgather|broadcast|barrier|"
+     r"reduce_scatter|alltoall)", "collective"),
+    (r"nanosleep|usleep|\bpysleep|time_sleep", "sleep"),
+    (r"epoll_wait|\bpoll\b|\bselect\b|recv|accept|connect|sock_|__libc_read|\bread\b|\bwrite\b|__libc_write|"
+     r"fsync|fdatasync|pwrite|pread", "io"),
+    (r"PyThread_acquire_lock|pthread_cond_(timed)?wait|pthread_mutex_lock|sem_(timed)?wait|__lll_lock_wait|"
+     r"futex|std::condition_variable", "lock"),
+))
+
+# What a syscall the main thread sits in says (from /proc/PID/syscall), and how sure it makes us.
+_SYSCALL_KINDS = {
+    "futex": "lock", "clock_nanosleep": "sleep", "nanosleep": "sleep",
+    "epoll_wait": "io", "epoll_pwait": "io", "epoll_pwait2": "io", "poll": "io", "ppoll": "io", "select": "io",
+    "pselect6": "io", "read": "io", "pread64": "io", "readv": "io", "recvfrom": "io", "recvmsg": "io",
+    "write": "io", "pwrite64": "io", "writev": "io", "sendto": "io", "sendmsg": "io", "fsync": "io",
+    "fdatasync": "io", "openat": "io", "accept": "io", "accept4": "io", "connect": "io", "wait4": "io",
+    "waitid": "io", "ioctl": "io",
+}
+# What a source line's calls say.
+_CALL_KINDS = {
+    "item": "host_sync", "cpu": "host_sync", "tolist": "host_sync", "numpy": "host_sync",
+    "synchronize": "host_sync", "_local_scalar_dense": "host_sync",
+    "acquire": "lock", "join": "lock", "result": "lock",
+    "sleep": "sleep",
+    "read": "io", "write": "io", "flush": "io", "fsync": "io", "recv": "io", "send": "io", "accept": "io",
+    "readline": "io", "open": "io",
+}
+# Lines that call these and block are NCCL's (or a DDP bucket's) CPU-side waits for a collective.
+_WORK_WAITS = frozenset({"wait"})
+
+
+# How each kind reads in a sentence: "rank 3 is <phrase> in load_batch (worker.py:40)".
+WAIT_PHRASES = {
+    "collective": "waiting in a collective",
+    "host_sync": "waiting on the device at a host sync",
+    "comm_init": "creating a communicator",
+    "data_loader": "waiting for a DataLoader batch",
+    "lock": "waiting on a lock, queue or condition",
+    "io": "waiting on file or network I/O",
+    "sleep": "sleeping",
+    "running": "running",
+    "unknown": "blocked in a C call",
+}
+
+
+def _path(file: str) -> str:
+    return "/" + file.replace("\\", "/").lstrip("/")
+
+
+def _short(function: str) -> str:
+    return function.rsplit(".", 1)[-1]
+
+
+def python_frames(frames: Sequence[Frame]) -> tuple[Frame, ...]:
+    """The Python frames of a stack (``--native`` dumps interleave C frames)."""
+    if not any(f.native for f in frames):
+        return tuple(frames)
+    return tuple(f for f in frames if not f.native)
+
+
+def _python_wait(frames: Sequence[Frame]) -> tuple[str, str] | None:
+    """(kind, evidence) from the innermost Python frames that are a wait of torch or the stdlib."""
+    for i, frame in enumerate(frames):
+        path = _path(frame.file)
+        if path.endswith("/" + _DATALOADER) and (frame.function in _DATALOADER_WAITS
+                                                   or _short(frame.function) in _DATALOADER_WAITS):
+            return "data_loader", f"DataLoader {_short(frame.function)} frame"
+        for suffix, functions, kind in _PY_WAITS:
+            if path.endswith("/" + suffix) and (not functions or frame.function in functions
+                                                  or _short(frame.function) in functions):
+                if kind in ("lock", "io") and any(_path(f.file).endswith("/" + _DATALOADER) for f in frames[i:]):
+                    return "data_loader", f"{_short(frame.function)} under a DataLoader frame"
+                return kind, f"{_short(frame.function)} in {suffix.rsplit('/', 1)[-1]}"
+        if not _is_plumbing(path):
+            return None  # the innermost user frame: whatever waits below it is a C call
+    return None
+
+
+def _is_plumbing(path: str) -> bool:
+    """Frames between a wait and its caller: the stdlib and torch's Python layers."""
+    stdlib = "/lib/python3" in path and "/site-packages/" not in path and "/dist-packages/" not in path
+    return "/torch/" in path or stdlib or path.endswith(("/functools.py", "/contextlib.py", "/typing_extensions.py"))
+
+
+def _native_wait(frames: Sequence[Frame]) -> tuple[str, str] | None:
+    for frame in frames:
+        if not frame.native:
+            continue
+        text = f"{frame.function} {frame.file}"
+        for pattern, kind in _NATIVE_WAITS:
+            if pattern.search(text):
+                return kind, f"native frame {frame.function}"
+    return None
+
+
+def _call_wait(calls: Sequence[str]) -> tuple[str, str] | None:
+    kinds = [(k, c) for c in calls if (k := _CALL_KINDS.get(c))]
+    for wanted in ("host_sync", "lock", "sleep", "io"):
+        for kind, call in kinds:
+            if kind == wanted:
+                return kind, f"the line calls .{call}()" if kind == "host_sync" else f"the line calls {call}()"
+    return None
+
+
+def wait_state(capture: RankCapture, thread: ThreadStack | None, op: str | None,
+               side_thread: str | None = None) -> WaitState | None:
+    """What ``capture``'s rank waits on. ``op`` is its collective (from ``thread``, or from the side thread
+    named ``side_thread``), None when it is in none. None when nothing could be read."""
+    if op is not None:
+        kind = "comm_init" if op in COMM_INIT_OPS else "collective"
+        evidence = [f"torch.distributed {op} frame" + (f" on thread {side_thread!r}" if side_thread else "")]
+        if thread is not None:
+            evidence += _quiet_or_busy(capture, thread)
+        return WaitState(kind, "certain", tuple(evidence), side_thread)
+    if thread is None:
+        return None
+    evidence: list[str] = []
+    state = (capture.state or "").strip()
+    python = python_frames(thread.frames)
+    found = _python_wait(python)
+    native = _native_wait(thread.frames)
+    calls = _call_wait(thread.calls)
+    syscall = capture.main_syscall if _is_main(capture, thread) else None
+
+    if native is not None and (found is None or native[0] == "host_sync" or found[0] == native[0]):
+        kind, why = native
+        evidence.append(why)
+        if calls is not None and calls[0] == kind:
+            evidence.append(calls[1])
+        return WaitState(kind, "certain", tuple(evidence + _quiet_or_busy(capture, thread)))
+    if found is not None:
+        kind, why = found
+        return WaitState(kind, "certain", (why, *_quiet_or_busy(capture, thread)))
+    if state == STATE_DISK:
+        return WaitState("io", "certain", ("state D: uninterruptible sleep in the kernel (a file system or a "
+                                            "device)",))
+    if calls is not None:
+        kind, why = calls
+        evidence.append(why)
+        if kind == "host_sync" and capture.cuda:
+            evidence.append("the process maps CUDA")
+        if syscall is not None:
+            evidence.append(_syscall_words(syscall))
+        confidence = "likely"
+        if kind != "host_sync" and syscall is not None and _SYSCALL_KINDS.get(syscall) not in (kind, None):
+            confidence = "possible"
+        return WaitState(kind, confidence, tuple(evidence + _flag(thread)))
+    if syscall is not None and syscall != "running":
+        kind = _SYSCALL_KINDS.get(syscall, "unknown")
+        return WaitState(kind, "likely" if kind != "unknown" else "possible",
+                         (_syscall_words(syscall), *_flag(thread)))
+    if capture.cuda and thread.active is not False and not _in_library(python):
+        return WaitState("host_sync", "possible", (
+            "on the CPU at a line of its own in a process that maps CUDA: CUDA spins while it waits for the "
+            "device", *_flag(thread)))
+    if thread.active is False:
+        return WaitState("unknown", "likely", ("idle in a C call (py-spy): blocked, on what the Python stack "
+                                               "does not say",))
+    if thread.active is True:
+        sure = "likely" if syscall == "running" else "possible"
+        return WaitState("running", sure, tuple(["on the CPU (py-spy active)"]
+                                               + ([_syscall_words(syscall)] if syscall else [])))
+    return WaitState("unknown", "possible", ("no idle/active flag and no system call in the capture",))
+
+
+def _is_main(capture: RankCapture, thread: ThreadStack) -> bool:
+    return capture.main_thread is thread
+
+
+def _in_library(frames: Sequence[Frame]) -> bool:
+    """The innermost Python frame is torch's own Python code (a module's forward launching kernels)."""
+    return bool(frames) and "/torch/" in _path(frames[0].file)
+
+
+def _flag(thread: ThreadStack) -> list[str]:
+    if thread.active is True:
+        return ["on the CPU (py-spy active)"]
+    if thread.active is False:
+        return ["idle (py-spy)"]
+    return []
+
+
+def _quiet_or_busy(capture: RankCapture, thread: ThreadStack) -> list[str]:
+    return _flag(thread)
+
+
+def _syscall_words(syscall: str) -> str:
+    if syscall == "running":
+        return "not in a system call (on the CPU)"
+    return f"in the {syscall} system call"
+
+
+def is_stuck(wait: WaitState | None) -> bool:
+    """Whether the evidence shows a rank that waits rather than one that runs user code."""
+    return wait is not None and not (wait.kind == "running" and wait.confidence != "possible")
