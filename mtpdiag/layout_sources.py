@@ -78,14 +78,18 @@ def resolve_layout(
     config: str | None = None,
     overrides: Iterable[str] = (),
     hints: Iterable[Mapping[str, int | str]] = (),
+    holds_rank: int | None = None,
 ) -> tuple[ParallelLayout | None, str | None]:
     """The job's layout and a one-line account of where it came from.
 
     Sources, in priority order: ``flags`` (None values mean "not given"), the verl ``config`` with its
     ``overrides``, and ``hints`` read from the target processes' command lines. Sizes are merged across
     sources, and a size that two sources give differently is an error: guessing which one is stale would
-    put ranks in the wrong groups without telling anyone. Returns (None, None) when there is no source,
-    and (None, source) when the world size is neither given nor implied by the config.
+    put ranks in the wrong groups without telling anyone. Returns (None, None) when there is no source.
+
+    When the world size is neither given nor implied by the config (dumps of one node, without WORLD_SIZE),
+    the smallest world those sizes fit that holds rank ``holds_rank`` is assumed, and the source says so;
+    without ``holds_rank`` the layout is (None, source).
     """
     overrides = list(overrides)
     if overrides and not config:
@@ -98,14 +102,36 @@ def resolve_layout(
     source = " + ".join(s.label for s in sources)
     if world_size is None:
         world_size = next((s.world_size for s in sources if s.world_size), None)
-        if world_size is None:
+        if world_size is not None:
+            source += f" (world size {world_size} from trainer.nnodes * trainer.n_gpus_per_node)"
+        elif holds_rank is None:
             return None, source
-        source += f" (world size {world_size} from trainer.nnodes * trainer.n_gpus_per_node)"
+        else:
+            layout = smallest_world(values, holds_rank)
+            if layout is None:
+                raise InputError(f"no world with these sizes ({source}) holds rank {holds_rank}")
+            return layout, (f"{source} (world size unknown: {layout.world_size} assumed, the smallest these "
+                            f"sizes fit that holds rank {holds_rank}; pass --world-size)")
     try:
         layout = ParallelLayout.for_world(world_size, **values)
     except LayoutError as exc:
         raise InputError(str(exc)) from None
     return layout, source
+
+
+def smallest_world(values: Mapping[str, int | str], holds_rank: int,
+                   limit: int = 1 << 18) -> ParallelLayout | None:
+    """The layout of the smallest world that ``values`` (sizes without dp) fit and that holds ``holds_rank``."""
+    step = 1
+    for key in ("tp", "cp", "pp"):
+        step *= int(values.get(key, 1) or 1)
+    world = max(step, -(-(holds_rank + 1) // step) * step)
+    while world <= limit:
+        try:
+            return ParallelLayout.for_world(world, **values)
+        except LayoutError:
+            world += step
+    return None
 
 
 def _flag_source(flags: Mapping[str, int | str | None]) -> _Source | None:

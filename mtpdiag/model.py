@@ -176,6 +176,9 @@ class ThreadStack:
     # What the innermost Python frame's source line calls, from a short list (``item``, ``synchronize``,
     # ``acquire``, ...): read from the target's own file at capture time. The line itself is never kept.
     calls: tuple[str, ...] = ()
+    # A hash of every frame's local variables as py-spy showed them, for ``watch``: a loop that came back to
+    # the same line has new locals. Live captures only; never written anywhere.
+    locals_key: int | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -1,8 +1,12 @@
 """Hang versus slow progress, from repeated samples (pure; ``watch`` does the sampling).
 
-A rank has made progress between two samples when its main thread ran for at least
-``MIN_PROGRESS_NS`` (the *process* CPU time keeps rising in a hang because gloo/NCCL and store
-threads tick, so only the main thread counts) or when its main-thread stack signature changed.
+A rank has made progress between two samples when its main-thread stack signature changed: its frames,
+or the values of their local variables (a loop that came back to the same line has a new step counter
+or new tensors), or when the Flight Recorder shows a collective it completed since. Main-thread CPU is
+the fast signal when there is no stack to compare with: a main thread that ran for at least
+``MIN_PROGRESS_NS`` made progress (the *process* CPU time keeps rising in a hang because gloo/NCCL and
+store threads tick, so only the main thread counts). Once there is a stack, CPU alone is not progress:
+on NCCL a hung rank spins at its host sync (CUDA's default) or polls, burning CPU at one line.
 A hang is called only when no rank has made progress for the whole stall window, seen by at least
 two stack samples.
 
@@ -21,7 +25,7 @@ from typing import Mapping
 
 from mtpdiag.model import Snapshot
 
-Signature = tuple  # the main thread's frames, innermost first: ((function, file, line), ...)
+Signature = tuple  # the main thread's frames, innermost first ((function, file, line), ...), and its locals key
 
 MIN_PROGRESS_NS = 1_000_000  # main-thread CPU between two readings that counts as progress
 
@@ -32,7 +36,7 @@ def stack_signatures(snapshot: Snapshot) -> dict[int, Signature]:
     for c in snapshot.captures:
         thread = c.main_thread
         if c.pid is not None and thread is not None:
-            out[c.pid] = tuple((f.function, f.file, f.line) for f in thread.frames)
+            out[c.pid] = (tuple((f.function, f.file, f.line) for f in thread.frames), thread.locals_key)
     return out
 
 
@@ -76,11 +80,14 @@ class StallTracker:
         return cpu_moved(self.cpu_ns, cpu_ns, self.min_progress_ns)
 
     def observe(self, now: float, cpu_ns: Mapping[int, int | None],
-                stacks: Mapping[int, Signature] | None) -> "StallTracker":
-        """Fold in one sample. ``stacks`` is None when the stacks were not captured this time."""
-        moved = self.cpu_moved(cpu_ns)
-        if stacks is not None and self.stacks and dict(stacks) != dict(self.stacks):
-            moved = True
+                stacks: Mapping[int, Signature] | None, fr_moved: bool = False) -> "StallTracker":
+        """Fold in one sample. ``stacks`` is None when the stacks were not captured this time;
+        ``fr_moved``: the Flight Recorder shows a collective completed since the last sample."""
+        if stacks is not None and self.stacks:
+            moved = dict(stacks) != dict(self.stacks)  # a spinning main thread burns CPU at one place
+        else:
+            moved = self.cpu_moved(cpu_ns)
+        moved = moved or fr_moved
         if moved:
             return replace(self, quiet_since=now, samples=self.samples + 1,
                            stack_samples_while_quiet=0 if stacks is None else 1, cpu_ns=dict(cpu_ns),

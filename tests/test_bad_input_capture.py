@@ -129,10 +129,10 @@ def _wait_until_python(pid: int) -> None:
     """Until the interpreter has started (``sys.executable`` may be a launcher that execs it)."""
     import time
 
-    for _ in range(200):
+    for _ in range(400):
         stat = procfs.read_stat(pid)
-        if stat and stat.state in "SR" and procfs.is_python(pid) and (procfs.read_env(pid) or {}).get("RANK"):
-            time.sleep(0.3)  # let it reach its sleep
+        if stat and stat.state in "SR" and procfs.is_python(pid) and (procfs.read_env(pid) or {}).get("RANK") \
+                and procfs.main_thread_syscall(pid) == "clock_nanosleep":  # it reached its time.sleep
             return
         time.sleep(0.05)
-    raise AssertionError(f"pid {pid} never became a Python process")
+    raise AssertionError(f"pid {pid} never reached its sleep as a Python process")

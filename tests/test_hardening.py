@@ -331,7 +331,20 @@ def test_duplicate_ranks():
 
 def test_layout_that_does_not_divide_the_world_size():
     dumps = [str(MTP / f"rank{r}.json") for r in range(4)]  # raw JSON dumps carry no layout hints
-    one_error_line(mtpdiag("analyze", *dumps, "--cp", "3"), 2, "does not divide the world size 4")
+    one_error_line(mtpdiag("analyze", *dumps, "--cp", "3", "--world-size", "4"), 2,
+                   "does not divide the world size 4")
+
+
+def test_a_layout_without_a_world_size_assumes_the_smallest_world_and_says_so():
+    """Dumps without WORLD_SIZE are a partial capture as far as anyone knows: cp 3 with ranks 0-3 is a world of
+    at least 6, not an error; the report says what it assumed and which ranks it did not see."""
+    dumps = [str(MTP / f"rank{r}.json") for r in range(4)]
+    done = mtpdiag("analyze", *dumps, "--cp", "3", "--json")
+    report = json.loads(done.stdout)
+    assert report["world_size"] == 6 and report["layout"]["cp"] == 3
+    assert "6 assumed" in report["layout_source"] and "--world-size" in report["layout_source"]
+    assert any("4 of 6 ranks captured" in n for n in report["notes"]) or \
+        any(f["id"] == "missing-rank" and f["ranks"] == [4, 5] for f in report["findings"])
 
 
 def test_layout_flag_that_contradicts_the_targets_command_line():

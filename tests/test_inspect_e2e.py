@@ -142,7 +142,9 @@ def test_straggler_outside_any_collective(tmp_path):
     report = _diagnose(tmp_path, GATED_WORKER, ["--scenario", "straggler", "--cp", "2"])
     assert report["findings"][0]["id"] == "straggler"
     assert report["findings"][0]["ranks"] == [3]
-    assert by_rank(report)[3]["state"] == "running" and by_rank(report)[3]["op"] is None
+    rank3 = by_rank(report)[3]  # polling for its batch with time.sleep: waiting, on nothing of the group's
+    assert (rank3["state"], rank3["op"], rank3["wait"]["kind"]) == ("waiting", None, "sleep")
+    assert "in the clock_nanosleep system call" in rank3["wait"]["evidence"]
 
 
 def test_sigstopped_rank_is_frozen(tmp_path):

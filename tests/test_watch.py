@@ -36,12 +36,36 @@ def _feed(tracker, cpu, stacks, times):
     return out
 
 
-def test_signatures_are_the_main_threads_frames_per_pid():
+def test_signatures_are_the_main_threads_frames_and_locals_key_per_pid():
     _, stacks, ranks = _recorded("mtp_cp_pp")
     assert sorted(stacks) == sorted(ranks.values())
-    innermost = {rank: stacks[pid][0][0] for rank, pid in ranks.items()}
+    innermost = {rank: stacks[pid][0][0][0] for rank, pid in ranks.items()}
     assert innermost == {0: "send", 1: "all_gather", 2: "all_reduce", 3: "all_gather"}
-    assert all(len(frame) == 3 and isinstance(frame[2], int) for sig in stacks.values() for frame in sig)
+    assert all(len(frame) == 3 and isinstance(frame[2], int) for sig in stacks.values() for frame in sig[0])
+    assert all(sig[1] is None for sig in stacks.values())  # a bundle never carries the locals key
+
+
+def test_a_spinning_rank_burns_cpu_at_one_place_and_is_not_progress():
+    """NCCL ranks spin (or poll) at their host sync: main-thread CPU rises every sample while the stack,
+    locals included, stays put. Once there is a stack to compare with, CPU alone is not progress."""
+    cpu, stacks, _ = _recorded("mtp_cp_pp")
+    tracker = StallTracker.start(0.0).observe(0.0, cpu, None)
+    for second in range(1, 7):
+        spun = {pid: ns + second * 1_000_000_000 for pid, ns in cpu.items()}  # a whole core each second
+        tracker = tracker.observe(float(second), spun, stacks)
+    assert tracker.quiet_since == 1.0  # the first stack sample; nothing changed after it
+    assert tracker.is_hang(6.0, 5.0)
+
+
+def test_new_locals_at_the_same_line_are_progress():
+    """A healthy loop that is at the same line at every sample (a 3 s device step) has new locals each time."""
+    cpu, stacks, ranks = _recorded("mtp_cp_pp")
+    tracker = StallTracker.start(0.0).observe(0.0, cpu, None).observe(1.0, cpu, stacks)
+    next_step = dict(stacks) | {ranks[2]: (stacks[ranks[2]][0], 12345)}
+    tracker = tracker.observe(2.0, cpu, next_step)
+    assert tracker.quiet_since == 2.0
+    tracker = tracker.observe(3.0, cpu, next_step, fr_moved=True)
+    assert tracker.quiet_since == 3.0  # the Flight Recorder saw a collective complete
 
 
 @pytest.mark.parametrize("scenario", ["mtp_cp_pp", "mtp_cp_dp", "p2p_count", "straggler", "tp_broadcast"])

@@ -77,7 +77,8 @@ def _real_samples(tracker: StallTracker, pids: list[int], clock: list[float]) ->
     how slow the machine is today."""
     seen = []
     for now in clock:
-        tracker, _ = sample_once(tracker, pids, now, lambda targets: capture(targets, timeout=30.0))
+        tracker, _ = sample_once(tracker, pids, now,
+                                 lambda targets, busy: capture(targets, nonblocking=busy, timeout=30.0))
         seen.append(tracker)
         time.sleep(1.0)
     return seen

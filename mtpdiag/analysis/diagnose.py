@@ -65,8 +65,12 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         notes.append(NO_LAYOUT_NOTE)
         found += fnd.layout_free_findings(list(by_rank.values()))
         waited_on, unmatched = (), False
-    if missing:
+    if missing and (layout is None or set(missing) & set(waited_on)):
         found.append(fnd.missing_finding(missing, world_size, waited_on, layout))
+    elif missing:  # a partial capture (one node of many) is normal: say what it covers
+        notes.append(f"{world_size - len(missing)} of {world_size} ranks captured; rank"
+                     f"{'s' if len(missing) > 1 else ''} {_list(missing)} not captured, and nothing captured "
+                     "waits on them")
     ranked = list(by_rank.values())
     if (ranked and not missing and not mismatches and not unmatched and not found
             and all(v.state == "collective" for v in ranked)

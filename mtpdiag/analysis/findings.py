@@ -90,14 +90,40 @@ class _Words:
 
 
 def _groups_phrase(kind: str, instances: Sequence[Mismatch], words: "_Words") -> str:
-    """``the DP×CP group [2, 3]``, ``the TP groups [0, 1] and [2, 3]``, ``4096 CP groups ([0, 1], …)``."""
+    """``the DP×CP group [2, 3]``, ``the TP groups [0, 1] and [2, 3]``, ``4096 CP groups ([0, 1], …)``,
+    followed by where the group kind came from when it was not the known-site table."""
     name = words.group(kind)
     lists = [words.members(m.members) for m in instances]
     if len(lists) == 1:
-        return f"the {name} group {lists[0]}"
-    if len(lists) <= 3:
-        return f"the {name} groups {', '.join(lists[:-1])} and {lists[-1]}"
-    return f"{len(lists)} {name} groups ({', '.join(lists[:2])}, …)"
+        text = f"the {name} group {lists[0]}"
+    elif len(lists) <= 3:
+        text = f"the {name} groups {', '.join(lists[:-1])} and {lists[-1]}"
+    else:
+        text = f"{len(lists)} {name} groups ({', '.join(lists[:2])}, …)"
+    return text + group_source_phrase(instances[0])
+
+
+def group_source_phrase(m: Mismatch) -> str:
+    """`` (group guessed from who waits: TP or TP×DP)``: where a split's group kind came from, when that is
+    not plain (the known-site table and the Flight Recorder's pg_config name it; membership only fits it)."""
+    if m.group_from == "guess":
+        names = " or ".join(GROUP_NAMES.get(k, k) for k in m.group_candidates) or GROUP_NAMES.get(m.group, m.group)
+        return f" (group guessed from which ranks wait: {names} fit)"
+    if m.group_from == "unique-fit":
+        return " (the only group kind whose members fit who waits)"
+    return ""
+
+
+def gate_source_phrase(m: Mismatch) -> str:
+    """What the gate rests on, when it is weak: a rank test fits, and so does data-dependent divergence."""
+    if m.gate is None or m.gate_strength != "weak":
+        return ""
+    others = "".join(f" or {describe_gate(g)}" for g in m.gate_alternatives)
+    if others:
+        return (f" (weak: {describe_gate(m.gate)}{others} separate the ranks equally well; a branch on rank-local "
+                "data fits too)")
+    return (" (weak: too few ranks on one side to tell a rank test from data-dependent divergence, e.g. a loop "
+            "that ran once more on some ranks)")
 
 
 def _doing_phrase(ranks: Sequence[int], doing_of: Mapping[int, str]) -> str:
@@ -131,7 +157,9 @@ def collective_findings(roots: Sequence[Mismatch], layout: ParallelLayout | None
         doing_of = {r: d for m in instances for r, d in m.absent_doing.items()}
         details = {"op": op, "site": site.to_dict() if site else None, "group": kind,
                    "gate": dict(gate) if gate is not None else None, "members": list(members),
-                   "entered": list(entered), "absent": list(absent), "instances": len(instances)}
+                   "entered": list(entered), "absent": list(absent), "instances": len(instances),
+                   "group_from": instances[0].group_from, "group_candidates": list(instances[0].group_candidates),
+                   "gate_strength": instances[0].gate_strength, "source": instances[0].source}
         group = _groups_phrase(kind, instances, words)
         never = (f"{words.ranks(absent, coords=True)} never joined ({_doing_phrase(absent, doing_of)})")
         if is_mtp_site(site) and kind == "dp_cp" and gate is not None and gate.get("cp") == 0:
@@ -146,9 +174,12 @@ def collective_findings(roots: Sequence[Mismatch], layout: ParallelLayout | None
         where = f"{site.file}:{site.line}" if site else "its call site"
         if gate:
             summary = (f"{op} at {words.where(site)} on {group} entered only by {describe_gate(gate)} ranks "
-                       f"({words.ranks(entered)}); {never}")
+                       f"({words.ranks(entered)}){gate_source_phrase(instances[0])}; {never}")
             remedy = (f"every rank of the {words.group(kind)} group must call {op} at {where}: move it out "
                       f"of the {describe_gate(gate)} branch, or run it on a group whose members all pass that test")
+            if instances[0].gate_strength == "weak":
+                remedy += ("; if no such branch exists, look for a loop or branch on rank-local data (a count, a "
+                           "length, a flag) that made these ranks skip or repeat it")
         else:
             summary = (f"{op} at {words.where(site)} on {group} entered only by {words.ranks(entered)}; "
                        f"{never}; no single coordinate separates them")

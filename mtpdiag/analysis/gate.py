@@ -7,7 +7,7 @@ collective splits nothing, since every member of a DP×CP group is on the same s
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
 
 COORDINATES = ("tp", "cp", "ep", "dp", "pp")
 
@@ -35,6 +35,37 @@ def varying_coordinates(instances: Sequence[SplitInstance], coords_of: CoordsOf)
         if len(varying) == len(COORDINATES):
             break
     return tuple(name for name in COORDINATES if name in varying)
+
+
+class GateReading(NamedTuple):
+    """A gate and how much it can be trusted (see ``read_gate``)."""
+
+    gate: dict[str, int] | None
+    strength: str | None  # strong | weak | None (no gate)
+    alternatives: tuple[dict[str, int], ...]
+
+
+def read_gate(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> GateReading:
+    """The gate, as a hypothesis: ``strong`` when at least two ranks on each side split cleanly along it and
+    nothing else separates them; ``weak`` when a side is one rank, or other coordinates separate the sides
+    just as well (``alternatives``). Then data-dependent divergence (a loop that ran once more on some ranks,
+    a branch on rank-local data) fits as well as a rank test."""
+    gate = gate_of(instances, coords_of)
+    if gate is None:
+        return GateReading(None, None, ())
+    alternatives: tuple[dict[str, int], ...] = ()
+    if len(gate) > 1 and _each_alone(gate, instances, coords_of):
+        first, *rest = gate.items()
+        gate, alternatives = dict([first]), tuple({k: v} for k, v in rest)
+    entered = sum(len(m.entered) for m in instances)
+    absent = sum(len(m.absent) for m in instances)
+    strength = "strong" if entered >= 2 and absent >= 2 and not alternatives else "weak"
+    return GateReading(gate, strength, alternatives)
+
+
+def _each_alone(gate: Mapping[str, int], instances: Sequence[SplitInstance], coords_of: CoordsOf) -> bool:
+    absent = [r for m in instances for r in m.absent]
+    return all(not _admits_any({k: v}, absent, coords_of) for k, v in gate.items())
 
 
 def gate_of(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> dict[str, int] | None:

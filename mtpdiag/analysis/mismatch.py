@@ -17,8 +17,8 @@ from collections import Counter
 from typing import Mapping, NamedTuple, Sequence
 
 from mtpdiag.analysis.classify import BARRIER_OPS, P2P_OPS, WAIT_OP
-from mtpdiag.analysis.gate import CoordsOf, gate_of
-from mtpdiag.analysis.known_sites import lookup
+from mtpdiag.analysis.gate import CoordsOf, read_gate
+from mtpdiag.analysis.known_sites import is_mtp_site, lookup
 from mtpdiag.analysis.wait import WAIT_PHRASES
 from mtpdiag.layout import GROUP_KINDS, INFERENCE_ORDER, ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
@@ -79,6 +79,49 @@ def _has_experts(layout: ParallelLayout) -> bool:
     return layout.ep > 1 or (layout.etp is not None and layout.etp != layout.tp)
 
 
+class KindReading(NamedTuple):
+    """The group kind of a site, where it came from (known-site | unique-fit | guess) and every kind that fit."""
+
+    kind: str
+    source: str
+    candidates: tuple[str, ...]
+
+
+def read_kind(op: str, site: Site | None, entered: Sequence[int], layout: ParallelLayout) -> KindReading:
+    """The group kind for the ranks waiting at a site, and how it was found.
+
+    The known-site table names it for megatron's and verl's call sites. Otherwise it is read from the
+    membership: every kind whose instances the waiting ranks all leave partly entered fits; one fit (or
+    several with the very same members, CP and DP×CP with dp=1) is a ``unique-fit``; several different fits,
+    or none (then the smallest kind with a split), is a ``guess`` and the report lists the candidates.
+    """
+    kinds = candidate_kinds(op, site, layout)
+    kind = choose_kind(entered, kinds, layout)
+    known = lookup(site)
+    if known is not None and not known.p2p:
+        return KindReading(kind, "known-site", (kind,))
+    fits = [k for k in kinds if _all_split(entered, k, layout)]
+    if not fits:
+        return KindReading(kind, "guess", (kind,))
+    distinct: dict[tuple, str] = {}  # membership -> the first (smallest) kind that has it
+    for k in fits:
+        distinct.setdefault(tuple(sorted({layout.group_of(k, r) for r in entered})), k)
+    source = "unique-fit" if len(distinct) == 1 else "guess"
+    return KindReading(kind, source, tuple(distinct.values()))
+
+
+def _all_split(entered: Sequence[int], kind: str, layout: ParallelLayout) -> bool:
+    """Every instance of ``kind`` that the waiting ranks touch is only partly entered (size > 1)."""
+    entered_set = set(entered)
+    seen: dict[int, tuple[int, ...]] = {}
+    for rank in entered:
+        group = layout.group_of(kind, rank)
+        seen[id(group)] = group
+    if max(len(g) for g in seen.values()) < 2:
+        return False
+    return all(not entered_set.issuperset(g) for g in seen.values())
+
+
 def choose_kind(entered: Sequence[int], kinds: Sequence[str], layout: ParallelLayout) -> str:
     """The first consistent kind for these waiting ranks (see the module docstring)."""
     first_split: str | None = None
@@ -121,7 +164,8 @@ def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
     by_site = {key: ranks for key, ranks in waiting.items() if not is_p2p_op(*key)}
     out: list[Mismatch] = []
     for (op, site), entered in sorted(by_site.items(), key=lambda item: min(item[1])):
-        kind = choose_kind(entered, candidate_kinds(op, site, layout), layout)
+        reading = read_kind(op, site, entered, layout)
+        kind = reading.kind
         entered_set = set(entered)
         split: dict[int, tuple[int, ...]] = {}
         seen: set[int] = set()
@@ -136,8 +180,12 @@ def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
             members = tuple(sorted(group))
             splits.append(_Split(members=members, entered=tuple([m for m in members if m in entered_set]),
                                  absent=tuple([m for m in members if m not in entered_set])))
-        gate = gate_of(splits, coords_of)
+        gate = read_gate(splits, coords_of)
+        if gate.strength == "weak" and is_mtp_site(site) and kind == "dp_cp" and gate.gate == {"cp": 0}:
+            gate = gate._replace(strength="strong")  # the known verl #5895 signature, however few the ranks
         out += [Mismatch(op=op, site=site, group=kind, members=s.members, entered=s.entered, absent=s.absent,
-                         gate=gate, absent_doing={a: doing(views.get(a)) for a in s.absent})
+                         gate=gate.gate, absent_doing={a: doing(views.get(a)) for a in s.absent},
+                         group_from=reading.source, group_candidates=reading.candidates,
+                         gate_strength=gate.strength, gate_alternatives=gate.alternatives)
                 for s in splits]
     return out

@@ -149,7 +149,17 @@ def _thread(t: Any, pid: int | None = None) -> ThreadStack:
         active=t.get("active") if isinstance(t.get("active"), bool) else None,
         frames=frames,
         calls=calls,
+        locals_key=_locals_key(t["frames"]) if pid is not None else None,
     )
+
+
+def _locals_key(frames: list) -> int:
+    """A hash of each frame's locals (names and py-spy's reprs): the value is kept, never the locals."""
+    parts = []
+    for f in frames:
+        if isinstance(f, dict) and isinstance(f.get("locals"), list):
+            parts.append(tuple((str(v.get("name")), str(v.get("repr"))) for v in f["locals"] if isinstance(v, dict)))
+    return hash(tuple(parts))
 
 
 def _frame(f: Any) -> Frame:

@@ -68,7 +68,12 @@ def world_size_of(snapshot: Snapshot) -> int | None:
 
 
 def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions) -> Report:
-    """Resolve the layout (flags, config, target command lines) and diagnose the snapshot."""
+    """Resolve the layout (flags, config, target command lines) and diagnose the snapshot.
+
+    The world size is the captures' WORLD_SIZE (``analyze --world-size`` fills it in), else the config's;
+    failing both, the layout of the smallest world the sizes fit that holds every captured rank is assumed,
+    and said so. Never the number of files: one node's dumps of a 1,000-rank job are 8 of 1,000 ranks.
+    """
     from mtpdiag.analysis import diagnose
     from mtpdiag.layout_sources import resolve_layout
 
@@ -76,13 +81,11 @@ def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions) -> Repo
     hints = [dict(h) for h in dict.fromkeys(c.layout_hints for c in snapshot.captures if c.layout_hints)]
     world_size = world_size_of(snapshot)
     _check_world_size(world_size, "WORLD_SIZE of the inputs")
-    if world_size is None:  # dumps without WORLD_SIZE: diagnose() notes the assumption in the report
-        ranks = [c.rank for c in snapshot.captures if c.rank is not None]
-        world_size = max(ranks) + 1 if ranks else None
-        _check_world_size(world_size, "the highest rank in the inputs")
+    ranks = [c.rank for c in snapshot.captures if c.rank is not None]
+    _check_world_size(max(ranks) + 1 if ranks else None, "the highest rank in the inputs")
     layout, source = resolve_layout(world_size, flags=layout_options.flags(),
                                     config=layout_options.config, overrides=list(layout_options.overrides),
-                                    hints=hints)
+                                    hints=hints, holds_rank=max(ranks) if ranks and world_size is None else None)
     _check_world_size(layout.world_size if layout else None, "the config's trainer.nnodes * n_gpus_per_node")
     return diagnose(snapshot, layout, source)
 

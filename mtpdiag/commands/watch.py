@@ -1,11 +1,13 @@
 """``mtpdiag watch``: sample a job until it hangs (diagnose, save a bundle, exit 1) or the time is up (exit 0).
 
 Each sample first reads every worker's main-thread CPU time from /proc (schedstat, in ns; the 10 ms
-ticks of stat where schedstat is missing), which costs the targets nothing. Only when no main thread
-moved does it take stacks (one py-spy pause per rank), so a healthy job is barely touched. See
+ticks of stat where schedstat is missing), which costs the targets nothing, then the stacks: a blocking
+py-spy dump (one short pause per rank) when no main thread moved, a non-blocking one (no pause) when one
+did, because a rank that burns CPU may be spinning at a host sync as NCCL ranks do. See
 ``mtpdiag.progress`` for when a hang is called. The defaults (a sample a second, a 5 s stall window)
-call a hang within about 8 s of its onset, and tolerate steps that keep the main thread idle (a
-data-loader wait, a slow collective) for up to about 4 s; raise ``--stall`` for longer idle steps.
+call a hang within about 8 s of its onset, and tolerate steps that keep the main thread at one place
+(a data-loader wait, a slow collective, a long device step) for up to about 4 s; raise ``--stall`` for
+longer ones.
 """
 
 from __future__ import annotations
@@ -71,10 +73,10 @@ def watch(
     tracker = StallTracker.start(start)
     last: Snapshot | None = None
 
-    def take_stacks(targets: list[int]) -> Snapshot:
+    def take_stacks(targets: list[int], busy: bool = False) -> Snapshot:
         try:
-            return capture(targets, native=native,
-                       native_timeout=native_timeout, nonblocking=nonblocking, timeout=timeout)
+            return capture(targets, native=native and not busy, native_timeout=native_timeout,
+                           nonblocking=nonblocking or busy, timeout=timeout)
         except NothingCaptured:
             if _job_ended(pid, all_):
                 _ended(status, tracker, time.monotonic() - start)
@@ -117,16 +119,22 @@ def watch(
 
 
 def sample_once(tracker: StallTracker, targets: list[int], now: float,
-                take_stacks: Callable[[list[int]], Snapshot]) -> tuple[StallTracker, Snapshot | None]:
-    """One sample: main-thread CPU first; stacks (one pause per rank) only when no main thread moved.
+                take_stacks: Callable[[list[int], bool], Snapshot]) -> tuple[StallTracker, Snapshot | None]:
+    """One sample: main-thread CPU first, then the stacks. ``take_stacks(targets, nonblocking)``.
 
-    Returns the updated tracker and the snapshot when stacks were taken.
+    When no main thread moved, the stacks are a blocking dump (one short pause per rank) and the CPU read
+    after it is the next baseline. When one moved, they are read without pausing anyone (``--nonblocking``):
+    a rank that burns CPU may be working, or spinning at a host sync; only its stack can tell.
+    Returns the updated tracker and the snapshot (None at the first sample, which is the CPU baseline).
     """
     cpu = {p: procfs.main_thread_cpu_ns(p) for p in targets}
-    if not tracker.samples or tracker.cpu_moved(cpu):
+    if not tracker.samples:
         return tracker.observe(now, cpu, None), None
-    snapshot = take_stacks(targets)
+    busy = tracker.cpu_moved(cpu)
+    snapshot = take_stacks(targets, busy)
     tracker = tracker.observe(now, cpu, stack_signatures(snapshot))
+    if busy:
+        return tracker, snapshot
     return tracker.after_pause(now, {p: procfs.main_thread_cpu_ns(p) for p in targets}), snapshot
 
 

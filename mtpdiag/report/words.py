@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from mtpdiag.analysis.findings import GROUP_NAMES, gate_source_phrase, group_source_phrase
+from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.model import Mismatch, RankView, Report, Site
 
-GROUP_NAMES = {
-    "tp": "TP", "cp": "CP", "dp": "DP", "pp": "PP", "ep": "EP", "dp_cp": "DP×CP", "tp_cp": "TP×CP",
-    "tp_dp": "TP×DP", "tp_dp_cp": "TP×DP×CP", "mp": "model-parallel (TP×PP)", "world": "world",
-    "etp": "expert-TP", "edp": "expert-DP", "tp_ep": "TP×EP", "tp_ep_pp": "TP×EP×PP",
-}
 
 COORD_ORDER = ("tp", "cp", "ep", "dp", "pp")
 
@@ -85,8 +82,8 @@ def wait_rows(report: Report) -> list[tuple[list[int], str, str, tuple[str, ...]
 def gate_phrase(gate: Mapping[str, int] | None) -> str:
     if not gate:
         return "no single coordinate separates the ranks that entered from those that did not"
-    where = " and ".join(f"{k} == {v}" for k, v in sorted(gate.items()))
-    excluded = " or ".join(f"{k} > 0" if v == 0 else f"{k} != {v}" for k, v in sorted(gate.items()))
+    where = describe_gate(gate)
+    excluded = " or ".join(f"{k} > 0" if v == 0 else f"{k} != {v}" for k, v in gate.items())
     return f"entered only where {where}: a condition that excludes {excluded} gates this collective"
 
 
@@ -98,8 +95,12 @@ def mismatch_sentence(m: Mismatch, views: Mapping[int, RankView], layout: Mappin
         for r in m.absent
     )
     where = short_function(m.site.function) if m.site else "?"
-    return (f"collective {m.op} at {where} on the {group} group {list(m.members)}: entered by {entered}; "
-            f"absent: {absent}. {gate_phrase(m.gate).capitalize()}.")
+    if m.role == "consequence":  # its absent ranks are stuck elsewhere, not kept out by a condition
+        return (f"collective {m.op} at {where} on the {group} group {list(m.members)}{group_source_phrase(m)}: "
+                f"entered by {entered}; absent: {absent}. It waits because those ranks are stuck elsewhere.")
+    return (f"collective {m.op} at {where} on the {group} group {list(m.members)}{group_source_phrase(m)}: "
+            f"entered by {entered}; absent: {absent}. {gate_phrase(m.gate).capitalize()}"
+            f"{gate_source_phrase(m)}.")
 
 
 def layout_line(report: Report) -> str:
