@@ -44,7 +44,11 @@ def test_each_recorded_form_reads_every_rank_with_frames(scenario, form):
     meta = P.meta(scenario)
     snapshot = load_paths(P.names(paths))
     assert [c.rank for c in snapshot.captures] == [P.rank_of(p) for p in paths]
+    failed = {int(name[4:name.index(".")]) for name in meta.get("failed_captures", {}) if f".{form}." in name}
     for c in snapshot.captures:
+        if c.rank in failed:  # a real failed capture (py-spy --native on the SIGSTOPped rank)
+            assert c.state == "unreadable" and c.error and not c.threads
+            continue
         assert c.state == "unknown" and c.error is None and c.main_thread.frames
         if form != "faulthandler":  # faulthandler names no pid; the others name the real one
             assert c.pid == meta["pids"][str(c.rank)]
@@ -60,6 +64,8 @@ def test_the_forms_agree_on_the_python_frames(scenario):
     plain = {c.rank: c for c in load_paths(P.names(P.files(scenario, "pyspy"))).captures}
     for form in P.FORMS[1:]:
         for c in load_paths(P.names(P.files(scenario, form))).captures:
+            if not c.threads:
+                continue  # a failed capture: test_each_recorded_form_reads_every_rank_with_frames
             assert [line for _, line in _python_frames(c)] == [line for _, line in _python_frames(plain[c.rank])], \
                 (form, c.rank)
             # pystack and faulthandler print bare names where py-spy prints qualified ones

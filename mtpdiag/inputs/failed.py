@@ -17,7 +17,7 @@ from mtpdiag.model import printable
 # (pattern, tool) pairs, matched against a clean line; group 1, when there is one, is the reason.
 _ERRORS = (
     (re.compile(r"^Error: (.+)$"), "py-spy"),
-    (re.compile(r"^Permission Denied: (.+)$"), "py-spy"),
+    (re.compile(r"^(Permission Denied: .+)$"), "py-spy"),
     (re.compile(r"^\U0001F480 (.+?) \U0001F480$"), "pystack"),
     (re.compile(r"^(?:py-?spy|pystack): error: (.+)$", re.IGNORECASE), ""),
     (re.compile(r"^py-?spy failed to dump PID [0-9]{1,10}\. *(?:Error: *)?(.*)$", re.IGNORECASE), "py-spy"),

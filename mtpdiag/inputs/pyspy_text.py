@@ -104,7 +104,10 @@ def _sections(lines: list[Line]) -> list[_Section]:
 
     def start(pid: int | None, line: Line | None, from_command: bool = False) -> _Section:
         nonlocal section, group, frame, pending
-        section = _Section(pid=pid, from_command=from_command, context=[*pending, *([line] if line else [])])
+        before, lead_in = _split_lead_in(pending, line.prefix if line else "")
+        if before and section is not None:
+            (group[-1].context if group else section.context).extend(before)
+        section = _Section(pid=pid, from_command=from_command, context=[*lead_in, *([line] if line else [])])
         sections.append(section)
         group, frame, pending = [], None, []
         return section
@@ -166,7 +169,7 @@ def _sections(lines: list[Line]) -> list[_Section]:
         if frame is not None and _LOCALS_HEAD.match(body):
             in_locals = True
             continue
-        if (m := _FRAME.match(body)) and not command(body):
+        if (m := _FRAME.match(body)) and ": " not in m["function"] and not command(body):
             if section is None:
                 start(None, None)
             frame, in_locals = [printable(m["function"]), m["where"], []], False
@@ -191,6 +194,15 @@ def _sections(lines: list[Line]) -> list[_Section]:
         elif section is not None:
             section.context.extend(pending)
     return sections
+
+
+def _split_lead_in(pending: list[Line], prefix: str) -> tuple[list[Line], list[Line]]:
+    """The lines before a new process: those that end the previous one, and the run that leads into the new
+    one. A line behind another log prefix than the new header's belongs to what came before."""
+    cut = len(pending)
+    while cut > 0 and (not pending[cut - 1].prefix or pending[cut - 1].prefix == prefix):
+        cut -= 1
+    return pending[:cut], pending[cut:]
 
 
 def _keep_prefix(line: Line, group: list[_Thread], section: _Section | None, pending: list[Line] = ()) -> None:
@@ -220,7 +232,7 @@ def _dumps(section: _Section, seen: dict) -> list[Dumped]:
     base = dict(title=title, cmdline=section.cmdline, hints=tuple(sorted(hints.items())),
                 launcher=is_launcher_argv(argv))
     threads = section.threads
-    if not threads and section.stray:
+    if not threads and section.stray and failure_reason(section.bodies) is None:
         threads = [_Thread(ident="0", name="", active=False, frames=section.stray)]
     if not threads and section.from_command and failure_reason(section.bodies) is None:
         return []  # a prompt line and nothing the tool printed: no process
