@@ -9,6 +9,8 @@ ranks, same frames) and, through ``diagnose`` with the scenario's layout, the sa
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import pastes as P
@@ -187,3 +189,28 @@ def test_grouped_stacks_give_one_capture_per_header_sharing_the_stack(tmp_path, 
     unnamed = load_paths([P.written(tmp_path, "grouped-no-ranks.txt", P.grouped(paths, prefix_rank=False))])
     assert sorted(((c.pid, c.main_thread.frames) for c in unnamed.captures), key=lambda v: v[0]) == \
         sorted(main.values(), key=lambda v: v[0])
+
+
+# ---------------------------------------------------------------- bare frame lines
+
+
+def _frame_lines(text: str, pattern: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if re.search(pattern, line)]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_top_frames_pasted_without_a_header_are_read(tmp_path, scenario):
+    """The first frames of a recorded dump, alone, in each shape people copy them."""
+    for form, pattern, keep in (("pyspy", r"^\s+\S.* \(.*:\d+\)$", lambda lines: lines[:3]),
+                                ("faulthandler", r'^\s+File ".*", line \d+ in ', lambda lines: lines[:3]),
+                                ("pystack", r'\(Python\) File ', lambda lines: lines[-3:])):
+        plain = {c.rank: c for c in load_paths(P.names(P.files(scenario, form))).captures}
+        for path in P.files(scenario, form):
+            lines = keep(_frame_lines(path.read_text(), pattern))
+            if form == "pystack":  # a traceback's shape: innermost last, 'File "f.py", line 12, in f'
+                lines = [line.replace("(Python) ", "") for line in lines]
+            snippet = P.written(tmp_path, f"rank{P.rank_of(path)}-{form}.txt",
+                                f"top frames of rank {P.rank_of(path)}:\n" + "\n".join(lines) + "\n")
+            (capture,) = load_paths([snippet]).captures
+            whole = [f for f in plain[P.rank_of(path)].main_thread.frames if not f.native]
+            assert capture.rank == P.rank_of(path) and capture.main_thread.frames == tuple(whole[:3]), (form, path)
