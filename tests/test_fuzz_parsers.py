@@ -1,6 +1,7 @@
 """Fuzz every parser of outside input: any bytes in gives a result or a one-line mtpdiag error, nothing else.
 
-Parsers: bundles, ``py-spy dump --json``, ``py-spy dump`` text, verl configs with hydra overrides and torch
+Parsers: bundles, ``py-spy dump --json``, ``py-spy dump`` text, faulthandler and pystack output, bare frame
+lines, failed captures (every reader of ``mtpdiag.inputs``), verl configs with hydra overrides and torch
 Flight Recorder pickles. Two kinds of input: arbitrary bytes/values, and the recorded fixtures with random
 mutations (a key dropped, a value of the wrong type, a list cut short), which reach deeper code than noise.
 What loads must also diagnose and render, so a mutation cannot slip a bad value past the loader into the
@@ -28,6 +29,8 @@ from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot
 from mtpdiag.errors import MtpdiagError
 from mtpdiag.flight_recorder import correlate, load_fr_dumps
 from mtpdiag.layout_sources import read_verl_config
+from mtpdiag.errors import InputError
+from mtpdiag.inputs import READERS, ReadContext
 from mtpdiag.loaders import load_paths, parse_text_dump
 from mtpdiag.model import Snapshot, ThreadStack
 from mtpdiag.report import console, html, json_report, markdown
@@ -59,6 +62,31 @@ _LINE = st.one_of(
 )
 PYSPY_TEXT = st.lists(_LINE, max_size=25).map("\n".join)
 
+# Lines of the other text forms, and what pastes put around them, with the same hostile fields.
+_HEX = st.sampled_from(["0x00007f68893e4b80", "0x0", "0x" + "F" * 40, "0xZZ", "12"])
+_PASTE_LINE = st.one_of(
+    _LINE,
+    st.builds("{} {} (most recent call first):".format, st.sampled_from(["Thread", "Current thread", "Stack"]), _HEX),
+    st.builds('  File "{}", line {} in {}'.format, st.sampled_from(["/x/torch/distributed/c10d.py", "a.py", '"', ""]),
+              _NUMBER, _WORD),
+    st.builds("Traceback for thread {} ({}) [{}] (most recent call last):".format, _NUMBER, _WORD,
+              st.sampled_from(["", "Has the GIL", "]", "Garbage collecting"])),
+    st.builds('    (Python) File "{}", line {}, in {}'.format, st.sampled_from(["/t/torch/distributed/x.py", "b.py"]),
+              _NUMBER, _WORD),
+    st.builds('    (C) File "{}", line {}, in {} ({})'.format, st.sampled_from(["???", "x.c"]), _NUMBER, _WORD,
+              st.sampled_from(["libc.so.6", "(", ""])),
+    st.builds("The frame stack for thread {} is empty".format, _NUMBER),
+    st.builds("{}{}".format, st.sampled_from(["[rank3]: ", "rank1: ", "[2026-01-29 13:12:37 TP1] ", "[default0]:",
+                                             "(WorkerDict pid=12, ip=1.2.3.4) ", "[", "\x1b[1;32m"]), _WORD),
+    st.builds("{} {}".format, st.sampled_from(["$ py-spy dump --pid", "root@n:~# pystack remote", "$ sudo py-spy dump -p",
+                                              "==>"]), _NUMBER),
+    st.sampled_from(["Error: Failed to get stack traces", "Caused by:", "    0: Failed to suspend process",
+                     "\U0001F480 Engine error: Operation not permitted \U0001F480", "Permission Denied: x",
+                     "Arguments:", "Locals:", "Timeout (0:00:05)!", "Fatal Python error: Aborted", "", "\r",
+                     "Python v3.11.7 (/usr/bin/python3)", "--------", "Thread 12 (idle): \"MainThread\""]),
+)
+PASTE_TEXT = st.lists(_PASTE_LINE, max_size=30).map("\n".join)
+
 
 def _fixture_files(suffix: str) -> list[Path]:
     return sorted(p for name in scenarios() for p in (Path(CAPTURES) / name).glob(f"*{suffix}")
@@ -69,6 +97,8 @@ BUNDLES = {p: json.loads(p.read_text()) for p in _fixture_files("bundle.json")}
 RAW_JSON = {p: json.loads(p.read_text()) for p in _fixture_files(".json")
             if p.name.startswith("rank")}
 RAW_TEXT = {p: p.read_text() for p in _fixture_files(".txt")}
+PASTES = Path(__file__).resolve().parent / "fixtures" / "pastes"
+RAW_PASTES = {p: p.read_text() for p in sorted(PASTES.glob("*/*.txt"))}
 
 
 @pytest.fixture(scope="module")
@@ -223,6 +253,29 @@ def test_mutated_recorded_pyspy_json_loads_or_fails_cleanly(scratch, data):
 # ---------------------------------------------------------------- py-spy text and any file
 
 
+def _spliced(data, lines: list[str], noise, actions: list[str], most: int) -> list[str]:
+    """Lines of a real dump deleted, duplicated, cut, stripped, prefixed or replaced with noise, as a bad paste
+    would leave them (1 to ``most`` edits)."""
+    for _ in range(data.draw(st.integers(1, most))):
+        i = data.draw(st.integers(0, len(lines)))
+        what = data.draw(st.sampled_from(actions))
+        if what == "cut":
+            lines = lines[:i]
+        elif what == "noise":
+            lines.insert(i, data.draw(noise))
+        elif i == len(lines):
+            continue
+        elif what == "drop":
+            del lines[i]
+        elif what == "dup":
+            lines.insert(i, lines[i])
+        elif what == "strip":
+            lines[i] = lines[i].strip()
+        else:
+            lines[i] = data.draw(st.sampled_from(["[rank1]: ", "\t", "  ", "$ "])) + lines[i]
+    return lines
+
+
 @FUZZ
 @given(raw=st.binary(max_size=400), suffix=st.sampled_from([".json", ".txt", ".log", ".dump"]))
 def test_load_paths_on_any_bytes(scratch, raw, suffix):
@@ -245,21 +298,52 @@ def test_pyspy_shaped_text_parses_or_fails_cleanly(scratch, text):
 def test_recorded_text_dumps_cut_and_spliced_parse(scratch, data):
     """Lines of real dumps deleted, duplicated or replaced with noise, as a bad paste would."""
     source = data.draw(st.sampled_from(sorted(RAW_TEXT)))
-    lines = RAW_TEXT[source].splitlines()
-    for _ in range(data.draw(st.integers(1, 4))):
-        i = data.draw(st.integers(0, len(lines)))
-        what = data.draw(st.sampled_from(["drop", "dup", "noise", "cut"]))
-        if what == "drop" and i < len(lines):
-            del lines[i]
-        elif what == "dup" and i < len(lines):
-            lines.insert(i, lines[i])
-        elif what == "noise":
-            lines.insert(i, data.draw(_LINE))
-        else:
-            lines = lines[:i]
+    lines = _spliced(data, RAW_TEXT[source].splitlines(), _LINE, ["drop", "dup", "noise", "cut"], 4)
     text = "\n".join(lines)
     snapshot = _result_or_clean_error(load_paths, [_write(scratch, "rank3.txt", text.encode())])
     if snapshot is not None:
+        _diagnoses_and_renders(snapshot)
+
+
+@FUZZ
+@given(text=PASTE_TEXT, name=st.sampled_from(["rank2.txt", "paste.log", "rank0.dump"]),
+       rank_from=st.none() | st.sampled_from([r"rank(\d+)", r"TP(\d+)", r"(\d+)", r"(x)?"]))
+def test_paste_shaped_text_of_every_form_loads_or_fails_cleanly(scratch, text, name, rank_from):
+    snapshot = _result_or_clean_error(lambda p: load_paths([p], rank_from=rank_from),
+                                      _write(scratch, name, text.encode()))
+    if snapshot is not None:
+        assert all(c.threads or (c.state == "unreadable" and c.error) for c in snapshot.captures)
+        _diagnoses_and_renders(snapshot)
+
+
+@FUZZ
+@given(text=PASTE_TEXT | st.text(max_size=300))
+def test_every_reader_reads_what_it_sniffs_or_says_why(text):
+    """Each reader on its own: after its sniff accepts, a result or a one-line InputError, nothing else."""
+    for reader in READERS:
+        if not reader.sniff(text, "fuzz.txt"):
+            continue
+        try:
+            found = reader.read(text, "fuzz.txt", ReadContext())
+        except InputError as exc:
+            assert str(exc) and "\n" not in str(exc)
+            continue
+        for c in found.captures:
+            assert c.threads or (c.state == "unreadable" and c.error and "\n" not in c.error), reader.name
+
+
+@pytest.mark.skipif(not RAW_PASTES, reason="no recorded pastes")
+@FUZZ
+@given(data=st.data())
+def test_recorded_pastes_cut_spliced_and_mangled_load_or_fail_cleanly(scratch, data):
+    """Real faulthandler, pystack and py-spy pastes with lines dropped, doubled, cut, reindented or noised."""
+    source = data.draw(st.sampled_from(sorted(RAW_PASTES)))
+    lines = _spliced(data, RAW_PASTES[source].splitlines(), _PASTE_LINE,
+                     ["drop", "dup", "noise", "cut", "strip", "prefix"], 5)
+    text = data.draw(st.sampled_from(["\n", "\r\n"])).join(lines)
+    snapshot = _result_or_clean_error(load_paths, [_write(scratch, source.name, text.encode())])
+    if snapshot is not None:
+        assert all(c.threads or (c.state == "unreadable" and c.error) for c in snapshot.captures)
         _diagnoses_and_renders(snapshot)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mtpdiag.bundle import load_bundle, save_bundle
-from mtpdiag.errors import InputError
+from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.loaders import load_paths, rank_from_name
 
 SCENARIO = Path(__file__).parent / "fixtures" / "captures" / "mtp_cp_pp"
@@ -197,14 +197,26 @@ def test_garbage_text_is_an_input_error(tmp_path):
     assert str(garbage) in _one_line(exc)
 
 
-def test_binary_and_empty_files_are_input_errors(tmp_path):
-    binary, empty = tmp_path / "rank0.dump", tmp_path / "rank1.txt"
+def test_binary_files_and_empty_files_of_no_rank_are_input_errors(tmp_path):
+    binary, empty = tmp_path / "rank0.dump", tmp_path / "dump.txt"
     binary.write_bytes(b"\x00\xff\xfe" * 50)
     empty.write_text("")
     for bad in (binary, empty):
         with pytest.raises(InputError) as exc:
             load_paths([str(bad)])
         assert str(bad) in _one_line(exc)
+
+
+def test_an_empty_file_named_after_a_rank_is_that_rank_unreadable(tmp_path):
+    """``timeout 10 py-spy dump --pid P > rank3.txt`` leaves an empty file when py-spy hangs on the rank."""
+    empty = tmp_path / "rank3.txt"
+    empty.write_text("\n")
+    with pytest.raises(NothingCaptured) as alone:
+        load_paths([str(empty)])
+    assert str(empty) in _one_line(alone) and "rank 3" in str(alone.value)
+    snapshot = load_paths([*_files(".json")[:3], str(empty)])
+    (frozen,) = [c for c in snapshot.captures if c.rank == 3]
+    assert frozen.state == "unreadable" and not frozen.threads and "empty file" in frozen.error
 
 
 def test_empty_directory_is_an_input_error(tmp_path):

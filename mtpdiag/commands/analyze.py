@@ -23,6 +23,8 @@ def analyze(
     override: Optional[List[str]] = o.OVERRIDE,
     world_size: Optional[int] = typer.Option(None, "--world-size", min=1,
                                              help="World size, when the files do not carry WORLD_SIZE."),
+    rank_from: Optional[str] = typer.Option(None, "--rank-from", help="A regular expression whose first group is "
+                                            "the rank, searched in the lines around each dump, then its path."),
     fr: Optional[str] = typer.Option(None, "--fr", help="torch Flight Recorder dumps to check the stacks "
                                      "against: a directory, or the TORCH_FR_DUMP_TEMP_FILE prefix."),
     as_json: bool = o.JSON,
@@ -30,7 +32,7 @@ def analyze(
     html: Optional[Path] = o.HTML,
 ) -> None:
     """Diagnose captures saved earlier, from one host or many (bundles are merged by rank)."""
-    from mtpdiag.loaders import load_paths
+    from mtpdiag.inputs import read_inputs
 
     fr_dumps = None
     if fr is not None:  # fail fast on a bad --fr, before the stacks are read
@@ -38,7 +40,10 @@ def analyze(
 
         fr_dumps = load_fr_dumps(fr)
     with o.paused_gc():
-        snapshot = load_paths(list(paths))
+        inputs = read_inputs(list(paths), rank_from=rank_from)
+        snapshot = inputs.snapshot
+        for note in inputs.notes:
+            typer.echo(f"mtpdiag: note: {note}", err=True)
         if world_size is not None:
             snapshot = with_world_size(snapshot, world_size)
         layout_options = o.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,

@@ -1,0 +1,85 @@
+"""Read captures from files: bundles, py-spy (JSON and text), faulthandler, pystack, bare frame lines,
+and the error output of a capture that failed.
+
+Rules (the same for every command that reads files):
+
+* Each file is read by the first reader in ``registry.READERS`` that recognises it (one module per
+  format, each a ``Reader``: ``sniff(text, path)`` and ``read(text, path, context)``).
+* A file that no reader recognises, or that is not text, is an input error when no file could be read
+  at all; otherwise it is recorded, one line, in ``Snapshot.errors`` and the rest is diagnosed.
+* A file (or one process in it) that is recognised but yields no frame is a rank that could not be
+  read: ``state="unreadable"`` and ``error`` saying why. So is a failed capture (py-spy's or pystack's
+  error text) and an empty file named after a rank. Frames never vanish into a healthy-looking rank.
+* The same rank in two files, or two different world sizes, is an input error naming both files.
+* Ranks: ``identity.rank_of`` (file name, ``RANK=`` lines, log prefixes, process titles, ``--rank N``,
+  or ``rank_from``). World size: ``WORLD_SIZE`` (or ``SLURM_NTASKS``) in the dumps, never the file count.
+* A raw dump's state is ``"unknown"``: none of these tools records the process state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mtpdiag.errors import InputError, NothingCaptured
+from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
+from mtpdiag.inputs.files import DUMP_SUFFIXES, expand, read_text
+from mtpdiag.inputs.identity import compile_rank_from, rank_from_name
+from mtpdiag.inputs.merge import check_duplicate_ranks, check_world_sizes, merge
+from mtpdiag.inputs.pyspy_text import TextProcess, parse_text_dump
+from mtpdiag.inputs.registry import READERS
+from mtpdiag.inputs.registry import read_text as read_captures
+from mtpdiag.inputs.settle import STATE_UNKNOWN, STATE_UNREADABLE
+from mtpdiag.model import Snapshot, who_and_why
+
+__all__ = ["DUMP_SUFFIXES", "READERS", "STATE_UNKNOWN", "STATE_UNREADABLE", "Dumped", "FileCaptures", "Inputs",
+           "ReadContext", "Reader", "TextProcess", "load_file", "load_paths", "parse_text_dump", "rank_from_name",
+           "read_inputs"]
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What ``read_inputs`` found: the snapshot, and notes on what was merged or chosen (one line each)."""
+
+    snapshot: Snapshot
+    notes: tuple[str, ...] = ()
+
+
+def load_paths(paths: list[str], *, rank_from: str | None = None) -> Snapshot:
+    """One Snapshot from any mix of input files and directories (see the module's rules)."""
+    return read_inputs(paths, rank_from=rank_from).snapshot
+
+
+def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
+    """``load_paths`` plus its notes. ``rank_from``: a regex whose first group is the rank (``--rank-from``)."""
+    if not paths:
+        raise InputError("no input: give bundle files, py-spy dumps or directories")
+    context = ReadContext(seen={}, rank_from=compile_rank_from(rank_from))
+    files = expand(paths)
+    loaded: list[FileCaptures] = []
+    errors: list[str] = []
+    for path in files:
+        try:
+            loaded.append(load_file(path, context))
+        except InputError as exc:
+            errors.append(str(exc))
+    if not loaded:
+        raise InputError(errors[0] if len(errors) == 1 else f"none of {len(errors)} files could be read "
+                         f"(first: {errors[0]})")
+    check_world_sizes(loaded)
+    check_duplicate_ranks(loaded)
+    snapshot = merge(loaded, errors)
+    if not any(c.threads for c in snapshot.captures):  # exit 3, as when a live capture reads nothing
+        if not snapshot.captures:
+            raise NothingCaptured(f"the {len(loaded)} input(s) hold no capture")
+        first = snapshot.captures[0]
+        raise NothingCaptured(f"no stack in {len(loaded)} input(s): all {len(snapshot.captures)} ranks in them "
+                              f"were unreadable (first: {first.source}: {who_and_why(first)})")
+    return Inputs(snapshot, tuple(note for item in loaded for note in item.notes))
+
+
+def load_file(path: str, context: ReadContext | dict | None = None) -> FileCaptures:
+    """Captures of one file, whichever form it is; InputError naming it otherwise. ``context`` may be the
+    shared-stack dict alone (the interface before ``inputs``)."""
+    if not isinstance(context, ReadContext):
+        context = ReadContext(seen={} if context is None else context)
+    return read_captures(read_text(path), path, context)

@@ -1,0 +1,55 @@
+"""What the files of one ``analyze`` say together: one Snapshot, after checking they agree.
+
+The same rank in two files, or two different world sizes, is an input error naming both files.
+"""
+
+from __future__ import annotations
+
+from mtpdiag import __version__
+from mtpdiag.inputs.base import FileCaptures
+from mtpdiag.inputs.settle import UNKNOWN_HOST
+from mtpdiag.errors import InputError
+from mtpdiag.model import Snapshot, world_sizes
+
+
+def check_world_sizes(loaded: list[FileCaptures]) -> None:
+    first: tuple[int, str] | None = None
+    for item in loaded:
+        for size in world_sizes(item.captures):
+            if first is None:
+                first = (size, item.path)
+            elif size != first[0]:
+                where = f"{item.path} says both {first[0]} and {size}" if item.path == first[1] else \
+                    f"{first[1]} says {first[0]}, {item.path} says {size}"
+                raise InputError(f"world sizes differ: {where}")
+
+
+def check_duplicate_ranks(loaded: list[FileCaptures]) -> None:
+    owner: dict[int, str] = {}
+    for item in loaded:
+        ranks: dict[int, int] = {}
+        for c in item.captures:
+            if c.rank is not None:
+                ranks[c.rank] = ranks.get(c.rank, 0) + 1
+        for rank in sorted(ranks):
+            if rank in owner:
+                raise InputError(f"rank {rank} is in two files: {owner[rank]} and {item.path}")
+            if ranks[rank] > 1 and item.snapshot is None:
+                raise InputError(f"rank {rank} is in {item.path} {ranks[rank]} times (different processes "
+                                 "name the same rank: pass --rank-from REGEX to say which line names a rank)")
+            owner[rank] = item.path
+
+
+def merge(loaded: list[FileCaptures], errors: list[str]) -> Snapshot:
+    captures = tuple(c for item in loaded for c in item.captures)
+    bundles = [item.snapshot for item in loaded if item.snapshot is not None]
+    hosts = sorted({c.host for c in captures if c.host != UNKNOWN_HOST})
+    created = sorted(b.created for b in bundles if b.created)
+    bundle_errors = [e for b in bundles for e in b.errors]
+    return Snapshot(
+        captures=tuple(sorted(captures, key=lambda c: (c.rank is None, c.rank or 0, c.source or "", c.pid or 0))),
+        host=hosts[0] if len(hosts) == 1 else (",".join(hosts) if hosts else UNKNOWN_HOST),
+        created=created[0] if created else "",
+        tool_version=__version__,
+        errors=tuple(bundle_errors + errors),
+    )

@@ -1,0 +1,160 @@
+"""``pystack remote PID`` output, with or without ``--native`` (and ``--locals``).
+
+pystack prints each thread "most recent call last" (reversed here: mtpdiag stacks are innermost first),
+Python frames as ``(Python) File "f.py", line N, in name`` and C frames as ``(C) File "x.c", line N, in
+symbol (library)`` (``Frame.native``). It names no process: a pasted ``$ pystack remote 812`` prompt
+gives the pid, and otherwise the main thread's id is the pid (on Linux they are equal). pystack prints
+the main thread last, so in a paste of several runs without prompts a new process begins after each
+thread that ``threading`` did not start. Function names are bare (``reduce_loss_in_tracker``, where
+py-spy prints ``MTPLossLoggingHelper.reduce_loss_in_tracker``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from mtpdiag.capture.pyspy import display_path, kept_args
+from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
+from mtpdiag.inputs.failed import failure_reason
+from mtpdiag.inputs.lines import Line, clean_lines, command
+from mtpdiag.inputs.settle import captures_of, main_first, shared, started_by_threading, thread
+from mtpdiag.model import Frame, ThreadStack, printable
+
+_HEADER = re.compile(r"^Traceback for thread (?P<tid>[0-9]{1,10})(?: \((?P<name>.*?)\))?(?: \[(?P<status>[^\]]*)\])?"
+                     r" \(most recent call last\):$")
+_EMPTY = re.compile(r"^The frame stack for thread ([0-9]{1,10}) is empty$")
+_PYTHON = re.compile(r'^\(Python\) File "(?P<file>.*)", line (?P<line>[0-9]{1,9}), in (?P<function>.+)$')
+_NATIVE = re.compile(r'^\(C\) File "(?P<file>.*)", line (?P<line>[0-9]{1,9}), in (?P<function>.+?)'
+                     r'(?: \((?P<library>[^()]*)\))?$')
+_LOCALS_HEAD = re.compile(r"^(?:Arguments|Locals):$")
+_LOCAL = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*): (?P<repr>.*)$")
+_SNIFF = re.compile(r"Traceback for thread [0-9]{1,10} .*\(most recent call last\):|"
+                    r"The frame stack for thread [0-9]{1,10} is empty|\((?:Python|C)\) File \"")
+FORM = "pystack"
+
+
+def sniff(text: str, path: str) -> bool:
+    return _SNIFF.search(text) is not None
+
+
+def read(text: str, path: str, context: ReadContext) -> FileCaptures:
+    lines = clean_lines(text)
+    dumps = [d for run in _runs(lines) for d in _processes(run, context.seen)]
+    return captures_of(path, FORM, dumps, lines, context)
+
+
+def _runs(lines: list[Line]) -> list[dict]:
+    """One run per pasted ``pystack remote`` command (or one for the whole text):
+    {"pid", "threads": [{"tid", "name", "active", "frames", "context"}], "context", "bodies"}."""
+    runs: list[dict] = []
+    run: dict | None = None
+    current: dict | None = None
+    frame: dict | None = None
+    in_locals = source_next = False
+    pending: list[Line] = []
+
+    def new_run(pid: int | None) -> dict:
+        made = {"pid": pid, "threads": [], "context": [], "bodies": []}
+        runs.append(made)
+        return made
+
+    for line in lines:
+        body = line.body
+        if run is not None:
+            run["bodies"].append(body)
+        cmd = command(body) if body else None
+        if cmd is not None:
+            run, current, frame = new_run(cmd.pid), None, None
+            run["context"].extend([*pending, line])
+            pending = []
+            continue
+        header = _HEADER.match(body)
+        empty = None if header else _EMPTY.match(body)
+        if header or empty:
+            if run is None:
+                run = new_run(None)
+            status = (header["status"] or "") if header else ""
+            current = {"tid": int((header or empty)[1]), "name": printable(header["name"] or "") if header else "",
+                       "active": True if "Has the GIL" in status or "collecting" in status else None,
+                       "frames": [], "context": [*pending, line]}
+            run["threads"].append(current)
+            frame, in_locals, source_next, pending = None, False, False, []
+            continue
+        if current is None:
+            if body:
+                pending.append(line)
+            continue
+        if in_locals and frame is not None and (m := _LOCAL.match(body)):
+            frame["locals"].append((m["name"], m["repr"]))
+            continue
+        if _LOCALS_HEAD.match(body):
+            in_locals, source_next = frame is not None, False
+            continue
+        m = _PYTHON.match(body)
+        native = None if m else _NATIVE.match(body)
+        if m or native:
+            frame = _frame_of(m or native, native=native is not None)
+            current["frames"].append(frame)
+            in_locals, source_next = False, m is not None
+            if line.prefix:
+                current["context"].append(Line(line.prefix, "", line.prefix))
+            continue
+        if source_next and body:  # pystack prints the source line of a Python frame under it
+            source_next = False
+            continue
+        if body and not body.startswith("* - "):
+            pending.append(line)
+    if pending and run is not None:
+        (run["threads"][-1]["context"] if run["threads"] else run["context"]).extend(pending)
+    return runs
+
+
+def _frame_of(m: re.Match, native: bool) -> dict:
+    function = printable(m["function"])
+    if native:
+        function = function.removesuffix(" (inlined)")
+        file = m["file"] if m["file"] != "???" else (m["library"] or "???")
+    else:
+        file = display_path(printable(m["file"]))
+    return {"function": function, "file": printable(file), "line": int(m["line"]), "native": native, "locals": []}
+
+
+def _processes(run: dict, seen: dict) -> list[Dumped]:
+    if not run["threads"]:
+        reason = failure_reason(run["bodies"]) or "pystack printed no thread"
+        return [Dumped(pid=run["pid"], threads=(), context=tuple(run["context"]), error=reason)]
+    stacks = [_stack(t, seen) for t in run["threads"]]
+    parts = [list(range(len(stacks)))] if run["pid"] is not None else _split_after_mains(stacks)
+    out = []
+    for n, part in enumerate(parts):
+        threads = [stacks[i] for i in part]
+        context = (run["context"] if n == 0 else []) + [line for i in part for line in run["threads"][i]["context"]]
+        ordered = main_first(threads)
+        pid = run["pid"] if run["pid"] is not None else (ordered[0].native_id if ordered[0].frames else None)
+        if pid is not None:
+            ordered = tuple(sorted(threads, key=lambda t: t.native_id != pid))
+        error = None if any(t.frames for t in threads) else \
+            f"pystack output with {len(threads)} thread(s) but no frame could be read"
+        out.append(Dumped(pid=pid, threads=ordered, context=tuple(context), native=any(
+            f.native for t in threads for f in t.frames), error=error))
+    return out
+
+
+def _split_after_mains(stacks: list[ThreadStack]) -> list[list[int]]:
+    """pystack prints a process's main thread last: a thread not started by ``threading`` ends a process."""
+    parts: list[list[int]] = [[]]
+    for i, s in enumerate(stacks):
+        parts[-1].append(i)
+        if s.frames and not started_by_threading(s.frames) and i < len(stacks) - 1:
+            parts.append([])
+    return [p for p in parts if p]
+
+
+def _stack(t: dict, seen: dict) -> ThreadStack:
+    frames = [Frame(function=f["function"], file=f["file"], line=f["line"], native=f["native"],
+                    args=() if f["native"] or not f["locals"] else kept_args(f["file"], f["locals"]))
+              for f in reversed(t["frames"])]
+    return thread(t["tid"], t["name"], shared(frames, seen), t["tid"], t["active"])
+
+
+READER = Reader(name=FORM, sniff=sniff, read=read)

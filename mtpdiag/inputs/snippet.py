@@ -1,0 +1,55 @@
+"""A few frame lines pasted with no thread header: "the top frames were ..." in a ticket or chat.
+
+Two shapes: py-spy's ``function (file.py:12)`` (innermost first) and a traceback's
+``File "file.py", line 12, in function`` (innermost last, unless the paste says "most recent call
+first"; faulthandler's ``line 12 in function``, without the comma, is innermost first). The snippet is
+one process with one thread; the shape with more lines wins when both appear.
+"""
+
+from __future__ import annotations
+
+import re
+
+from mtpdiag.capture.pyspy import display_path
+from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
+from mtpdiag.inputs.lines import clean_lines
+from mtpdiag.inputs.settle import captures_of, shared, thread
+from mtpdiag.model import Frame, printable
+
+_SPY = re.compile(r"^(?P<function>[^\s()]+) \((?P<file>[^()\s]+?):(?P<line>[0-9]{1,9})\)$")
+_TRACEBACK = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>[0-9]{1,9})(?P<comma>,?) in (?P<function>\S+)$')
+_SNIFF = re.compile(r'^\s*(?:\S*\s)?(?:[^\s()]+ \([^()\s]+?:[0-9]{1,9}\)|File "[^"]+", line [0-9]{1,9},? in \S+)\s*$',
+                    re.MULTILINE)
+_FIRST = "most recent call first"
+FORM = "frame lines"
+
+
+def sniff(text: str, path: str) -> bool:
+    return _SNIFF.search(text) is not None
+
+
+def read(text: str, path: str, context: ReadContext) -> FileCaptures:
+    lines = clean_lines(text)
+    spy, traceback, rest = [], [], []
+    for line in lines:
+        if m := _SPY.match(line.body):
+            spy.append(m)
+        elif m := _TRACEBACK.match(line.body):
+            traceback.append(m)
+        elif line.body or line.prefix:
+            rest.append(line)
+    if len(spy) >= len(traceback):
+        frames = [_frame(m) for m in spy]
+    else:
+        frames = [_frame(m) for m in traceback]
+        if traceback[0]["comma"] and _FIRST not in text:
+            frames.reverse()
+    stack = (thread(0, "", shared(frames, context.seen)),)
+    return captures_of(path, FORM, [Dumped(pid=None, threads=stack, context=tuple(rest))], lines, context)
+
+
+def _frame(m: re.Match) -> Frame:
+    return Frame(function=printable(m["function"]), file=display_path(printable(m["file"])), line=int(m["line"]))
+
+
+READER = Reader(name=FORM, sniff=sniff, read=read)
