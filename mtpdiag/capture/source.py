@@ -28,10 +28,14 @@ def line_calls(pid: int, path: str, line: int) -> tuple[str, ...]:
     """The ``WAIT_CALLS`` names called on ``line`` of ``path`` as process ``pid`` sees it; () if unreadable."""
     if line <= 0 or not os.path.isabs(path):
         return ()
-    text = _line(f"/proc/{pid}/root{path}", line)
+    return calls_in(_line(f"/proc/{pid}/root{path}", line))
+
+
+def calls_in(text: str) -> tuple[str, ...]:
+    """The ``WAIT_CALLS`` names a line of source calls, in order (pystack prints the line under its frame)."""
     if not text:
         return ()
-    return tuple(dict.fromkeys(name for name in _CALL.findall(text) if name in WAIT_CALLS))
+    return tuple(dict.fromkeys(name for name in _CALL.findall(text[:_MAX_LINE]) if name in WAIT_CALLS))
 
 
 @lru_cache(maxsize=512)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from mtpdiag.capture.pyspy import display_path, kept_args
+from mtpdiag.capture.source import calls_in
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.failed import failure_reason
 from mtpdiag.inputs.lines import Line, clean_lines, command
@@ -101,6 +102,8 @@ def _runs(lines: list[Line]) -> list[dict]:
             continue
         if source_next and body:  # pystack prints the source line of a Python frame under it
             source_next = False
+            if frame is not None:
+                frame["calls"] = calls_in(body)  # what the line calls (a host sync, a lock); never the text
             continue
         if body and not body.startswith("* - "):
             pending.append(line)
@@ -154,7 +157,9 @@ def _stack(t: dict, seen: dict) -> ThreadStack:
     frames = [Frame(function=f["function"], file=f["file"], line=f["line"], native=f["native"],
                     args=() if f["native"] or not f["locals"] else kept_args(f["file"], f["locals"]))
               for f in reversed(t["frames"])]
-    return thread(t["tid"], t["name"], shared(frames, seen), t["tid"], t["active"])
+    innermost = next((f for f in reversed(t["frames"]) if not f["native"]), None)
+    calls = innermost.get("calls", ()) if innermost is not None else ()
+    return thread(t["tid"], t["name"], shared(frames, seen), t["tid"], t["active"], calls)
 
 
 READER = Reader(name=FORM, sniff=sniff, read=read)

@@ -102,8 +102,9 @@ def shared(frames: list[Frame] | tuple[Frame, ...], seen: dict) -> tuple[Frame, 
 
 
 def thread(thread_id: int, name: str, frames: tuple[Frame, ...], native_id: int | None = None,
-           active: bool | None = None) -> ThreadStack:
-    return ThreadStack(thread_id=thread_id, name=name, frames=frames, native_id=native_id, active=active)
+           active: bool | None = None, calls: tuple[str, ...] = ()) -> ThreadStack:
+    return ThreadStack(thread_id=thread_id, name=name, frames=frames, native_id=native_id, active=active,
+                       calls=calls)
 
 
 _BOOTSTRAP = ("_bootstrap", "_bootstrap_inner", "Thread._bootstrap", "Thread._bootstrap_inner")
