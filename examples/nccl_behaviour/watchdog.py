@@ -1,10 +1,12 @@
 """ProcessGroupNCCL's watchdog and heartbeat monitor, for the emulated groups of one process.
 
 * Watchdog (ProcessGroupNCCL::Watchdog::runLoop, every kWatchdogThreadSleepMillis = 100 ms): a work
-  queued longer than its group's timeout is caught: it logs ``Watchdog caught collective operation
-  timeout: WorkNCCL(...) ran for N milliseconds before timing out.``, retires the work without
-  completing it (FlightRecorder::retire_id), and signals a dump to every rank through the store
-  (broadcastDumpSignal).
+  queued longer than its group's timeout is caught: it logs ``[Rank r] Watchdog caught collective
+  operation timeout: WorkNCCL(...) ran for N milliseconds before timing out.``, "failure detected by
+  watchdog ...", the failed collective's stack, and signals a dump to every rank through the store
+  (broadcastDumpSignal). The work is not retired then: the timeout dump shows it ``scheduled`` and
+  unretired. Only a watchdog that does not tear down retires it afterwards (retire_id): later dumps,
+  through the pipe, show it retired and not completed.
 * Monitor (HeartbeatMonitor::runLoop, every TORCH_NCCL_COORD_CHECK_MILSEC, default 1000 ms): on its own
   rank's signal or another rank's (the store key), it writes the Flight Recorder once to
   ``${TORCH_FR_DUMP_TEMP_FILE or TORCH_NCCL_DEBUG_INFO_TEMP_FILE}<rank>``; a line written to
@@ -44,10 +46,12 @@ def _env_ms(name: str, default: int) -> float:
 
 
 def log(level: str, rank: int, message: str) -> None:
-    """A c10 log line as torch prints it: ``[rank2]:[E1130 17:20:01.123456789 ProcessGroupNCCL.cpp] ...``."""
+    """A c10 log line as torch prints it, ``[rank2]:[E1130 17:20:01.123456789 <tid> ProcessGroupNCCL.cpp:<line>] ...``,
+    without the source line number."""
     now = _dt.datetime.now()
     stamp = f"{level}{now:%m%d %H:%M:%S}.{now.microsecond:06d}000"
-    print(f"[rank{rank}]:[{stamp} ProcessGroupNCCL.cpp] {message}", file=sys.stderr, flush=True)
+    print(f"[rank{rank}]:[{stamp} {threading.get_native_id()} ProcessGroupNCCL.cpp] {message}", file=sys.stderr,
+          flush=True)
 
 
 class Monitor:
@@ -65,6 +69,7 @@ class Monitor:
         self.signalled = False   # this rank's own timeout (shouldDump_)
         self.dumped = False
         self.failed: set[ProcessGroupNCCLOnCPU] = set()
+        self.to_retire: list[tuple[float, ProcessGroupNCCLOnCPU, WorkNCCL]] = []
         self.abort_after: tuple[float, ProcessGroupNCCLOnCPU, WorkNCCL] | None = None
         self.pipe_fd = self._open_pipe()
         self.thread = threading.Thread(target=self._run, name="emulated-nccl-watchdog", daemon=True)
@@ -110,6 +115,8 @@ class Monitor:
                 self._coordinate()
             if self.abort_after is not None:
                 self._maybe_abort()
+            elif self.to_retire:
+                self._retire_timed_out()
 
     def _check_timeouts(self) -> None:
         for group in list(GROUPS):
@@ -126,16 +133,21 @@ class Monitor:
     def _caught(self, group: ProcessGroupNCCLOnCPU, work: WorkNCCL, ran_ms: int) -> None:
         self.failed.add(group)
         work.timed_out = True
-        RECORDER.retire(work.entry)
-        with group.works_lock:
-            if work in group.works:
-                group.works.remove(work)
-        message = (f"{group.log_prefix()}Watchdog caught collective operation timeout: {work.describe()} "
+        # WorkNCCL::checkTimeout logs with WorkNCCL::logPrefix(), "[Rank <group rank>] ".
+        message = (f"[Rank {group.rank()}] Watchdog caught collective operation timeout: {work.describe()} "
                    f"ran for {ran_ms} milliseconds before timing out.")
         log("E", self.rank, message)
         log("E", self.rank, f"{group.log_prefix()}failure detected by watchdog at work sequence id: {work.seq} "
                             f"PG status: last enqueued work: {group.status.last_enqueued}, "
                             f"last completed work: {group.status.last_completed}")
+        if work.entry is not None:  # WorkNCCL::printTraceback, from the Flight Recorder entry
+            frames = "\n".join(f"#{i} {f['name']} from {f['filename']}:{f['line']}"
+                                for i, f in enumerate(work.entry.frames))
+            log("E", self.rank, f"{group.log_prefix()}Stack trace of the failed collective: \n{frames}")
+        # The work is not retired yet: the watchdog sleeps while every rank dumps, then throws
+        # (TORCH_NCCL_ASYNC_ERROR_HANDLING=3). Only a watchdog that lives on reaches retire_id.
+        self.to_retire.append((time.monotonic() + self.dump_wait_s if self.signalled or self.dump_on_timeout
+                               else time.monotonic(), group, work))
         if self.dump_on_timeout and RECORDER.enabled and not self.signalled:
             self.signalled = True
             try:
@@ -146,14 +158,33 @@ class Monitor:
             self.abort_after = (time.monotonic() + self.dump_wait_s, group, work)
             self._last_error = message
 
+    def _retire_timed_out(self) -> None:
+        """A watchdog that does not tear down (TORCH_NCCL_ASYNC_ERROR_HANDLING=0, or --no-abort) goes on
+        once the dumps are written: the failed work counts as completed and is retired without having
+        completed (retire_id), so later dumps show it retired and not completed."""
+        now = time.monotonic()
+        due = [item for item in self.to_retire if item[0] <= now or self.dumped]
+        for item in due:
+            _, group, work = item
+            RECORDER.retire(work.entry)
+            with group.works_lock:
+                if work in group.works:
+                    group.works.remove(work)
+            self.to_retire.remove(item)
+
     def _coordinate(self) -> None:
         """The monitor's check: a dump on this rank's signal, another rank's, or a pipe request."""
         if self._pipe_requested():
             self._dump(f"{self.group.log_prefix()}Dump requested through the debug info pipe.", final=False)
         if self.dumped or not RECORDER.enabled:
             return
+        status = self.group.status
+        tail = (f" and we will try our best to dump the debug info. Last enqueued NCCL work: "
+                f"{status.last_enqueued}, last completed NCCL work: {status.last_completed}.")
         if self.signalled:
-            self._dump(f"{self.group.log_prefix()}First PG on this rank to signal dumping.", final=True)
+            log("E", self.rank, f"{self.group.log_prefix()}First PG on this rank to signal dumping.")
+            self._dump(f"{self.group.log_prefix()}Received a dump signal due to a collective timeout from this "
+                       f"local rank{tail}", final=True)
             return
         try:
             if not self.store.check([SIGNAL_KEY]):
@@ -161,9 +192,10 @@ class Monitor:
             source = self.store.get(SIGNAL_KEY).decode()
         except Exception:  # noqa: BLE001 - NCCL logs "Failed to check the should dump flag on TCPStore"
             return
-        self._dump(f"{self.group.log_prefix()}Observed flight recorder dump signal from another rank via "
-                   f"TCPStore. Received a dump signal due to a collective timeout from rank {source} and we "
-                   "will try our best to dump the debug info.", final=True)
+        log("E", self.rank, f"{self.group.log_prefix()}Observed flight recorder dump signal from another rank via "
+                            "TCPStore.")
+        self._dump(f"{self.group.log_prefix()}Received a dump signal due to a collective timeout from  rank "
+                   f"{source}{tail}", final=True)
 
     def _dump(self, reason: str, final: bool) -> None:
         """dumpDebuggingInfo(). ``final``: the dump on a timeout signal, which every rank makes once."""

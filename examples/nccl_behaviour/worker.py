@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -52,6 +53,14 @@ MTP = _load("mtp_cp_deadlock_worker", HERE.parent / "mtp_cp_deadlock" / "worker.
 is_mp_src_rank_with_outputs = MTP.is_mp_src_rank_with_outputs
 
 
+def _sync_modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(","))
+    bad = [m for m in modes if m not in SYNC_MODES]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} is not one of {', '.join(SYNC_MODES)}")
+    return modes
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
@@ -63,8 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gate", choices=["buggy", "fixed"], default="buggy")
     parser.add_argument("--healthy", action="store_true", help="the fixed gate, forever (same as --gate fixed --steps 0)")
     parser.add_argument("--steps", type=int, default=3, help="training steps; 0 runs forever")
-    parser.add_argument("--sync", choices=SYNC_MODES, default="spin",
-                        help="how a host sync waits: spin (CUDA's default), poll (1 ms sleeps) or futex (blocking)")
+    parser.add_argument("--sync", type=_sync_modes, default=("spin",),
+                        help="how a host sync waits: spin (CUDA's default), poll (1 ms sleeps) or futex (blocking); "
+                             "a comma-separated list gives rank i the i-th mode (the last one for the rest)")
     parser.add_argument("--timeout-s", type=float, default=600.0,
                         help="the process groups' timeout, after which the watchdog dumps and aborts (NCCL: 10 min)")
     parser.add_argument("--no-abort", action="store_true", help="after the watchdog's dump, stay hung instead of aborting")
@@ -247,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     watchdog.ABORT = not args.no_abort
     process_group.EAGER_INIT = not args.lazy_init
-    stream = current_stream(args.sync)
+    rank_env = int(os.environ.get("RANK", "0"))
+    sync = args.sync[min(rank_env, len(args.sync) - 1)]
+    stream = current_stream(sync)
     process_group.register()
     dist.init_process_group(process_group.BACKEND, timeout=timedelta(seconds=args.timeout_s))
     mpu.initialize_model_parallel(
@@ -260,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank()
     coords = (f"tp{mpu.get_tensor_model_parallel_rank()} cp{mpu.get_context_parallel_rank()} "
               f"dp{mpu.get_data_parallel_rank()} pp{mpu.get_pipeline_model_parallel_rank()}")
-    print(f"rank {rank} ({coords}) ready, gate={args.gate} sync={args.sync}", flush=True)
+    print(f"rank {rank} ({coords}) ready, gate={args.gate} sync={sync}", flush=True)
     optimizer = DistributedOptimizer(stream)
     step = 0
     while args.steps == 0 or step < args.steps:
