@@ -37,6 +37,39 @@ def _in_torch_distributed(frames: list[dict]) -> str | None:
     return top["name"] if "torch/distributed/" in (top.get("filename") or "") else None
 
 
+# scenario -> rank -> (innermost function of the main thread, innermost torch.distributed function of any
+# other thread or None): what the recorded fixtures show, and what the analysis may rely on
+RECORDED = {
+    "hang_side_thread": {0: ("backward", "reduce_scatter_single"), 1: ("backward", "all_gather_single"),
+                         2: ("backward", "all_gather_single"), 3: ("backward", "all_gather_single")},
+    "hang_lock_wait": {0: ("all_reduce", None), 1: ("log_metrics", None), 2: ("all_reduce", None),
+                       3: ("all_reduce", None)},
+    "hang_data_loader": {0: ("all_reduce", None), 1: ("all_reduce", None), 2: ("_PollLikeSelector.select", None),
+                         3: ("all_reduce", None)},
+    "hang_unreadable": {0: ("all_reduce", None), 1: ("all_reduce", None), 2: ("all_reduce", None)},
+    "hang_comm_init": {0: ("_new_process_group_helper", None), 1: ("_new_process_group_helper", None),
+                       2: ("_new_process_group_helper", None), 3: ("barrier", None)},
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(RECORDED))
+def test_recorded_fixture_shows_each_rank_where_the_readme_says(scenario):
+    folder = record.CAPTURES / scenario
+    got = {}
+    for rank in RECORDED[scenario]:
+        threads = json.loads((folder / f"rank{rank}.json").read_text())
+        main = next(t for t in threads if t["thread_name"] == "MainThread")["frames"]
+        others = [_in_torch_distributed(t["frames"]) for t in threads if t["thread_name"] != "MainThread"]
+        got[rank] = (main[0]["name"], next((o for o in others if o), None))
+    assert got == RECORDED[scenario]
+
+
+def test_recorded_unreadable_rank_is_py_spys_refusal():
+    meta = json.loads((record.CAPTURES / "hang_unreadable" / "scenario.json").read_text())
+    assert "EPERM" in meta["where"]["3"]["py_spy_error"]
+    assert not (record.CAPTURES / "hang_unreadable" / "rank3.json").exists()
+
+
 @pytest.fixture
 def hung(request):
     with record.hung_job(record.SCENARIOS[request.param]) as (job, ranks, _):
