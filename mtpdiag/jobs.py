@@ -38,6 +38,7 @@ class Job:
 
         A child still between fork and exec shows the agent's environment, RANK included where the
         agent has one (a Kubeflow pod's); it is no worker yet. Counting it once gave ranks 0, 3, 1, 2.
+        A child of a worker with the worker's RANK (a DataLoader worker) is a helper, not a worker.
         """
         agent_env = procfs.read_env(self.pid)
         ranks = {}
@@ -46,7 +47,9 @@ class Job:
             if env and "RANK" in env and env != agent_env:
                 ranks[pid] = int(env["RANK"] or 0)
         self._known.update(ranks)
-        return sorted(ranks, key=ranks.get)
+        # A worker's own children (DataLoader workers, helpers) inherit its RANK: they are no workers.
+        helpers = {pid for pid in ranks if (stat := procfs.read_stat(pid)) and ranks.get(stat.ppid) == ranks[pid]}
+        return sorted((pid for pid in ranks if pid not in helpers), key=ranks.get)
 
     def wait_for_workers(self, timeout: float = 60.0) -> list[int]:
         deadline = time.monotonic() + timeout
