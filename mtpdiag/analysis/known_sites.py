@@ -133,6 +133,12 @@ _PP = "get_pipeline_model_parallel_group()"
 _DP_NO_CP = "get_data_parallel_group(with_context_parallel=False)"
 _MTP_AVG = Collective("all_reduce", "avg_group", ("dp_cp",), "AVG", "L")
 _MTP_AVG_013 = Collective("all_reduce", "avg_group", ("tp_cp",), "AVG", "L")
+_MOE_PP = Collective("all_reduce", "pp_group", ("pp",), "SUM", "num_layers + mtp_num_layers")
+_MOE_PP_GETTER = Collective("all_reduce", _PP, ("pp",), "SUM", "num_layers + mtp_num_layers")
+_MOE_REDUCE = Collective("all_reduce", "reduce_group", ("tp_cp", "tp_dp_cp"), "SUM", when="reduce_group set")
+_MOE_AVG = Collective("all_reduce", "avg_group", ("tp_dp_cp",), "AVG", when="avg_group set")
+_VERL_MTP = ("0.7.1", "0.8.0", "0.9.0", "0.9.1")  # verl releases with get_megatron_mtp_loss
+_VERL_TOKENS = Collective("all_reduce", "self.get_data_parallel_group()", ("dp",), "SUM", "1")
 _EMPTY_TRACKER = ("returns before its first collective when this rank's tracker is empty, and the tracker "
                   "is filled only by the layers a rank holds, so a pipeline stage without them skips the "
                   "pipeline all_reduce the other stages wait in (Megatron-LM #4745)")
@@ -164,22 +170,28 @@ TRACKER_ROWS: tuple[KnownSite, ...] = (
              source="dev: NVIDIA/Megatron-LM multi_token_prediction.py with _save_acceptance_counts "
                     "(Megatron-LM #4226)"),
     _tracker("MTPLossLoggingHelper.reduce_loss_in_tracker", _MTP, "mtp", ("dev",),
-             "MTPLossLoggingHelper on dev reduces the MTP loss sums over the tracker's avg_group (DP×CP)",
-             (Collective("all_reduce", "avg_group", ("dp_cp",), "AVG", "L",
-                         when="microbatch-normalised losses; per-token losses: one SUM of 2L"),),
+             "MTPLossLoggingHelper on dev reduces the MTP loss sums over the tracker's avg_group (DP×CP): "
+             "loss sums and token counts packed into one SUM of 2L with per-token loss, else an AVG of L",
+             (Collective("all_reduce", "avg_group", ("dp_cp",), "SUM", "2L", when="per-token loss"),
+              Collective("all_reduce", "avg_group", ("dp_cp",), "AVG", "L", when="microbatch-normalised loss")),
              source="dev: NVIDIA/Megatron-LM multi_token_prediction.py with _save_acceptance_counts"),
     _tracker("MTPLossLoggingHelper.track_mtp_metrics", _MTP, "mtp", MEGATRON_RELEASES + ("main", "dev"),
              "calls MTPLossLoggingHelper's reduce (reduce_loss_in_tracker, reduce_metrics_in_tracker from 0.19)",
              calls=("MTPLossLoggingHelper.reduce_loss_in_tracker", "MTPLossLoggingHelper.reduce_metrics_in_tracker"),
              role="caller", kinds=("dp_cp", "tp_cp")),
-    _tracker("get_megatron_mtp_loss", _VERL_UTILS, "mtp", ("0.7", "0.8", "0.9"),
+    _tracker("get_megatron_mtp_loss", _VERL_UTILS, "mtp", _VERL_MTP,
              "verl's MTP metric: MTPLossLoggingHelper.track_mtp_metrics on a tracker whose avg_group verl's "
              "MTP patch sets to the DP×CP group",
              calls=("MTPLossLoggingHelper.track_mtp_metrics",), role="caller", package="verl", kinds=("dp_cp",)),
-    _tracker("MegatronEngine.forward_backward_batch", _VERL_ENGINE, "mtp", ("0.7", "0.8", "0.9"),
+    _tracker("MegatronEngine.forward_backward_batch", _VERL_ENGINE, "mtp", ("0.7.1", "0.8.0"),
              "verl's Megatron engine: sums the batch's token count over the DP group, and collects the MTP "
              "loss through get_megatron_mtp_loss (0.7.1 on the src rank only: verl PR #5895)",
-             (Collective("all_reduce", "self.get_data_parallel_group()", ("dp",), "SUM", "1"),),
+             (_VERL_TOKENS,), calls=("get_megatron_mtp_loss",), role="engine", package="verl"),
+    _tracker("MegatronEngine.forward_backward_batch", _VERL_ENGINE, "mtp", ("0.9.0", "0.9.1"),
+             "verl's Megatron engine: sums the batch's and the routed token counts over the DP group, and "
+             "collects the MTP loss through get_megatron_mtp_loss on the last pipeline stage",
+             (_VERL_TOKENS, Collective("all_reduce", "self.get_data_parallel_group()", ("dp",), "SUM", "1",
+                                       when="per-token loss")),
              calls=("get_megatron_mtp_loss",), role="engine", package="verl"),
     # --- DeepSeek sparse-attention indexer loss: the pipeline group first, then DP without CP
     _tracker("DSAIndexerLossLoggingHelper.reduce_loss_in_tracker", _DSA, "dsa-indexer",
@@ -209,13 +221,16 @@ TRACKER_ROWS: tuple[KnownSite, ...] = (
              "calls DSAIndexerLossLoggingHelper.reduce_loss_in_tracker (pipeline group, then DP)",
              calls=("DSAIndexerLossLoggingHelper.reduce_loss_in_tracker",), role="caller", kinds=("pp", "dp")),
     # --- MoE auxiliary losses: the pipeline group, then the tracker's groups, then DP
-    _tracker("MoEMetricsTracker._sync_metrics", _MOE_LOGGING, "moe-aux-loss", ("0.18", "0.19"),
+    _tracker("MoEMetricsTracker._sync_metrics", _MOE_LOGGING, "moe-aux-loss", ("0.19",),
+             "MoEMetricsTracker sums each metric over the pipeline group, then its reduce_group, averages "
+             "over its avg_group and over DP (the pg_collection's DP×CP×GTP-remat group when one is passed)",
+             (_MOE_PP, _MOE_REDUCE, _MOE_AVG,
+              Collective("all_reduce", "dp_group", ("dp", "dp_cp"), "AVG", when="needs_dp_avg")),
+             skip=_LAZY_TRACKER),
+    _tracker("MoEMetricsTracker._sync_metrics", _MOE_LOGGING, "moe-aux-loss", ("0.18",),
              "MoEMetricsTracker sums each metric over the pipeline group, then its reduce_group, averages "
              "over its avg_group and over DP without CP",
-             (Collective("all_reduce", "pp_group", ("pp",), "SUM", "num_layers + mtp_num_layers"),
-              Collective("all_reduce", "reduce_group", ("tp_cp", "tp_dp_cp"), "SUM", when="reduce_group set"),
-              Collective("all_reduce", "avg_group", ("tp_dp_cp",), "AVG", when="avg_group set"),
-              Collective("all_reduce", "dp_group", ("dp",), "AVG", when="needs_dp_avg")),
+             (_MOE_PP, _MOE_REDUCE, _MOE_AVG, Collective("all_reduce", "dp_group", ("dp",), "AVG", when="needs_dp_avg")),
              skip=_LAZY_TRACKER),
     _tracker("reduce_aux_losses_tracker_across_ranks", _MOE_UTILS, "moe-aux-loss", ("0.18", "0.19"),
              "calls MoEMetricsTracker._sync_metrics (pipeline group, then the tracker's groups, then DP)",
@@ -223,19 +238,23 @@ TRACKER_ROWS: tuple[KnownSite, ...] = (
     _tracker("reduce_aux_losses_tracker_across_ranks", _MOE_UTILS, "moe-aux-loss", ("0.16", "0.17"),
              "MoE aux-loss tracker: sums over the pipeline group, then the tracker's reduce_group, averages "
              "over DP without CP and the avg_group",
-             (Collective("all_reduce", "pp_group", ("pp",), "SUM", "num_layers + mtp_num_layers"),
-              Collective("all_reduce", "reduce_group", ("tp_cp", "tp_dp_cp"), "SUM", when="reduce_group set"),
-              Collective("all_reduce", "dp_group", ("dp",), "AVG", when="reduce_group set without DP"),
-              Collective("all_reduce", "avg_group", ("tp_dp_cp",), "AVG", when="avg_group set")),
+             (_MOE_PP, _MOE_REDUCE, Collective("all_reduce", "dp_group", ("dp",), "AVG",
+                                               when="reduce_group set without DP"), _MOE_AVG),
              skip=_LAZY_TRACKER),
-    _tracker("reduce_aux_losses_tracker_across_ranks", _MOE_UTILS, "moe-aux-loss", ("0.13", "0.14", "0.15"),
+    _tracker("reduce_aux_losses_tracker_across_ranks", _MOE_UTILS, "moe-aux-loss", ("0.14", "0.15"),
+             "MoE aux-loss tracker: sums over the pipeline group, then the tracker's reduce_group, averages "
+             "over its avg_group and over DP×CP",
+             (_MOE_PP_GETTER, _MOE_REDUCE, _MOE_AVG,
+              Collective("all_reduce", "get_data_parallel_group(with_context_parallel=True)", ("dp_cp",), "AVG")),
+             skip=_LAZY_TRACKER),
+    _tracker("reduce_aux_losses_tracker_across_ranks", _MOE_UTILS, "moe-aux-loss", ("0.13",),
              "MoE aux-loss tracker: sums over the pipeline group, then the tracker's reduce_group, averages "
              "over its avg_group",
-             (Collective("all_reduce", _PP, ("pp",), "SUM", "num_layers + mtp_num_layers"),
-              Collective("all_reduce", "reduce_group", ("tp_cp", "tp_dp_cp"), "SUM", when="reduce_group set"),
-              Collective("all_reduce", "avg_group", ("tp_dp_cp",), "AVG", when="avg_group set")),
-             skip=_LAZY_TRACKER),
-    _tracker("track_moe_metrics", _MOE_UTILS, "moe-aux-loss", MEGATRON_RELEASES,
+             (_MOE_PP_GETTER, _MOE_REDUCE, _MOE_AVG), skip=_LAZY_TRACKER),
+    _tracker("MoEMetricsTracker.report", _MOE_LOGGING, "moe-aux-loss", ("0.18", "0.19"),
+             "MoEMetricsTracker.report (what track_moe_metrics wraps from 0.18): calls _sync_metrics",
+             calls=("MoEMetricsTracker._sync_metrics",), role="caller", kinds=("pp", "tp_cp", "tp_dp_cp", "dp")),
+    _tracker("track_moe_metrics", _MOE_UTILS, "moe-aux-loss", ("0.13", "0.14", "0.15", "0.16", "0.17"),
              "megatron's MoE metrics: reduce_aux_losses_tracker_across_ranks (pipeline group, then DP)",
              calls=("reduce_aux_losses_tracker_across_ranks",), role="caller",
              kinds=("pp", "tp_cp", "tp_dp_cp", "dp")),
