@@ -13,7 +13,8 @@ short name alone never matches a method of another class: ``DSAIndexerLossLoggin
 reduce_loss_in_tracker`` is the DeepSeek indexer's loss, on the pipeline group, and not the MTP reduce.
 
 Rows are tried in order, so the specific rows come before the catch-all file rows, and for a function
-whose group changed across releases the current form comes first. ``kinds`` lists group kinds of
+whose group changed across releases the most common form that issues collectives itself comes first
+(``lookup``; ``kinds_of`` unites every form). ``kinds`` lists group kinds of
 ``mtpdiag.layout.GROUP_KINDS``, most likely first. Pipeline point-to-point rows carry the direction of
 the peer (``next``/``prev`` pipeline stage) so a peer can be named when torch's frame lacks one.
 
@@ -80,7 +81,10 @@ class KnownSite:
         return self.function.rsplit(".", 1)[-1] if self.function else None
 
     def matches(self, site: Site) -> bool:
-        if self.file_suffix is not None and not path_ends_with(site.file, self.file_suffix):
+        # A row that names its function also takes a path py-spy shortened (its text dump prints
+        # ``core/transformer/multi_token_prediction.py``); a file-only row needs its whole suffix.
+        if self.file_suffix is not None and \
+                not path_ends_with(site.file, self.file_suffix, shortened=self.function is not None):
             return False
         if self.function is not None and not _function_matches(site.function, self.function,
                                                                self.file_suffix is not None):
@@ -88,10 +92,16 @@ class KnownSite:
         return True
 
 
-def path_ends_with(path: str, suffix: str) -> bool:
-    """Does ``path`` end with the path components of ``suffix``?"""
-    norm = "/" + path.replace("\\", "/").lstrip("/")
-    return norm.endswith("/" + suffix.lstrip("/"))
+def path_ends_with(path: str, suffix: str, shortened: bool = False) -> bool:
+    """Does ``path`` end with the path components of ``suffix``? With ``shortened``, a path that is
+    itself a shorter tail of ``suffix`` counts too."""
+    have = [p for p in path.replace("\\", "/").split("/") if p]
+    want = [p for p in suffix.split("/") if p]
+    if not have:
+        return False
+    if have[-len(want):] == want:
+        return True
+    return shortened and len(have) < len(want) and want[-len(have):] == have
 
 
 def _function_matches(function: str, wanted: str, in_known_file: bool) -> bool:
@@ -232,9 +242,6 @@ TRACKER_ROWS: tuple[KnownSite, ...] = (
              "over its avg_group and over DP without CP",
              (_MOE_PP, _MOE_REDUCE, _MOE_AVG, Collective("all_reduce", "dp_group", ("dp",), "AVG", when="needs_dp_avg")),
              skip=_LAZY_TRACKER),
-    _tracker("reduce_aux_losses_tracker_across_ranks", _MOE_UTILS, "moe-aux-loss", ("0.18", "0.19"),
-             "calls MoEMetricsTracker._sync_metrics (pipeline group, then the tracker's groups, then DP)",
-             calls=("MoEMetricsTracker._sync_metrics",), role="caller", kinds=("pp", "tp_cp", "tp_dp_cp", "dp")),
     _tracker("reduce_aux_losses_tracker_across_ranks", _MOE_UTILS, "moe-aux-loss", ("0.16", "0.17"),
              "MoE aux-loss tracker: sums over the pipeline group, then the tracker's reduce_group, averages "
              "over DP without CP and the avg_group",
@@ -251,6 +258,10 @@ TRACKER_ROWS: tuple[KnownSite, ...] = (
              "MoE aux-loss tracker: sums over the pipeline group, then the tracker's reduce_group, averages "
              "over its avg_group",
              (_MOE_PP_GETTER, _MOE_REDUCE, _MOE_AVG), skip=_LAZY_TRACKER),
+    # From 0.18 the function only delegates: a site in it is one of the forms above.
+    _tracker("reduce_aux_losses_tracker_across_ranks", _MOE_UTILS, "moe-aux-loss", ("0.18", "0.19"),
+             "calls MoEMetricsTracker._sync_metrics (pipeline group, then the tracker's groups, then DP)",
+             calls=("MoEMetricsTracker._sync_metrics",), role="caller", kinds=("pp", "tp_cp", "tp_dp_cp", "dp")),
     _tracker("MoEMetricsTracker.report", _MOE_LOGGING, "moe-aux-loss", ("0.18", "0.19"),
              "MoEMetricsTracker.report (what track_moe_metrics wraps from 0.18): calls _sync_metrics",
              calls=("MoEMetricsTracker._sync_metrics",), role="caller", kinds=("pp", "tp_cp", "tp_dp_cp", "dp")),
