@@ -604,6 +604,8 @@ def _judge(gc: GuardedCall, source: str, filename: str,
                   f"the same way, one of them waits forever")
     else:
         varying = "every coordinate" if ANY in first.coords else "/".join(sorted(first.coords))
+        if gc.source == "known" and ANY not in first.coords:  # name the group of the call it splits
+            label = next((k for row in gc.rows for k in row.kinds if splits(first.coords, group_coords(k))), label)
         because = f" ({first.why})" if first.why else ""
         reason = (f"{first.text} depends on {varying}{because}, which differs inside the {label} group of "
                   f"{gc.collective}; ranks that skip it leave the others waiting in it forever")
