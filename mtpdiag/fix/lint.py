@@ -23,6 +23,7 @@ import ast
 import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -486,6 +487,9 @@ def known_function_rows(gc: GuardedCall, filename: str | None = None) -> tuple[K
     return rows
 
 
+_TRACKER_SLOTS = frozenset({"avg_group", "reduce_group"})  # what every tracker of megatron-core has
+
+
 def _tracker_slot(group: ast.AST, rows: tuple[KnownSite, ...]) -> str | None:
     """The tracker slot a group expression reads (``tracker["avg_group"]``, ``entry.reduce_group``)."""
     slots = {c.group for row in rows for c in row.collectives if c.group.isidentifier()} | _TRACKER_SLOTS
@@ -497,9 +501,6 @@ def _tracker_slot(group: ast.AST, rows: tuple[KnownSite, ...]) -> str | None:
         if isinstance(node, ast.Name) and node.id in slots:
             return node.id
     return None
-
-
-_TRACKER_SLOTS = frozenset({"avg_group", "reduce_group"})
 
 
 def _collective_group(gc: GuardedCall, source: str, filename: str | None = None) -> tuple[str, frozenset[str]]:
@@ -668,10 +669,30 @@ def _matched_on_other_branch(gc: GuardedCall, guard: Guard, summaries: dict[str,
 
 
 def source_text(node: ast.AST, source: str) -> str:
-    text = ast.get_source_segment(source, node)
-    if text is None:
+    """The node's source on one line (``ast.get_source_segment``, with the file split into lines once
+    rather than on every call: a large file has hundreds of conditions)."""
+    lines = _source_lines(source)
+    try:
+        first, last = node.lineno - 1, node.end_lineno - 1
+        if node.end_lineno is None or node.end_col_offset is None or not 0 <= first <= last < len(lines):
+            raise ValueError
+        head, tail = lines[first].encode(), lines[last].encode()  # offsets count UTF-8 bytes
+        if first == last:
+            text = head[node.col_offset:node.end_col_offset].decode()
+        else:
+            text = head[node.col_offset:].decode() + "".join(lines[first + 1:last]) + \
+                tail[:node.end_col_offset].decode()
+    except (AttributeError, TypeError, ValueError):  # no position (a built node), or a bad one
         text = ast.unparse(node)
     return " ".join(text.split())
+
+
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # the line breaks of the tokenizer, as ast uses
+
+
+@lru_cache(maxsize=4)
+def _source_lines(source: str) -> list[str]:
+    return _LINE.findall(source)
 
 
 # ------------------------------------------------------------------------------------- the file edge
