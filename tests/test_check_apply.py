@@ -290,6 +290,52 @@ def check_engine_text(source: str) -> str:
     return classify_text(source).status
 
 
+# Test input: verl 0.7.1's engine with its MTP collection spelled through megatron's helpers directly,
+# renamed (reduce_metrics_in_tracker, megatron-core 0.19/main) or not, or through another class's method.
+VERL_CALL = "metrics = get_megatron_mtp_loss(n_micro_batch)"
+SPELLINGS = {
+    "renamed": "MTPLossLoggingHelper.reduce_metrics_in_tracker()\n            metrics = {}",
+    "tracker": "MTPLossLoggingHelper.track_mtp_metrics(1.0 / n_micro_batch, 0, None, None, metrics)",
+}
+IMPORT = "from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper\n"
+
+
+def _respelled(engine: Path, spelling: str) -> str:
+    text = engine.read_text()
+    assert text.count(VERL_CALL) == 1 and text.count(MPU_IMPORT) == 1
+    body = SPELLINGS[spelling]
+    if spelling == "tracker":
+        body = "metrics = {}\n            " + body
+    return text.replace(VERL_CALL, body).replace(MPU_IMPORT, MPU_IMPORT + IMPORT)
+
+
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_check_and_apply_know_megatrons_mtp_helpers_by_their_new_names(engine_071, spelling):
+    engine_071.write_text(_respelled(engine_071, spelling))
+    check = json.loads(mtpdiag_here("check", "--path", str(engine_071), "--json").stdout)
+    assert check["status"] == "affected", check["reason"]
+    assert ("reduce_metrics_in_tracker" if spelling == "renamed" else "track_mtp_metrics") in check["reason"]
+    if spelling == "tracker":  # `metrics = {}` comes first: not the shape apply rewrites
+        before = engine_071.read_bytes()
+        assert "first statement" in assert_one_line_error(mtpdiag_here("apply", "--path", str(engine_071)))
+        assert engine_071.read_bytes() == before
+        return
+    assert mtpdiag_here("apply", "--path", str(engine_071)).returncode == 0
+    verdict = classify_text(engine_071.read_text())
+    assert verdict.status == "fixed", verdict.reason
+    assert "is_pipeline_last_stage" in ast.unparse(verdict.block.test)
+    nested = [n for n in verdict.block.body if isinstance(n, ast.If)]
+    assert [ast.unparse(n.test) for n in nested] == ["self.is_mp_src_rank_with_outputs()"]
+
+
+def test_the_indexers_reduce_is_not_an_mtp_collection(engine_071):
+    """DSAIndexerLossLoggingHelper.reduce_loss_in_tracker shares the MTP reduce's short name only."""
+    text = engine_071.read_text().replace(
+        VERL_CALL, "DSAIndexerLossLoggingHelper.reduce_loss_in_tracker()\n            metrics = {}")
+    verdict = classify_text(text)
+    assert verdict.status == "not-applicable", verdict.reason
+
+
 def test_apply_refuses_when_mpu_means_something_else(engine_071):
     text = engine_071.read_text()
     engine_071.write_text(text.replace(MPU_IMPORT, "import numpy as mpu\n"))

@@ -15,6 +15,7 @@ import pytest
 from mtpdiag.fix.engine import check_engine
 from mtpdiag.fix.lint import lint_paths, lint_source
 from jobs_e2e import run_cli_here as mtpdiag_here
+from megatron_wheels import megatron_root
 from verl_wheels import verl_engine_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,6 +67,49 @@ def test_verl_080_engine_is_clean_through_the_cli():
     proc = mtpdiag_here("lint", str(verl_engine_file("0.8.0")))
     assert proc.returncode == 0, proc.stdout
     assert "0 finding(s) in 1 file" in proc.stdout
+
+
+# ------------------------------------------------------------------------------- real megatron-core files
+
+MTP = "megatron/core/transformer/multi_token_prediction.py"
+DSA = "megatron/core/transformer/experimental_attention_variant/dsa.py"
+
+
+def _pp_all_reduce_line(path: Path) -> int:
+    """The line of the indexer reduce's pipeline all_reduce, found in the source itself."""
+    tree = ast.parse(path.read_text())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "DSAIndexerLossLoggingHelper")
+    reduce = next(n for n in fn.body if isinstance(n, ast.FunctionDef) and n.name == "reduce_loss_in_tracker")
+    return next(n.lineno for n in ast.walk(reduce) if isinstance(n, ast.Call)
+                and "get_pipeline_model_parallel_group" in ast.unparse(n))
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("minor", ["0.16", "0.18", "0.19"])
+def test_the_indexers_early_return_skips_the_pipeline_all_reduce(minor):
+    """Megatron-LM #4745: a stage without indexer layers returns before the PP all_reduce."""
+    path = megatron_root(minor) / DSA
+    findings = lint_paths([path]).findings
+    assert [(f.line, f.collective) for f in findings] == [(_pp_all_reduce_line(path), "all_reduce")]
+    hit = findings[0]
+    assert hit.condition.startswith('"values" in tracker [after the early exit at line ')
+    assert "pp" in hit.reason and "get_pipeline_model_parallel_group()" in hit.reason
+    assert "DSAIndexerLossLoggingHelper.reduce_loss_in_tracker" in hit.reason and "#4745" in hit.reason
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("minor", ["0.13", "0.16", "0.19"])
+def test_the_mtp_helpers_early_return_is_no_finding(minor):
+    """The same early return around MTPLossLoggingHelper's DP×CP reduce splits nothing: every member of a
+    DP×CP group is on one stage (and megatron's callers never fill its reduce_group)."""
+    assert lint_paths([megatron_root(minor) / MTP]).findings == ()
+
+
+@pytest.mark.verl
+def test_megatron_019_trains_loop_calls_the_renamed_helper_ungated():
+    """training.py logs the MTP and indexer metrics on every rank: no finding there."""
+    findings = lint_paths([megatron_root("0.19") / "megatron/training/training.py"]).findings
+    assert not [f for f in findings if f.collective in ("track_mtp_metrics", "track_indexer_metrics")]
 
 
 # ------------------------------------------------------------------------------------------- reproducer
@@ -184,6 +228,45 @@ def test_matched_branches_and_rank_free_conditions_are_not_flagged():
                 dist.send(t, 1)
     """
     assert [(line, op) for line, op, _ in findings_in(src)] == [(24, "send")]
+
+
+# Test input: engines shaped like verl's, collecting the MTP metrics through megatron's renamed helpers.
+RENAMED_ENGINE = """\
+    from megatron.core import parallel_state as mpu
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper as Helper
+    from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexerLossLoggingHelper
+
+    class MegatronEngine:
+        def forward_backward_batch(self, data, loss_function, forward_only=False):
+            losses_reduced = self.run(data)
+            if self.model_config.mtp.enable and mpu.get_context_parallel_rank() == 0:
+                Helper.reduce_metrics_in_tracker()
+                losses_reduced[0]["metrics"] = dict(Helper.tracker)
+            if mpu.is_pipeline_last_stage(ignore_virtual=True):
+                Helper.track_mtp_metrics(1.0, 0, None)
+            if mpu.is_pipeline_last_stage(ignore_virtual=True):
+                DSAIndexerLossLoggingHelper.reduce_loss_in_tracker()
+            if mpu.get_context_parallel_rank() == 0:
+                self.helper.reduce_loss_in_tracker()
+            return losses_reduced
+"""
+
+
+def test_renamed_mtp_helper_under_a_cp_gate_is_flagged_and_a_stage_gate_is_not():
+    found = {line: (op, cond, reason) for line, op, cond, reason in
+             [(f.line, f.collective, f.condition, f.reason)
+              for f in lint_source(textwrap.dedent(RENAMED_ENGINE), "engine.py")]}
+    op, cond, reason = found.pop(9)
+    assert (op, cond) == ("reduce_metrics_in_tracker",
+                          "self.model_config.mtp.enable and mpu.get_context_parallel_rank() == 0")
+    assert "dp_cp" in reason and "MTPLossLoggingHelper.reduce_metrics_in_tracker" in reason
+    # The indexer's reduce starts on the pipeline group: a stage gate splits it, unlike the MTP one above.
+    op, cond, reason = found.pop(14)
+    assert (op, cond) == ("reduce_loss_in_tracker", "mpu.is_pipeline_last_stage(ignore_virtual=True)")
+    assert "inside the pp group of reduce_loss_in_tracker" in reason and "DSAIndexerLossLoggingHelper" in reason
+    # Line 12 (MTP under a stage gate) and line 16 (an unknown receiver's method of the same short name)
+    # are not findings.
+    assert found == {}
 
 
 # ------------------------------------------------------------------------------------------------ CLI

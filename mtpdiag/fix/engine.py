@@ -18,13 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mtpdiag.analysis import known_sites
 from mtpdiag.errors import InputError
 from mtpdiag.fix import lint
 
-ENGINE_PARTS = ("verl", "workers", "engine", "megatron", "transformer_impl.py")
-ENGINE_FUNCTION = "forward_backward_batch"
-# Calls that collect the MTP loss, each ending in the DP×CP all_reduce.
-MTP_COLLECTIONS = frozenset({"get_megatron_mtp_loss", "track_mtp_metrics", "reduce_loss_in_tracker"})
+ENGINE_PARTS = tuple(known_sites.engine_row().file_suffix.split("/"))
+ENGINE_FUNCTION = known_sites.engine_row().short_name
+# Calls that collect the MTP loss, each ending in the DP×CP all_reduce: verl's get_megatron_mtp_loss and
+# megatron's MTPLossLoggingHelper (track_mtp_metrics, reduce_loss_in_tracker, reduce_metrics_in_tracker),
+# matched by qualified name from the known-site table (never the DeepSeek indexer's reduce_loss_in_tracker).
+MTP_COLLECTIONS = frozenset(known_sites.collection_rows("mtp"))
 DP_CP = lint.group_coords("dp_cp")
 PR = "verl PR #5895"
 
@@ -153,7 +156,7 @@ def classify(text: str, tree: ast.Module) -> Verdict:
     """Find the MTP-loss collection in forward_backward_batch and judge the condition that gates it."""
     functions = [n for n in ast.walk(tree)
                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == ENGINE_FUNCTION]
-    collections = [gc for gc in lint.guarded_calls(tree) if gc.collective in MTP_COLLECTIONS]
+    collections = [gc for gc in lint.guarded_calls(tree) if is_mtp_collection(gc)]
     inside = [gc for gc in collections if gc.function in functions]
     if not functions:
         if collections:
@@ -174,6 +177,11 @@ def classify(text: str, tree: ast.Module) -> Verdict:
         return Verdict("unknown", None, f"{ENGINE_FUNCTION} collects the MTP loss {len(inside)} times (lines "
                                         f"{lines}); mtpdiag knows the single-collection layout")
     return _judge_collection(inside[0], text)
+
+
+def is_mtp_collection(gc: lint.GuardedCall) -> bool:
+    """Does the call collect the MTP loss (a row of the table's MTP collection)?"""
+    return any(row in MTP_COLLECTIONS for row in gc.rows)
 
 
 def _within(node: ast.AST, functions: list[ast.AST]) -> bool:

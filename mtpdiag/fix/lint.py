@@ -7,6 +7,13 @@ collective's group -- a pipeline-stage test around a DP×CP all_reduce splits no
 member of a DP×CP group sits on the same stage. This module applies that rule with the group kinds of
 ``mtpdiag.layout``, and ``mtpdiag check`` reuses its guard analysis for verl's MTP block.
 
+Which functions run a collective, and on which group, comes from the known-site table
+(``mtpdiag.analysis.known_sites``): a call is matched by its qualified name
+(``MTPLossLoggingHelper.reduce_metrics_in_tracker``), never by its short name alone, and inside a
+function of the table a ``group=tracker["avg_group"]`` is the group the table says fills that slot.
+A test of whether a metric tracker holds something is a pipeline-stage test: a layer-wise tracker is
+filled only by the layers a rank holds, so it is empty on the stages without them (Megatron-LM #4745).
+
 Everything here is pure ``ast`` work except ``lint_paths``, the one edge that reads files.
 """
 
@@ -16,9 +23,12 @@ import ast
 import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from mtpdiag.analysis import known_sites
+from mtpdiag.analysis.known_sites import KnownSite
 from mtpdiag.errors import InputError
 from mtpdiag.layout import GROUP_KINDS
 
@@ -40,30 +50,6 @@ P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv
 _P2P_PARTNER = {"send": "recv", "recv": "send", "isend": "irecv", "irecv": "isend",
                 "send_object_list": "recv_object_list", "recv_object_list": "send_object_list"}
 
-
-@dataclass(frozen=True)
-class KnownCollective:
-    """A function that runs a collective inside it, over a group of a known kind."""
-
-    name: str
-    group: str  # a kind of mtpdiag.layout.GROUP_KINDS, or "pp+dp_cp" style unions
-    runs: str  # what it does, for the finding's reason
-
-
-KNOWN_COLLECTIVES: dict[str, KnownCollective] = {k.name: k for k in (
-    KnownCollective("get_megatron_mtp_loss", "dp_cp",
-                    "verl's MTP metric helper: track_mtp_metrics -> all_reduce over DP×CP"),
-    KnownCollective("track_mtp_metrics", "dp_cp",
-                    "megatron's MTPLossLoggingHelper: reduce_loss_in_tracker -> all_reduce over DP×CP"),
-    KnownCollective("reduce_loss_in_tracker", "dp_cp",
-                    "megatron's MTPLossLoggingHelper: all_reduce over the tracker's avg_group (DP×CP)"),
-    KnownCollective("track_moe_metrics", "pp+dp_cp",
-                    "megatron's MoE metrics: reduce_aux_losses_tracker_across_ranks -> all_reduce over PP and DP"),
-    KnownCollective("reduce_aux_losses_tracker_across_ranks", "pp+dp_cp",
-                    "megatron's MoE aux-loss tracker: all_reduce over the pipeline group and DP"),
-    KnownCollective("initialize_model_parallel", "world",
-                    "megatron's parallel_state: new_group on every rank of the world"),
-)}
 
 # Calls whose result depends on the calling rank, and the coordinates they test.
 _RANK_CALL_COORDS: dict[str, frozenset[str]] = {
@@ -103,6 +89,9 @@ _MEMBERSHIP_TESTS = {"is_rank_in_embedding_group": "get_embedding_group",
 _MEMBER_CALL = re.compile(r"(^|_)in(_|$)")  # is_rank_in_embedding_group, is_current_rank_in_grid
 _STAGE_CALL = re.compile(r"^is_\w*_stage$")
 _RANK_WORD = re.compile(r"(^|_)rank(_|$)")
+_TRACKER = re.compile(r"(^|_)tracker$")
+TRACKER_WHY = ("a metric tracker holds what the layers of this rank's pipeline stage saved, so whether it "
+               "is empty depends on the stage")
 _RANK_VAR = re.compile(r"^(?:(tp|cp|dp|pp|ep)_|\w+_)?rank$")
 _RANK_ENV = frozenset({"RANK", "LOCAL_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_LOCALID",
                        "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
@@ -132,10 +121,12 @@ class GuardedCall:
     """A call that runs a collective, with every condition that leads to it inside its function."""
 
     call: ast.Call
-    collective: str  # torch's op name, or the known function's name
+    collective: str  # torch's op name, or the known function's short name
     source: str  # "torch" or "known"
     guards: tuple[Guard, ...]
     function: ast.AST | None  # innermost enclosing def, or None at module level
+    rows: tuple[KnownSite, ...] = ()  # a known call: the table's rows for the function it calls
+    qualname: str | None = None  # the enclosing def's qualified name (``Class.method``)
 
 
 @dataclass(frozen=True)
@@ -146,6 +137,7 @@ class RankTest:
     coords: frozenset[str]
     name: str | None = None  # the called function, when the test is a call
     membership: bool = False  # "is this rank in <some set or group>?"
+    why: str | None = None  # why it depends on the rank, when the name does not say
 
 
 @dataclass(frozen=True)
@@ -214,8 +206,8 @@ def import_aliases(tree: ast.AST) -> dict[str, str]:
     return aliases
 
 
-def _collective_of(call: ast.Call, aliases: dict[str, str]) -> tuple[str, str] | None:
-    """(op name, "torch" | "known") when the call runs a collective."""
+def _collective_of(call: ast.Call, aliases: dict[str, str]) -> tuple[str, str, tuple[KnownSite, ...]] | None:
+    """(op name, "torch" | "known", the table's rows for a known call) when the call runs a collective."""
     name = dotted_name(call.func)
     if not name:
         return None
@@ -224,9 +216,10 @@ def _collective_of(call: ast.Call, aliases: dict[str, str]) -> tuple[str, str] |
     last = resolved.rsplit(".", 1)[-1]  # `from torch.distributed import all_reduce as ar`: ar -> all_reduce
     from_torch = resolved.startswith("torch.distributed.") or (head == "dist" and rest and "." not in rest)
     if from_torch and (last in COLLECTIVE_OPS or last in P2P_OPS):
-        return last, "torch"
-    if last in KNOWN_COLLECTIVES:
-        return last, "known"
+        return last, "torch", ()
+    rows = known_sites.rows_named(resolved)
+    if rows:
+        return last, "known", rows
     return None
 
 
@@ -240,6 +233,16 @@ def guarded_calls(tree: ast.AST) -> list[GuardedCall]:
     else:
         walker.node(tree, ())
     return sorted(walker.found, key=lambda g: (g.call.lineno, g.call.col_offset))
+
+
+def _qualname(scope: tuple[tuple[str, bool], ...]) -> str:
+    """``co_qualname``: ``Class.method``, ``outer.<locals>.inner``."""
+    parts: list[str] = []
+    for name, is_function in scope:
+        parts.append(name)
+        if is_function:
+            parts.append("<locals>")
+    return ".".join(parts[:-1] if scope[-1][1] else parts)
 
 
 def _exits(stmts: list[ast.stmt]) -> bool:
@@ -259,6 +262,7 @@ class _GuardWalker:
         self.aliases = aliases
         self.found: list[GuardedCall] = []
         self.function: ast.AST | None = None
+        self.scope: tuple[tuple[str, bool], ...] = ()  # (name, is a function) of the enclosing defs
 
     def block(self, stmts: list[ast.stmt], guards: tuple[Guard, ...]) -> None:
         active = guards
@@ -284,13 +288,18 @@ class _GuardWalker:
             for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
                 self.node(default, guards)
             outer, self.function = self.function, node
+            outer_scope = self.scope
+            self.scope += (("<lambda>" if isinstance(node, ast.Lambda) else node.name, True),)
             if isinstance(node, ast.Lambda):
                 self.node(node.body, ())
             else:
                 self.block(node.body, ())
-            self.function = outer
+            self.function, self.scope = outer, outer_scope
         elif isinstance(node, ast.ClassDef):
+            outer_scope = self.scope
+            self.scope += ((node.name, False),)
             self.block(node.body, ())
+            self.scope = outer_scope
         elif isinstance(node, ast.If):
             self.block([node], guards)
         elif isinstance(node, ast.While):
@@ -320,7 +329,9 @@ class _GuardWalker:
             if isinstance(node, ast.Call):
                 found = _collective_of(node, self.aliases)
                 if found:
-                    self.found.append(GuardedCall(node, found[0], found[1], guards, self.function))
+                    qualname = _qualname(self.scope) if self.function is not None else None
+                    self.found.append(GuardedCall(node, found[0], found[1], guards, self.function, found[2],
+                                                  qualname))
             for field, value in ast.iter_fields(node):
                 if isinstance(value, list):
                     if value and isinstance(value[0], ast.stmt):
@@ -343,6 +354,9 @@ def rank_tests(expr: ast.AST, source: str) -> list[RankTest]:
 
 
 def _collect_rank_tests(node: ast.AST, source: str, out: list[RankTest]) -> None:
+    if _tests_tracker(node):
+        out.append(RankTest(source_text(node, source), frozenset({"pp"}), why=TRACKER_WHY))
+        return
     if isinstance(node, ast.Call):
         coords = _rank_call_coords(node)
         if coords is not None:
@@ -370,6 +384,28 @@ def _collect_rank_tests(node: ast.AST, source: str, out: list[RankTest]) -> None
         return
     for child in ast.iter_child_nodes(node):
         _collect_rank_tests(child, source, out)
+
+
+def _tests_tracker(node: ast.AST) -> bool:
+    """``"values" in tracker``, ``not tracker``, ``len(tracker)``: does a metric tracker hold anything?"""
+    if isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+        return any(_is_tracker(part) for part in node.comparators)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return _is_tracker(node.operand)
+    if isinstance(node, ast.Call) and call_name(node) == "len" and len(node.args) == 1:
+        return _is_tracker(node.args[0])
+    return False
+
+
+def _is_tracker(node: ast.AST) -> bool:
+    """``tracker``, ``MTPLossLoggingHelper.tracker``, ``tracker[name]``, ``get_moe_layer_wise_logging_tracker()``."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    if isinstance(node, ast.Call):
+        name = call_name(node)
+        return bool(name and name.startswith("get_") and _TRACKER.search(name))
+    ident = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return bool(ident and _TRACKER.search(ident))
 
 
 def _rank_call_coords(call: ast.Call) -> frozenset[str] | None:
@@ -435,11 +471,43 @@ def splits(test_coords: frozenset[str], span: frozenset[str]) -> bool:
     return ANY in test_coords or ANY in span or bool(test_coords & span)
 
 
-def _collective_group(gc: GuardedCall, source: str) -> tuple[str, frozenset[str]]:
+def kinds_coords(kinds: Iterable[str]) -> frozenset[str]:
+    """Coordinates that vary inside any group of these kinds."""
+    return frozenset().union(*(group_coords(kind) for kind in kinds))
+
+
+def known_function_rows(gc: GuardedCall, filename: str | None = None) -> tuple[KnownSite, ...]:
+    """The table's rows for the function that makes the call, when the table knows it (by its qualified
+    name, in its file; a class-qualified name also in a copy of the file elsewhere)."""
+    if gc.qualname is None:
+        return ()
+    rows = known_sites.rows_defined(gc.qualname, filename)
+    if not rows and "." in gc.qualname:
+        rows = known_sites.rows_defined(gc.qualname)
+    return rows
+
+
+_TRACKER_SLOTS = frozenset({"avg_group", "reduce_group"})  # what every tracker of megatron-core has
+
+
+def _tracker_slot(group: ast.AST, rows: tuple[KnownSite, ...]) -> str | None:
+    """The tracker slot a group expression reads (``tracker["avg_group"]``, ``entry.reduce_group``)."""
+    slots = {c.group for row in rows for c in row.collectives if c.group.isidentifier()} | _TRACKER_SLOTS
+    for node in ast.walk(group):
+        if isinstance(node, ast.Constant) and node.value in slots:
+            return node.value
+        if isinstance(node, ast.Attribute) and node.attr in slots:
+            return node.attr
+        if isinstance(node, ast.Name) and node.id in slots:
+            return node.id
+    return None
+
+
+def _collective_group(gc: GuardedCall, source: str, filename: str | None = None) -> tuple[str, frozenset[str]]:
     """(label, coordinates) of the group a collective call runs over."""
     if gc.source == "known":
-        kind = KNOWN_COLLECTIVES[gc.collective].group
-        return kind.replace("+", " and "), group_coords(kind)
+        kinds = tuple(dict.fromkeys(k for row in gc.rows for k in row.kinds))
+        return " and ".join(kinds), kinds_coords(kinds)
     group = next((k.value for k in gc.call.keywords if k.arg == "group"), None)
     if group is None or (isinstance(group, ast.Constant) and group.value is None):
         return "default (world)", EVERY_COORD
@@ -450,6 +518,14 @@ def _collective_group(gc: GuardedCall, source: str) -> tuple[str, frozenset[str]
         if _keyword_true(group, "with_context_parallel"):
             coords = coords | {"cp"}
         return label, coords
+    rows = known_function_rows(gc, filename)
+    slot = _tracker_slot(group, rows) if rows else None
+    if slot is not None:
+        # The code that saves into the tracker fills the slot; the table says with which group.
+        kinds = tuple(dict.fromkeys(k for row in rows for c in row.collectives if c.group == slot for k in c.kinds))
+        if not kinds:
+            return f"{label} (never set by megatron-core's own callers)", frozenset()
+        return f"{label} ({' and '.join(kinds)})", kinds_coords(kinds)
     ident = (dotted_name(group) or "").rsplit(".", 1)[-1].lower()
     tokens = set(ident.split("_"))
     if "dcp" in tokens:
@@ -502,7 +578,7 @@ def collectives_by_function(tree: ast.AST, calls: list[GuardedCall]) -> dict[str
 
 def _judge(gc: GuardedCall, source: str, filename: str,
            summaries: dict[str, frozenset[str]] | None = None) -> LintFinding | None:
-    label, span = _collective_group(gc, source)
+    label, span = _collective_group(gc, source, filename)
     p2p = gc.collective in P2P_OPS
     culprits: list[tuple[Guard, list[RankTest]]] = []
     for guard in gc.guards:
@@ -529,10 +605,17 @@ def _judge(gc: GuardedCall, source: str, filename: str,
                   f"the same way, one of them waits forever")
     else:
         varying = "every coordinate" if ANY in first.coords else "/".join(sorted(first.coords))
-        reason = (f"{first.text} depends on {varying}, which differs inside the {label} group of "
+        if gc.source == "known" and ANY not in first.coords:  # name the group of the call it splits
+            label = next((k for row in gc.rows for k in row.kinds if splits(first.coords, group_coords(k))), label)
+        because = f" ({first.why})" if first.why else ""
+        reason = (f"{first.text} depends on {varying}{because}, which differs inside the {label} group of "
                   f"{gc.collective}; ranks that skip it leave the others waiting in it forever")
         if gc.source == "known":
-            reason += f" ({KNOWN_COLLECTIVES[gc.collective].runs})"
+            reason += f" ({gc.rows[0].function}: {gc.rows[0].why})"
+        elif first.why == TRACKER_WHY:
+            skip = next((row.skip for row in known_function_rows(gc, filename) if row.skip), None)
+            if skip:
+                reason += f"; {gc.qualname} {skip}"
     return LintFinding(filename, gc.call.lineno, gc.collective, condition, reason)
 
 
@@ -559,6 +642,10 @@ def guard_text(guard: Guard, source: str) -> str:
     test = guard.test
     if guard.negated and isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         text = source_text(test.operand, source)
+    elif guard.negated and isinstance(test, ast.Compare) and len(test.ops) == 1 and \
+            isinstance(test.ops[0], (ast.In, ast.NotIn)):  # not (a not in b) -> a in b
+        word = "in" if isinstance(test.ops[0], ast.NotIn) else "not in"
+        text = f"{source_text(test.left, source)} {word} {source_text(test.comparators[0], source)}"
     elif guard.negated:
         text = f"not ({source_text(test, source)})"
     else:
@@ -582,10 +669,30 @@ def _matched_on_other_branch(gc: GuardedCall, guard: Guard, summaries: dict[str,
 
 
 def source_text(node: ast.AST, source: str) -> str:
-    text = ast.get_source_segment(source, node)
-    if text is None:
+    """The node's source on one line (``ast.get_source_segment``, with the file split into lines once
+    rather than on every call: a large file has hundreds of conditions)."""
+    lines = _source_lines(source)
+    try:
+        first, last = node.lineno - 1, node.end_lineno - 1
+        if node.end_lineno is None or node.end_col_offset is None or not 0 <= first <= last < len(lines):
+            raise ValueError
+        head, tail = lines[first].encode(), lines[last].encode()  # offsets count UTF-8 bytes
+        if first == last:
+            text = head[node.col_offset:node.end_col_offset].decode()
+        else:
+            text = head[node.col_offset:].decode() + "".join(lines[first + 1:last]) + \
+                tail[:node.end_col_offset].decode()
+    except (AttributeError, TypeError, ValueError):  # no position (a built node), or a bad one
         text = ast.unparse(node)
     return " ".join(text.split())
+
+
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # the line breaks of the tokenizer, as ast uses
+
+
+@lru_cache(maxsize=4)
+def _source_lines(source: str) -> list[str]:
+    return _LINE.findall(source)
 
 
 # ------------------------------------------------------------------------------------- the file edge
