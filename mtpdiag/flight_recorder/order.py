@@ -1,0 +1,151 @@
+"""Root or consequence: did a rank that is absent from a call skip it, or has it just not got there?
+
+A call C was issued at sequence number k of group G by the entered ranks; rank a did not issue it.
+Three rules, strongest first; the first that applies decides (``AbsentWhy.rule`` says which):
+
+1. ``same-group``: a issued something else at G#k. If a issued C's op from C's site later in G, a was
+   *shifted* by an extra op on one side (C is a consequence); otherwise a *skipped* C (a root).
+2. ``record-order``: a's latest collective is one the entered rank e also recorded. If e recorded it after
+   C, a went past C's place without issuing it (*skipped*); if before, a is *behind* (it never got to C).
+   A rank's record order is its program order, so this needs no clock and no stack.
+3. ``stack-order``: a and e last agreed at a sync point P (the latest op e recorded before C that a also
+   recorded). Stacks are compared outermost frame first: at the first frame where two stacks differ in
+   line within the same function, the smaller line comes first in program order. If C comes after P
+   and a's latest op is again at P's place or before it, a went round a loop and passed C (*skipped*;
+   the rule assumes the loop it went round encloses both, as the training-step loop does). If a's
+   latest op lies between P and C, a is *behind*. If C is at P's place (the next iteration) and a has
+   not gone round the loop, a is *behind*.
+
+Otherwise *unknown*. ``time_created_ns`` is never compared across ranks: their clocks differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mtpdiag.flight_recorder.calls import Call
+from mtpdiag.flight_recorder.records import FREntry, FRRankDump
+from mtpdiag.model import Site
+
+SKIPPED, SHIFTED, BEHIND, UNKNOWN = "skipped", "shifted", "behind", "unknown"
+
+
+@dataclass(frozen=True)
+class AbsentWhy:
+    """Why rank ``rank`` is absent from a call: ``verdict`` (skipped | shifted | behind | unknown), the
+    ``rule`` that decided it (same-group | record-order | stack-order | none) and a sentence."""
+
+    rank: int
+    verdict: str
+    rule: str
+    reason: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"rank": self.rank, "verdict": self.verdict, "rule": self.rule, "reason": self.reason}
+
+
+class RankIndex:
+    """One rank's entries keyed by (group, kind, seq): where each op sits in the rank's record order."""
+
+    def __init__(self, dump: FRRankDump) -> None:
+        self.dump = dump
+        self.entries = tuple(sorted(dump.entries, key=lambda e: e.record_id))
+        self.by_key: dict[tuple[str, bool, int], FREntry] = {}
+        for e in self.entries:
+            self.by_key[_key(e)] = e  # the closing entry of a batch wins: it comes last
+
+    def latest(self) -> FREntry | None:
+        """What the rank is doing: its latest pending op, else its latest op."""
+        pending = [e for e in self.entries if not e.done]
+        return (pending or list(self.entries) or [None])[-1]
+
+
+def _key(e: FREntry) -> tuple[str, bool, int]:
+    return (e.group, e.is_p2p, e.seq)
+
+
+def absent_why(call: Call, entered: RankIndex, absent: RankIndex, later: tuple[Call, ...],
+               at_k: Call | None) -> AbsentWhy:
+    """Why ``absent`` did not issue ``call`` (made by ``entered``'s rank). ``at_k``: what ``absent`` issued
+    at the same number in the group, if anything; ``later``: its later calls in the group."""
+    a = absent.dump.rank
+    if at_k is not None:
+        again = next((c for c in later if c.op == call.op and c.site == call.site), None)
+        if again is not None:
+            return AbsentWhy(a, SHIFTED, "same-group",
+                             f"issued {at_k.op} at #{call.seq} and this {call.op} later, at #{again.seq}")
+        return AbsentWhy(a, SKIPPED, "same-group",
+                         f"issued {at_k.op} at #{call.seq} and never this {call.op}")
+    latest = absent.latest()
+    if latest is None:
+        return AbsentWhy(a, UNKNOWN, "none", "recorded no op")
+    mine = entered.by_key.get(_key(latest))
+    if mine is not None and mine.record_id != call.record_id:
+        if mine.record_id > call.record_id:
+            return AbsentWhy(a, SKIPPED, "record-order",
+                             f"is at {_op_text(latest)}, which rank {entered.dump.rank} reached after this call")
+        return AbsentWhy(a, BEHIND, "record-order",
+                         f"is at {_op_text(latest)}, which rank {entered.dump.rank} passed before this call")
+    return _by_stacks(call, entered, absent, latest)
+
+
+def _by_stacks(call: Call, entered: RankIndex, absent: RankIndex, latest: FREntry) -> AbsentWhy:
+    a = absent.dump.rank
+    sync = _sync_point(call, entered, absent)
+    if sync is None:
+        return AbsentWhy(a, UNKNOWN, "none", f"is at {_op_text(latest)}; no op in common to order it by")
+    if sync.record_id == latest.record_id:
+        return AbsentWhy(a, BEHIND, "record-order", f"is still at {_op_text(latest)}, before this call")
+    s_p, s_c, s_l = _outer_first(sync.frames), _outer_first(call.frames), _outer_first(latest.frames)
+    p_to_c, p_to_l = program_order(s_p, s_c), program_order(s_p, s_l)
+    where = f"is at {_op_text(latest)}"
+    since = f"since {_op_text(sync)}"
+    if p_to_c == "before":
+        if p_to_l in ("same", "after"):
+            return AbsentWhy(a, SKIPPED, "stack-order", f"{where}: it went round a loop {since} and passed this call")
+        if p_to_l == "before":
+            l_to_c = program_order(s_l, s_c)
+            if l_to_c == "before":
+                return AbsentWhy(a, BEHIND, "stack-order", f"{where}, which comes before this call")
+            if l_to_c == "after":
+                return AbsentWhy(a, SKIPPED, "stack-order", f"{where}, which comes after this call")
+    elif p_to_c == "same" and p_to_l == "before":
+        return AbsentWhy(a, BEHIND, "stack-order",
+                         f"{where}; this call is the next round of {_op_text(sync)}, which it has not begun")
+    return AbsentWhy(a, UNKNOWN, "none", f"{where}; its stacks do not say whether that is before or after this call")
+
+
+def _sync_point(call: Call, entered: RankIndex, absent: RankIndex) -> FREntry | None:
+    """``absent``'s copy of the latest op ``entered`` recorded before ``call`` that both recorded."""
+    for e in reversed(entered.entries):
+        if e.record_id >= call.first_record_id:
+            continue
+        theirs = absent.by_key.get(_key(e))
+        if theirs is not None and theirs.frames:
+            return theirs
+    return None
+
+
+def program_order(x: tuple[Site, ...], y: tuple[Site, ...]) -> str:
+    """Where stack ``y`` lies relative to ``x`` (both outermost frame first): before | after | same | unknown.
+
+    At the first frame that differs, the same function at a larger line means ``y`` comes later ("before"
+    reads: x comes before y).
+    """
+    for fx, fy in zip(x, y):
+        if fx == fy:
+            continue
+        if fx.file == fy.file and fx.function == fy.function:
+            return "before" if fx.line < fy.line else "after"
+        return "unknown"
+    return "same" if len(x) == len(y) and x else "unknown"
+
+
+def _outer_first(frames: tuple[Site, ...]) -> tuple[Site, ...]:
+    return tuple(reversed(frames))
+
+
+def _op_text(e: FREntry) -> str:
+    seq = f"p2p #{e.p2p_seq_id}" if e.is_p2p else f"#{e.collective_seq_id}"
+    where = f" at {e.site.function}" if e.site else ""
+    return f"{e.op} {seq} in {e.group_desc or e.group}{where}"
