@@ -99,7 +99,7 @@ def test_rank2_waits_in_the_dp_cp_all_reduce_that_rank3_never_started(fr):
     assert g.members == (2, 3)
     [pending] = g.pending[2]
     assert (pending.op, pending.done, pending.is_p2p) == ("all_reduce", False, False)
-    assert pending.site is not None and pending.site.function == "reduce_loss_in_tracker"
+    assert pending.site is not None and pending.site.function == "MTPLossLoggingHelper.reduce_loss_in_tracker"
     assert 3 not in g.pending
     assert g.last_entered[3] < g.last_entered[2] == pending.collective_seq_id
     assert g.behind == (3,)

@@ -336,7 +336,7 @@ def _divergence(name, desc, members, source, k, problems, here, missing, no_dump
         for a in absent:
             if a in indexes:
                 later = tuple(c for c in calls[a].get(name, ()) if not c.p2p and c.seq > k)
-                why[a] = absent_why(call, indexes[who[0]], indexes[a], later, here.get(a))
+                why[a] = absent_why([(indexes[r], here[r]) for r in who], indexes[a], later, here.get(a))
         splits.append(FRCallSplit(op=op, profiling_name=call.profiling_name, site=site, entered=tuple(who),
                                   absent=absent, absent_doing=doing, why=why, role=_role(absent, why)))
     counts: dict[tuple, list[int]] = {}

@@ -14,14 +14,16 @@ Three rules, strongest first; the first that applies decides (``AbsentWhy.rule``
    and a's latest op is again at P's place or before it, a went round a loop and passed C (*skipped*;
    the rule assumes the loop it went round encloses both, as the training-step loop does). If a's
    latest op lies between P and C, a is *behind*. If C is at P's place (the next iteration) and a has
-   not gone round the loop, a is *behind*.
+   not gone round the loop, a is *behind*. With no op in common with any entered rank (the job's first
+   collectives), a's latest op is compared with C directly, unless a has gone round a loop itself.
 
-Otherwise *unknown*. ``time_created_ns`` is never compared across ranks: their clocks differ.
+Each entered rank is tried as e in turn. Otherwise *unknown*. ``time_created_ns`` is never compared across ranks: their clocks differ.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from mtpdiag.flight_recorder.calls import Call
 from mtpdiag.flight_recorder.records import FREntry, FRRankDump
@@ -64,11 +66,13 @@ def _key(e: FREntry) -> tuple[str, bool, int]:
     return (e.group, e.is_p2p, e.seq)
 
 
-def absent_why(call: Call, entered: RankIndex, absent: RankIndex, later: tuple[Call, ...],
+def absent_why(entered: Sequence[tuple[RankIndex, Call]], absent: RankIndex, later: tuple[Call, ...],
                at_k: Call | None) -> AbsentWhy:
-    """Why ``absent`` did not issue ``call`` (made by ``entered``'s rank). ``at_k``: what ``absent`` issued
-    at the same number in the group, if anything; ``later``: its later calls in the group."""
+    """Why ``absent`` did not issue the call that each of ``entered`` (a rank's index and its copy of the
+    call) made. ``at_k``: what ``absent`` issued at the same number in the group, if anything; ``later``:
+    its later calls in the group. Every entered rank is tried as the reference, in order."""
     a = absent.dump.rank
+    call = entered[0][1]
     if at_k is not None:
         again = next((c for c in later if c.op == call.op and c.site == call.site), None)
         if again is not None:
@@ -79,21 +83,31 @@ def absent_why(call: Call, entered: RankIndex, absent: RankIndex, later: tuple[C
     latest = absent.latest()
     if latest is None:
         return AbsentWhy(a, UNKNOWN, "none", "recorded no op")
-    mine = entered.by_key.get(_key(latest))
-    if mine is not None and mine.record_id != call.record_id:
-        if mine.record_id > call.record_id:
-            return AbsentWhy(a, SKIPPED, "record-order",
-                             f"is at {_op_text(latest)}, which rank {entered.dump.rank} reached after this call")
-        return AbsentWhy(a, BEHIND, "record-order",
-                         f"is at {_op_text(latest)}, which rank {entered.dump.rank} passed before this call")
-    return _by_stacks(call, entered, absent, latest)
+    for index, mine in entered:
+        theirs = index.by_key.get(_key(latest))
+        if theirs is None or theirs.record_id == mine.record_id:
+            continue
+        e = index.dump.rank
+        if theirs.record_id > mine.record_id:
+            return AbsentWhy(a, SKIPPED, "record-order", f"is at {_op_text(latest)}, which rank {e} reached after this call")
+        return AbsentWhy(a, BEHIND, "record-order", f"is at {_op_text(latest)}, which rank {e} passed before this call")
+    synced = False
+    for index, mine in entered:
+        sync = _sync_point(mine, index, absent)
+        if sync is None:
+            continue
+        synced = True
+        why = _by_stacks(mine, sync, absent, latest)
+        if why.verdict != UNKNOWN:
+            return why
+    if not synced:
+        return _without_sync(call, absent, latest)
+    return AbsentWhy(a, UNKNOWN, "none", f"is at {_op_text(latest)}; its stacks do not say whether that is before "
+                     "or after this call")
 
 
-def _by_stacks(call: Call, entered: RankIndex, absent: RankIndex, latest: FREntry) -> AbsentWhy:
+def _by_stacks(call: Call, sync: FREntry, absent: RankIndex, latest: FREntry) -> AbsentWhy:
     a = absent.dump.rank
-    sync = _sync_point(call, entered, absent)
-    if sync is None:
-        return AbsentWhy(a, UNKNOWN, "none", f"is at {_op_text(latest)}; no op in common to order it by")
     if sync.record_id == latest.record_id:
         return AbsentWhy(a, BEHIND, "record-order", f"is still at {_op_text(latest)}, before this call")
     s_p, s_c, s_l = _outer_first(sync.frames), _outer_first(call.frames), _outer_first(latest.frames)
@@ -113,6 +127,22 @@ def _by_stacks(call: Call, entered: RankIndex, absent: RankIndex, latest: FREntr
         return AbsentWhy(a, BEHIND, "stack-order",
                          f"{where}; this call is the next round of {_op_text(sync)}, which it has not begun")
     return AbsentWhy(a, UNKNOWN, "none", f"{where}; its stacks do not say whether that is before or after this call")
+
+
+def _without_sync(call: Call, absent: RankIndex, latest: FREntry) -> AbsentWhy:
+    """No op in common with any entered rank (the job's first collectives): compare the stacks directly,
+    unless the absent rank has gone round a loop (two of its ops at one place), which would hide an order."""
+    a = absent.dump.rank
+    where = f"is at {_op_text(latest)}"
+    stacks = [e.frames for e in absent.entries if e.frames]
+    if len(set(stacks)) < len(stacks):
+        return AbsentWhy(a, UNKNOWN, "none", f"{where}; no op in common to order it by")
+    order = program_order(_outer_first(call.frames), _outer_first(latest.frames))
+    if order == "before":
+        return AbsentWhy(a, SKIPPED, "stack-order", f"{where}, which comes after this call (no earlier op in common)")
+    if order == "after":
+        return AbsentWhy(a, BEHIND, "stack-order", f"{where}, which comes before this call (no earlier op in common)")
+    return AbsentWhy(a, UNKNOWN, "none", f"{where}; no op in common to order it by")
 
 
 def _sync_point(call: Call, entered: RankIndex, absent: RankIndex) -> FREntry | None:
