@@ -1,6 +1,6 @@
 """Run torch's own Flight Recorder analyzer, ``torchfrtrace``, and read what it reports: an independent check.
 
-``torchfrtrace DIR`` (torch.distributed.flight_recorder.fr_trace, shipped with torch) matches the ranks'
+``torchfrtrace DIR`` (``torch.distributed.flight_recorder.fr_trace``, shipped with torch) matches the ranks'
 dumps collective by collective and logs one block per problem it finds::
 
     Not all ranks joining collective, sequence number: 1        | Collective sequence number: 2 has errors
@@ -19,11 +19,9 @@ missing, the members whose op, sizes or dtypes differ from the reference's.
 from __future__ import annotations
 
 import ast
-import os
+import logging
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,19 +52,29 @@ class FRTraceBlock:
         return self.missing if self.kind == "missing" else frozenset(r for r, _ in self.culprits)
 
 
-def run_torchfrtrace(dump_files: list[Path], prefix: str = "rank_", timeout: float = 120.0) -> tuple[list[FRTraceBlock], str]:
+def run_torchfrtrace(dump_files: list[Path], prefix: str = "rank_") -> tuple[list[FRTraceBlock], str]:
     """torchfrtrace on a directory holding just ``dump_files`` (pickles named ``<prefix><rank>``): its blocks
-    and its whole output."""
-    exe = shutil.which("torchfrtrace")
-    cmd = [exe] if exe else [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace"]
-    with tempfile.TemporaryDirectory() as tmp:
-        for f in dump_files:
-            shutil.copy(f, Path(tmp) / f.name)
-        done = subprocess.run([*cmd, tmp, "-p", prefix, "--allow-incomplete-ranks"], capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    text = done.stdout + done.stderr
-    if done.returncode != 0:
-        raise RuntimeError(f"torchfrtrace exited with {done.returncode}:\n{text[-2000:]}")
+    and its whole output. Run in this process (``fr_trace.main``, what the ``torchfrtrace`` script calls),
+    reading its log records: a subprocess would pay torch's import each time."""
+    from torch.distributed.flight_recorder.fr_trace import main
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("Flight Recorder")
+    keep = Keep(level=logging.DEBUG)
+    logger.addHandler(keep)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for f in dump_files:
+                shutil.copy(f, Path(tmp) / f.name)
+            main([tmp, "-p", prefix, "--allow-incomplete-ranks"])
+    finally:
+        logger.removeHandler(keep)
+    text = "\n".join(records)
     return parse_torchfrtrace(text), text
 
 

@@ -159,6 +159,16 @@ def test_without_pg_config_the_layout_supplies_the_members(fr, hung, tmp_path):
         ([2, 3], "entries", [3], True)
 
 
+def test_torchfrtrace_agrees_with_the_matcher_on_the_live_dumps(hung):
+    """torch's own analyzer on this job's dumps names the same collectives and culprits (test_fr_torchfrtrace)."""
+    from test_fr_torchfrtrace import assert_agreement
+
+    files = sorted(Path(hung.prefix).parent.glob(Path(hung.prefix).name + "[0-9]*"))
+    ours = assert_agreement(files)
+    [root] = [c for d in ours.values() for c in d.calls if c.role == "root"]
+    assert (root.op, root.entered, root.absent) == ("all_reduce", (2,), (3,))
+
+
 def test_op_names_follow_the_stack_analysis():
     assert op_name("gloo:all_reduce") == "all_reduce"
     assert op_name("nccl:send 0->1") == "send"
