@@ -278,11 +278,9 @@ def _match_group(name, desc, members, source, fr, calls, indexes) -> GroupMatch:
     if dumped:
         firsts = [min(seqs[r]) for r in dumped if seqs[r]]
         lo = max(firsts) if firsts else 1
-        hi = max(entered.values(), default=0)
-        for k in range(max(lo, 1), hi + 1):
+        # only numbers some member recorded: a counter from pg_status may be anything
+        for k in sorted({k for r in dumped for k in seqs[r] if k >= max(lo, 1)}):
             here = {r: seqs[r][k] for r in dumped if k in seqs[r]}
-            if not here:
-                continue
             missing = tuple(r for r in dumped if k not in seqs[r] and entered[r] < k)
             problems = _problems(here, missing)
             if problems:

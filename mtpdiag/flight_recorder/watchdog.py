@@ -138,7 +138,8 @@ class DesyncReport:
 
 @dataclass(frozen=True)
 class WatchdogLog:
-    """Every watchdog record of one log, in line order (timeouts once each)."""
+    """Every watchdog record of one log, in line order. A timeout is reported once though torch logs it up to
+    three times (the watchdog's line, its exception, and the exception's ``what():`` without a rank prefix)."""
 
     timeouts: tuple[WatchdogTimeout, ...] = ()
     statuses: tuple[WatchdogStatus, ...] = ()
@@ -163,6 +164,8 @@ def parse_watchdog_log(text: str) -> WatchdogLog:
             t = _timeout(line, number)
             if t is not None:
                 key = (t.rank, t.seq, t.op_type, t.numel_in, t.numel_out, t.group.rank)
+                if t.rank is None:  # an exception's what(), printed without torch's [rankN]: prefix
+                    key = next((k for k in reversed(timeouts) if k[1:] == key[1:]), key)
                 first = timeouts.get(key)
                 timeouts[key] = t if first is None else _merge_group(first, t.group)
                 continue
