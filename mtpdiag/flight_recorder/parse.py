@@ -16,7 +16,7 @@ from typing import Any
 from mtpdiag.errors import InputError
 from mtpdiag.flight_recorder.calls import batches
 from mtpdiag.flight_recorder.names import parse_profiling_name
-from mtpdiag.flight_recorder.records import FREntry, FRGroup, FRGroupStatus, FRRankDump
+from mtpdiag.flight_recorder.records import FREntry, FRGroup, FRGroupStatus, FRRankDump, as_bool, as_int
 from mtpdiag.flight_recorder.sites import Qualify, call_site, plain, stack_of
 
 KNOWN_MAJOR = 2
@@ -76,7 +76,7 @@ def _group(name: Any, cfg: Any) -> FRGroup:
         ranks = json.loads(ranks) if ranks.strip() else []
     if not isinstance(ranks, (list, tuple)):
         raise TypeError(f"pg_config[{name!r}] ranks is not a list")
-    order = tuple(_int(r) for r in ranks)
+    order = tuple(as_int(r) for r in ranks)
     ranks_sorted = tuple(sorted(order))
     return FRGroup(name=str(name), desc=str(cfg.get("desc", "")), ranks=ranks_sorted,
                    order=order if order != ranks_sorted else ())
@@ -94,9 +94,9 @@ def _entry(e: Any, groups: dict[str, FRGroup], qualify: Qualify) -> FREntry:
         raise TypeError("profiling_name is not a string")
     parsed = parse_profiling_name(name)
     is_p2p = e.get("is_p2p")
-    is_p2p = parsed.is_p2p if is_p2p is None else _bool(is_p2p)
+    is_p2p = parsed.is_p2p if is_p2p is None else as_bool(is_p2p)
     state = str(e.get("state", "scheduled"))
-    retired = _bool(e.get("retired", False))
+    retired = as_bool(e.get("retired", False))
     eventless = parsed.backend in _EVENTLESS
     timed_out = retired and state != "completed" and not eventless
     stack = stack_of(e.get("frames"), qualify)
@@ -107,25 +107,25 @@ def _entry(e: Any, groups: dict[str, FRGroup], qualify: Qualify) -> FREntry:
         raise TypeError("duration_ms is not a number")
     timeout = e.get("timeout_ms")
     return FREntry(
-        record_id=_int(e.get("record_id", 0)),
+        record_id=as_int(e.get("record_id", 0)),
         group=group,
         group_desc=desc,
         op=parsed.op,
         profiling_name=name,
-        collective_seq_id=_int(e.get("collective_seq_id", e.get("seq_id", 0))),
-        p2p_seq_id=_int(e.get("p2p_seq_id", 0)),
+        collective_seq_id=as_int(e.get("collective_seq_id", e.get("seq_id", 0))),
+        p2p_seq_id=as_int(e.get("p2p_seq_id", 0)),
         is_p2p=is_p2p,
         state=state,
         done=state == "completed" or (retired and eventless),
         input_sizes=_sizes(e.get("input_sizes")),
         output_sizes=_sizes(e.get("output_sizes")),
         site=call_site(stack),
-        pg_id=_int(e.get("pg_id", -1)),
-        op_id=_int(e.get("op_id", 0)),
+        pg_id=as_int(e.get("pg_id", -1)),
+        op_id=as_int(e.get("op_id", 0)),
         input_dtypes=_strings(e.get("input_dtypes")),
         output_dtypes=_strings(e.get("output_dtypes")),
-        time_created_ns=_int(e.get("time_created_ns", 0)),
-        timeout_ms=None if timeout is None else _int(timeout),
+        time_created_ns=as_int(e.get("time_created_ns", 0)),
+        timeout_ms=None if timeout is None else as_int(timeout),
         duration_ms=None if duration is None else float(duration),
         retired=retired,
         timed_out=timed_out,
@@ -181,7 +181,7 @@ def _counter(value: Any) -> int:
         if 0 < len(digits) <= 19 and digits.isascii() and digits.isdigit():
             return int(text)
         raise ValueError(f"not a counter: {value[:20]!r}")
-    return _int(value)
+    return as_int(value)
 
 
 def _dict(value: Any) -> dict:
@@ -201,7 +201,7 @@ def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
     for s in value:
         if not isinstance(s, (list, tuple)):
             raise TypeError("a size is not a list")
-        out.append(tuple(_int(x) for x in s))
+        out.append(tuple(as_int(x) for x in s))
     return tuple(out)
 
 
@@ -211,15 +211,3 @@ def _strings(value: Any) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)):
         raise TypeError("dtypes are not a list")
     return tuple(str(x) for x in value)
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an integer, got {type(value).__name__}")
-    return value
-
-
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"expected a boolean, got {type(value).__name__}")
-    return value

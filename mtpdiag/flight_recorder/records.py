@@ -143,19 +143,19 @@ class FRRankDump:
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> "FRRankDump":
         try:
-            stacks = [tuple(Site(file=str(f), line=_int(n), function=str(fn)) for f, n, fn in s)
+            stacks = [tuple(Site(file=str(f), line=as_int(n), function=str(fn)) for f, n, fn in s)
                       for s in _list(d.get("stacks"))]
             return FRRankDump(
-                rank=_int(d["rank"]),
+                rank=as_int(d["rank"]),
                 path=str(d.get("path", "")),
                 version=str(d.get("version", "")),
                 format="bundle",
                 notes=tuple(str(n) for n in _list(d.get("notes"))),
                 groups=tuple(_group_from(g) for g in _list(d.get("groups"))),
-                status=tuple(FRGroupStatus(group=str(s["group"]), pg_id=_int(s.get("pg_id", -1)),
-                                           last_enqueued=_int(s["last_enqueued"]),
-                                           last_started=_int(s.get("last_started", -1)),
-                                           last_completed=_int(s["last_completed"]))
+                status=tuple(FRGroupStatus(group=str(s["group"]), pg_id=as_int(s.get("pg_id", -1)),
+                                           last_enqueued=as_int(s["last_enqueued"]),
+                                           last_started=as_int(s.get("last_started", -1)),
+                                           last_completed=as_int(s["last_completed"]))
                              for s in _list(d.get("status"))),
                 entries=tuple(_entry_from(e, stacks) for e in _list(d["entries"])),
             )
@@ -191,7 +191,7 @@ class FRDump:
         try:
             ranks = tuple(sorted((FRRankDump.from_dict(r) for r in _list(d["ranks"])), key=lambda r: r.rank))
             return FRDump(source=str(d.get("source", "")), ranks=ranks,
-                          missing=tuple(_int(r) for r in _list(d.get("missing"))),
+                          missing=tuple(as_int(r) for r in _list(d.get("missing"))),
                           notes=tuple(str(n) for n in _list(d.get("notes"))))
         except (KeyError, TypeError, ValueError) as exc:
             raise SchemaError(f"not a Flight Recorder dump ({type(exc).__name__}: {exc})") from None
@@ -218,8 +218,8 @@ def _group_dict(g: FRGroup) -> dict[str, Any]:
 
 def _group_from(d: Mapping[str, Any]) -> FRGroup:
     return FRGroup(name=str(d["name"]), desc=str(d.get("desc", "")),
-                   ranks=tuple(sorted(_int(r) for r in _list(d["ranks"]))),
-                   order=tuple(_int(r) for r in _list(d.get("order"))))
+                   ranks=tuple(sorted(as_int(r) for r in _list(d["ranks"]))),
+                   order=tuple(as_int(r) for r in _list(d.get("order"))))
 
 
 _ENTRY_KEYS = ("record_id", "group", "group_desc", "op", "profiling_name", "collective_seq_id", "p2p_seq_id",
@@ -244,29 +244,29 @@ def _entry_from(d: Mapping[str, Any], stacks: list[tuple[Site, ...]]) -> FREntry
     site = d.get("site")
     duration = d.get("duration_ms")
     return FREntry(
-        record_id=_int(d["record_id"]), group=str(d["group"]), group_desc=str(d.get("group_desc", "")),
+        record_id=as_int(d["record_id"]), group=str(d["group"]), group_desc=str(d.get("group_desc", "")),
         op=str(d["op"]), profiling_name=str(d.get("profiling_name", "")),
-        collective_seq_id=_int(d["collective_seq_id"]), p2p_seq_id=_int(d["p2p_seq_id"]),
-        is_p2p=_bool(d["is_p2p"]), state=str(d["state"]), done=_bool(d["done"]),
+        collective_seq_id=as_int(d["collective_seq_id"]), p2p_seq_id=as_int(d["p2p_seq_id"]),
+        is_p2p=as_bool(d["is_p2p"]), state=str(d["state"]), done=as_bool(d["done"]),
         input_sizes=_sizes(d.get("input_sizes")), output_sizes=_sizes(d.get("output_sizes")),
         site=Site.from_dict(site) if site is not None else None,
-        pg_id=_int(d.get("pg_id", -1)), op_id=_int(d.get("op_id", 0)),
+        pg_id=as_int(d.get("pg_id", -1)), op_id=as_int(d.get("op_id", 0)),
         input_dtypes=tuple(str(x) for x in _list(d.get("input_dtypes"))),
         output_dtypes=tuple(str(x) for x in _list(d.get("output_dtypes"))),
-        time_created_ns=_int(d.get("time_created_ns", 0)),
-        timeout_ms=None if d.get("timeout_ms") is None else _int(d["timeout_ms"]),
+        time_created_ns=as_int(d.get("time_created_ns", 0)),
+        timeout_ms=None if d.get("timeout_ms") is None else as_int(d["timeout_ms"]),
         duration_ms=None if duration is None else float(duration),
-        retired=_bool(d.get("retired", False)), timed_out=_bool(d.get("timed_out", False)),
+        retired=as_bool(d.get("retired", False)), timed_out=as_bool(d.get("timed_out", False)),
         backend=str(d.get("backend", "")),
-        src=None if d.get("src") is None else _int(d["src"]),
-        dst=None if d.get("dst") is None else _int(d["dst"]),
-        in_batch=_bool(d.get("in_batch", False)),
-        frames=stacks[_int(d["stack"])] if "stack" in d else (),
+        src=None if d.get("src") is None else as_int(d["src"]),
+        dst=None if d.get("dst") is None else as_int(d["dst"]),
+        in_batch=as_bool(d.get("in_batch", False)),
+        frames=stacks[as_int(d["stack"])] if "stack" in d else (),
     )
 
 
 def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(_int(x) for x in _list(s)) for s in _list(value))
+    return tuple(tuple(as_int(x) for x in _list(s)) for s in _list(value))
 
 
 def _list(value: Any) -> list:
@@ -277,13 +277,14 @@ def _list(value: Any) -> list:
     return list(value)
 
 
-def _int(value: Any) -> int:
+def as_int(value: Any) -> int:
+    """``value`` if it is an int (not a bool), else TypeError: torch writes every number as an int."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {type(value).__name__}")
     return value
 
 
-def _bool(value: Any) -> bool:
+def as_bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"expected a boolean, got {type(value).__name__}")
     return value
