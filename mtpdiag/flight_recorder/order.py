@@ -3,8 +3,10 @@
 A call C was issued at sequence number k of group G by the entered ranks; rank a did not issue it.
 Three rules, strongest first; the first that applies decides (``AbsentWhy.rule`` says which):
 
-1. ``same-group``: a issued something else at G#k. If a issued C's op from C's site later in G, a was
-   *shifted* by an extra op on one side (C is a consequence); otherwise a *skipped* C (a root).
+1. ``same-group``: a issued something else, X, at G#k. If a issued C's op from C's site later in G, a was
+   *shifted* by an extra op on one side (C is a consequence). If a recorded anything after X, it went on
+   without C: *skipped* (a root). If X is a's last op, the stacks decide: X before C in program order
+   means a stopped short of C (*behind*), X after C means a passed it (*skipped*).
 2. ``record-order``: a's latest collective is one the entered rank e also recorded. If e recorded it after
    C, a went past C's place without issuing it (*skipped*); if before, a is *behind* (it never got to C).
    A rank's record order is its program order, so this needs no clock and no stack.
@@ -74,12 +76,7 @@ def absent_why(entered: Sequence[tuple[RankIndex, Call]], absent: RankIndex, lat
     a = absent.dump.rank
     call = entered[0][1]
     if at_k is not None:
-        again = next((c for c in later if c.op == call.op and c.site == call.site), None)
-        if again is not None:
-            return AbsentWhy(a, SHIFTED, "same-group",
-                             f"issued {at_k.op} at #{call.seq} and this {call.op} later, at #{again.seq}")
-        return AbsentWhy(a, SKIPPED, "same-group",
-                         f"issued {at_k.op} at #{call.seq} and never this {call.op}")
+        return _same_group(call, absent, later, at_k)
     latest = absent.latest()
     if latest is None:
         return AbsentWhy(a, UNKNOWN, "none", "recorded no op")
@@ -104,6 +101,22 @@ def absent_why(entered: Sequence[tuple[RankIndex, Call]], absent: RankIndex, lat
         return _without_sync(call, absent, latest)
     return AbsentWhy(a, UNKNOWN, "none", f"is at {_op_text(latest)}; its stacks do not say whether that is before "
                      "or after this call")
+
+
+def _same_group(call: Call, absent: RankIndex, later: tuple[Call, ...], at_k: Call) -> AbsentWhy:
+    a = absent.dump.rank
+    instead = f"issued {at_k.op} at #{call.seq}"
+    again = next((c for c in later if c.op == call.op and c.site == call.site), None)
+    if again is not None:
+        return AbsentWhy(a, SHIFTED, "same-group", f"{instead} and this {call.op} later, at #{again.seq}")
+    if any(e.record_id > at_k.record_id for e in absent.entries):
+        return AbsentWhy(a, SKIPPED, "same-group", f"{instead}, went on, and never issued this {call.op}")
+    order = program_order(_outer_first(at_k.frames), _outer_first(call.frames))
+    if order == "before":
+        return AbsentWhy(a, BEHIND, "same-group", f"{instead}, which comes before this {call.op}, and stopped there")
+    if order == "after":
+        return AbsentWhy(a, SKIPPED, "same-group", f"{instead}, which comes after this {call.op}")
+    return AbsentWhy(a, UNKNOWN, "none", f"{instead} and stopped there")
 
 
 def _by_stacks(call: Call, sync: FREntry, absent: RankIndex, latest: FREntry) -> AbsentWhy:
