@@ -56,8 +56,13 @@ def run_torchfrtrace(dump_files: list[Path], prefix: str = "rank_") -> tuple[lis
     """torchfrtrace on a directory holding just ``dump_files`` (pickles named ``<prefix><rank>``): its blocks
     and its whole output. Run in this process (``fr_trace.main``, what the ``torchfrtrace`` script calls),
     reading its log records: a subprocess would pay torch's import each time."""
+    from torch.distributed.flight_recorder.components import utils
     from torch.distributed.flight_recorder.fr_trace import main
 
+    if not hasattr(utils, "tabulate"):
+        # torch 2.13's utils.py names tabulate unguarded when printing a p2p batch: without the package it
+        # raises NameError. Plain rows serve the same purpose here (only the problem blocks are read).
+        utils.tabulate = lambda rows, headers=None: "\n".join(map(str, rows))
     records: list[str] = []
 
     class Keep(logging.Handler):
