@@ -111,31 +111,25 @@ def _same_group(call: Call, absent: RankIndex, later: tuple[Call, ...], at_k: Ca
         return AbsentWhy(a, SHIFTED, "same-group", f"{instead} and this {call.op} later, at #{again.seq}")
     if any(e.record_id > at_k.record_id for e in absent.entries):
         return AbsentWhy(a, SKIPPED, "same-group", f"{instead}, went on, and never issued this {call.op}")
-    order = program_order(_outer_first(at_k.frames), _outer_first(call.frames))
-    if order == "before":
-        return AbsentWhy(a, BEHIND, "same-group", f"{instead}, which comes before this {call.op}, and stopped there")
-    if order == "after":
-        return AbsentWhy(a, SKIPPED, "same-group", f"{instead}, which comes after this {call.op}")
-    return AbsentWhy(a, UNKNOWN, "none", f"{instead} and stopped there")
+    return _stopped_at(a, "same-group", at_k.frames, call, instead, " and stopped there") or \
+        AbsentWhy(a, UNKNOWN, "none", f"{instead} and stopped there")
 
 
 def _by_stacks(call: Call, sync: FREntry, absent: RankIndex, latest: FREntry) -> AbsentWhy:
     a = absent.dump.rank
     if sync.record_id == latest.record_id:
         return AbsentWhy(a, BEHIND, "record-order", f"is still at {_op_text(latest)}, before this call")
-    s_p, s_c, s_l = _outer_first(sync.frames), _outer_first(call.frames), _outer_first(latest.frames)
-    p_to_c, p_to_l = program_order(s_p, s_c), program_order(s_p, s_l)
+    s_p = _outer_first(sync.frames)
+    p_to_c, p_to_l = program_order(s_p, _outer_first(call.frames)), program_order(s_p, _outer_first(latest.frames))
     where = f"is at {_op_text(latest)}"
     since = f"since {_op_text(sync)}"
     if p_to_c == "before":
         if p_to_l in ("same", "after"):
             return AbsentWhy(a, SKIPPED, "stack-order", f"{where}: it went round a loop {since} and passed this call")
         if p_to_l == "before":
-            l_to_c = program_order(s_l, s_c)
-            if l_to_c == "before":
-                return AbsentWhy(a, BEHIND, "stack-order", f"{where}, which comes before this call")
-            if l_to_c == "after":
-                return AbsentWhy(a, SKIPPED, "stack-order", f"{where}, which comes after this call")
+            found = _stopped_at(a, "stack-order", latest.frames, call, where)
+            if found is not None:
+                return found
     elif p_to_c == "same" and p_to_l == "before":
         return AbsentWhy(a, BEHIND, "stack-order",
                          f"{where}; this call is the next round of {_op_text(sync)}, which it has not begun")
@@ -150,12 +144,19 @@ def _without_sync(call: Call, absent: RankIndex, latest: FREntry) -> AbsentWhy:
     stacks = [e.frames for e in absent.entries if e.frames]
     if len(set(stacks)) < len(stacks):
         return AbsentWhy(a, UNKNOWN, "none", f"{where}; no op in common to order it by")
-    order = program_order(_outer_first(call.frames), _outer_first(latest.frames))
+    return _stopped_at(a, "stack-order", latest.frames, call, where, " (no earlier op in common)") or \
+        AbsentWhy(a, UNKNOWN, "none", f"{where}; no op in common to order it by")
+
+
+def _stopped_at(a: int, rule: str, stop: tuple[Site, ...], call: Call, where: str, tail: str = "") -> AbsentWhy | None:
+    """The verdict for a rank whose last op has stack ``stop``: before the call in program order, it is
+    behind; after it, it skipped the call; None when the stacks do not say."""
+    order = program_order(_outer_first(stop), _outer_first(call.frames))
     if order == "before":
-        return AbsentWhy(a, SKIPPED, "stack-order", f"{where}, which comes after this call (no earlier op in common)")
+        return AbsentWhy(a, BEHIND, rule, f"{where}, which comes before this {call.op}{tail}")
     if order == "after":
-        return AbsentWhy(a, BEHIND, "stack-order", f"{where}, which comes before this call (no earlier op in common)")
-    return AbsentWhy(a, UNKNOWN, "none", f"{where}; no op in common to order it by")
+        return AbsentWhy(a, SKIPPED, rule, f"{where}, which comes after this {call.op}{tail}")
+    return None
 
 
 def _sync_point(call: Call, entered: RankIndex, absent: RankIndex) -> FREntry | None:
