@@ -61,7 +61,8 @@ def load_fr_dumps(source: str | Sequence[str], qualify: bool = True) -> FRDump:
         files = _dump_files(str(source))
         label = str(source)
     index = SourceIndex() if qualify else None
-    ranks = tuple(sorted((read_dump_file(path, rank, index) for rank, path in files.items()),
+    stacks: dict = {}
+    ranks = tuple(sorted((read_dump_file(path, rank, index, stacks) for rank, path in files.items()),
                          key=lambda d: d.rank))
     dumped = {d.rank for d in ranks}
     missing = tuple(r for r in expected_ranks(ranks) if r not in dumped)
@@ -74,7 +75,7 @@ def load_fr_dumps(source: str | Sequence[str], qualify: bool = True) -> FRDump:
     return FRDump(source=label, ranks=ranks, missing=missing, notes=tuple(notes))
 
 
-def read_dump_file(path: str, rank: int, index: SourceIndex | None = None) -> FRRankDump:
+def read_dump_file(path: str, rank: int, index: SourceIndex | None = None, stacks: dict | None = None) -> FRRankDump:
     """One rank's file, pickle or JSON (told apart by the first byte), as an ``FRRankDump``."""
     data = _read(path)
     fmt = "json" if data.lstrip()[:1] == b"{" else "pickle"
@@ -86,7 +87,7 @@ def read_dump_file(path: str, rank: int, index: SourceIndex | None = None) -> FR
     except Exception as exc:  # any malformed file: truncated, refused class, bad opcode, too deep, bad UTF-8
         raise InputError(f"{path}: not a readable Flight Recorder dump ({_one_line(exc)})") from None
     try:
-        return rank_dump(content, rank, path, fmt, index.qualify if index is not None else plain)
+        return rank_dump(content, rank, path, fmt, index.qualify if index is not None else plain, stacks)
     except InputError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as exc:

@@ -42,12 +42,18 @@ def check_version(version: str, path: str) -> str | None:
     return None
 
 
-def rank_dump(data: Any, rank: int, path: str, fmt: str = "pickle", qualify: Qualify = plain) -> FRRankDump:
+StackCache = dict  # raw frames (filename, name, line triples) -> (stack, call site); shared across ranks
+
+
+def rank_dump(data: Any, rank: int, path: str, fmt: str = "pickle", qualify: Qualify = plain,
+              stacks: StackCache | None = None) -> FRRankDump:
     """A dump's dict (``pickle.loads`` or ``json.loads`` of what torch wrote) as an ``FRRankDump``.
 
     Raises ``ValueError``/``TypeError``/``KeyError`` for content that is not a dump (the loader turns
-    them into one-line input errors) and ``InputError`` for a newer major version.
+    them into one-line input errors) and ``InputError`` for a newer major version. ``stacks`` caches the
+    reading of each distinct stack: a job's ranks repeat a few stacks thousands of times.
     """
+    stacks = {} if stacks is None else stacks
     if not isinstance(data, dict):
         raise ValueError("expected a dict")
     if "entries" not in data and "pg_config" not in data:
@@ -59,7 +65,7 @@ def rank_dump(data: Any, rank: int, path: str, fmt: str = "pickle", qualify: Qua
     raw = data.get("entries") or []
     if not isinstance(raw, (list, tuple)):
         raise TypeError("'entries' is not a list")
-    entries = [_entry(e, by_name, qualify) for e in raw]
+    entries = [_entry(e, by_name, qualify, stacks) for e in raw]
     entries = _close_batches(entries)
     group_of_pg = {e.pg_id: e.group for e in entries if e.pg_id >= 0}
     status = tuple(_status(pg_id, s, group_of_pg) for pg_id, s in sorted(_dict(data.get("pg_status")).items(),
@@ -82,7 +88,25 @@ def _group(name: Any, cfg: Any) -> FRGroup:
                    order=order if order != ranks_sorted else ())
 
 
-def _entry(e: Any, groups: dict[str, FRGroup], qualify: Qualify) -> FREntry:
+def _stack(frames: Any, qualify: Qualify, stacks: StackCache) -> tuple:
+    if not frames:
+        return (), None
+    if not isinstance(frames, (list, tuple)):
+        raise TypeError("frames is not a list")
+    key = tuple((f.get("filename"), f.get("name"), f.get("line")) if isinstance(f, dict) else f for f in frames)
+    try:
+        hit = stacks.get(key)
+    except TypeError:  # an unhashable value where a frame field should be: let stack_of say what is wrong
+        hit, key = None, None
+    if hit is None:
+        stack = stack_of(frames, qualify)
+        hit = (stack, call_site(stack))
+        if key is not None:
+            stacks[key] = hit
+    return hit
+
+
+def _entry(e: Any, groups: dict[str, FRGroup], qualify: Qualify, stacks: StackCache) -> FREntry:
     if not isinstance(e, dict):
         raise TypeError("an entry is not a dict")
     pg = e["process_group"]
@@ -99,7 +123,7 @@ def _entry(e: Any, groups: dict[str, FRGroup], qualify: Qualify) -> FREntry:
     retired = as_bool(e.get("retired", False))
     eventless = parsed.backend in _EVENTLESS
     timed_out = retired and state != "completed" and not eventless
-    stack = stack_of(e.get("frames"), qualify)
+    stack, site = _stack(e.get("frames"), qualify, stacks)
     info = groups.get(group)
     src, dst = _global(parsed.src, info, desc), _global(parsed.dst, info, desc)
     duration = e.get("duration_ms")
@@ -119,7 +143,7 @@ def _entry(e: Any, groups: dict[str, FRGroup], qualify: Qualify) -> FREntry:
         done=state == "completed" or (retired and eventless),
         input_sizes=_sizes(e.get("input_sizes")),
         output_sizes=_sizes(e.get("output_sizes")),
-        site=call_site(stack),
+        site=site,
         pg_id=as_int(e.get("pg_id", -1)),
         op_id=as_int(e.get("op_id", 0)),
         input_dtypes=_strings(e.get("input_dtypes")),
