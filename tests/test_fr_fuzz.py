@@ -104,7 +104,8 @@ _LINE = st.one_of(
     st.builds("[rank{}]:[E] [PG ID {} PG GUID {}({}) Rank {}] Watchdog caught collective operation timeout: "
               "WorkNCCL(SeqNum={}, OpType={}, NumelIn={}, NumelOut={}, Timeout(ms)={}) ran for {} milliseconds".format,
               *[st.sampled_from(["0", "3", "-1", "x", "9" * 30, ""]) for _ in range(11)]),
-    st.builds("[PG {} Rank {}] Timeout at NCCL work: {}, last enqueued NCCL work: {}, last completed NCCL work: {}.".format,
+    st.builds(("[PG {} Rank {}] Timeout at NCCL work: {}, last enqueued NCCL work: {}, "
+               "last completed NCCL work: {}.").format,
               *[st.sampled_from(["0", "7", "-1", "", "1" * 25]) for _ in range(5)]),
     st.builds("[{}] joined but didn't finish collective #{}".format, st.text("0123456789, ", max_size=30),
               st.sampled_from(["1", "", "9" * 40])),

@@ -135,10 +135,11 @@ def test_the_verl_bug_on_nccl_an_all_reduce_against_the_optimizers_all_gather(tm
     reduce2 = entries_of(dumps[2], DP_CP)[0]
     reduce2["profiling_name"] = "nccl:all_reduce"
     step = next(i for i, f in enumerate(reduce2["frames"]) if f["name"] == "train_step")
+    optimizer = "/x/site-packages/megatron/core/optimizer/"
     optimizer_frames = reduce2["frames"][:2] + [
-        {"name": "_dispatch_gather_model_params", "filename": "/x/site-packages/megatron/core/optimizer/distrib_optimizer.py",
-         "line": 2300}, {"name": "step", "filename": "/x/site-packages/megatron/core/optimizer/optimizer.py", "line": 480},
-        dict(reduce2["frames"][step], line=reduce2["frames"][step]["line"] + 3),  # the optimizer step, after the MTP loss
+        {"name": "_dispatch_gather_model_params", "filename": optimizer + "distrib_optimizer.py", "line": 2300},
+        {"name": "step", "filename": optimizer + "optimizer.py", "line": 480},
+        dict(reduce2["frames"][step], line=reduce2["frames"][step]["line"] + 3),  # the optimizer step, after the loss
     ] + reduce2["frames"][step + 1:]
     gather = dict(reduce2, profiling_name="nccl:_all_gather_base", frames=optimizer_frames)
     dumps[2]["entries"].append(dict(gather, record_id=reduce2["record_id"] + 1, collective_seq_id=2))

@@ -59,7 +59,8 @@ DESYNC = """\
 	 - To our best knowledge, the lagging/dead/mismatched ranks that caused the desync are:
 [rank0]:	   - [0, 2] joined but didn't finish collective #5 (count from 1)
 [rank0]:	     [1] finished collective #5, but didn't join collective #6 (count from 1)
-[rank4]:	 - To our best knowledge, ranks [3] are the lagging ranks that caused this timeout. They never joined any collectives
+[rank4]:	 - To our best knowledge, ranks [3] are the lagging ranks that caused this timeout. They never joined \
+any collectives
 """
 
 

@@ -19,7 +19,8 @@ Three rules, strongest first; the first that applies decides (``AbsentWhy.rule``
    not gone round the loop, a is *behind*. With no op in common with any entered rank (the job's first
    collectives), a's latest op is compared with C directly, unless a has gone round a loop itself.
 
-Each entered rank is tried as e in turn. Otherwise *unknown*. ``time_created_ns`` is never compared across ranks: their clocks differ.
+Each entered rank is tried as e in turn. Otherwise *unknown*. ``time_created_ns`` is never compared across
+ranks: their clocks differ.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def absent_why(entered: Sequence[tuple[RankIndex, Call]], absent: RankIndex, lat
             continue
         e = index.dump.rank
         if theirs.record_id > mine.record_id:
-            return AbsentWhy(a, SKIPPED, "record-order", f"is at {_op_text(latest)}, which rank {e} reached after this call")
+            return AbsentWhy(a, SKIPPED, "record-order",
+                             f"is at {_op_text(latest)}, which rank {e} reached after this call")
         return AbsentWhy(a, BEHIND, "record-order", f"is at {_op_text(latest)}, which rank {e} passed before this call")
     synced = False
     for index, mine in entered:
