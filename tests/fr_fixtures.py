@@ -23,8 +23,10 @@ def gloo_scenarios() -> list[Path]:
 
 
 def nccl_scenarios() -> list[Path]:
-    """The NCCL-format dump directories recorded from the NCCL-behaviour reproducer, when present."""
-    return sorted(p for p in CAPTURES.glob("*/fr") if p.is_dir() and any(p.iterdir()))
+    """The NCCL-format dump directories recorded from the NCCL-behaviour reproducer, when present: ``fr/``
+    holds the dumps written on the timeout, ``fr_live/`` those asked for later through the debug-info pipe."""
+    return sorted(p for pattern in ("*/fr", "*/fr_live") for p in CAPTURES.glob(pattern)
+                  if p.is_dir() and any(p.iterdir()))
 
 
 def dump_files(directory: Path) -> list[Path]:

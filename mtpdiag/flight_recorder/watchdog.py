@@ -43,6 +43,7 @@ OP_TYPES = {
 
 _N = r"-?\d{1,19}"
 _GLOBAL = re.compile(r"\[rank(\d{1,9})\]:")
+_THREAD = re.compile(r"\[[EWIF]\d{4} [\d:.]{8,24} (\d{1,12}) ")  # glog: [E1130 17:44:26.121021000 3117 file:line]
 _PG_ID = re.compile(r"\[PG ID (\d{1,9}) PG GUID ([^\s()\[\]]+)(?:\(([^()\[\]]*)\))? Rank (\d{1,9})\]")
 _PG_OLD = re.compile(r"\[PG ([^\s()\[\]]+)(?: \(([^()\[\]]*)\))? Rank (\d{1,9})\]")
 _RANK = re.compile(r"\[Rank (\d{1,9})\]")
@@ -89,6 +90,7 @@ class WatchdogTimeout:
     timeout_ms: int | None
     ran_for_ms: int | None
     blocking_wait: bool = False
+    thread: int | None = None  # glog's thread id, when the prefix has one
     last_enqueued: int | None = None
     last_started: int | None = None
     last_completed: int | None = None
@@ -115,6 +117,7 @@ class WatchdogStatus:
     last_started: int | None
     last_completed: int | None
     signal_from: str | None = None
+    thread: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {"line": self.line, "rank": self.rank, "pg_id": self.group.pg_id, "pg_name": self.group.name,
@@ -175,7 +178,8 @@ def parse_watchdog_log(text: str) -> WatchdogLog:
             d = _desync(line, number)
             if d is not None:
                 desync.append(d)
-    joined = tuple(_join(t, statuses) for t in sorted(timeouts.values(), key=lambda t: t.line))
+    claimed: set[int] = set()
+    joined = tuple(_join(t, statuses, claimed) for t in sorted(timeouts.values(), key=lambda t: t.line))
     return WatchdogLog(timeouts=joined, statuses=tuple(statuses), desync=tuple(desync))
 
 
@@ -205,7 +209,7 @@ def _timeout(line: str, number: int) -> WatchdogTimeout | None:
         op=OP_TYPES.get(op_type, op_type.lower().lstrip("_")),
         numel_in=_opt(values["numel_in"]), numel_out=_opt(values["numel_out"]),
         timeout_ms=_opt(values["timeout_ms"]), ran_for_ms=_opt(m.group("ran")),
-        blocking_wait=m.group("ran") is None)
+        blocking_wait=m.group("ran") is None, thread=_first(_THREAD, line))
 
 
 def _status(line: str, number: int) -> WatchdogStatus:
@@ -215,7 +219,7 @@ def _status(line: str, number: int) -> WatchdogStatus:
                           failed_seq=int(failed.group(1)) if failed else None,
                           last_enqueued=_first(_ENQUEUED, line), last_started=_first(_STARTED, line),
                           last_completed=_first(_COMPLETED, line),
-                          signal_from=signal.group(1).strip() if signal else None)
+                          signal_from=signal.group(1).strip() if signal else None, thread=_first(_THREAD, line))
 
 
 def _desync(line: str, number: int) -> DesyncReport | None:
@@ -229,17 +233,21 @@ def _desync(line: str, number: int) -> DesyncReport | None:
                         never_joined=_ranks(lagging.group(1)) if lagging else ())
 
 
-def _join(t: WatchdogTimeout, statuses: list[WatchdogStatus]) -> WatchdogTimeout:
-    """The timeout with its group's status line (same rank, same work, same group where both name one)."""
-    for s in statuses:
-        if s.rank != t.rank or s.failed_seq != t.seq:
-            continue
-        if t.group.name is not None and s.group.name is not None and t.group.name != s.group.name:
-            continue
-        merged = _merge_group(t, s.group)
-        return replace(merged, last_enqueued=s.last_enqueued, last_started=s.last_started,
-                       last_completed=s.last_completed)
-    return t
+def _join(t: WatchdogTimeout, statuses: list[WatchdogStatus], claimed: set[int]) -> WatchdogTimeout:
+    """The timeout with its group's status line: the nearest line of the same rank about the same work
+    (a later one first), not taken by another timeout, and of the same group where both name one. Each group's watchdog
+    logs the two back to back; other groups' lines may come between, so the same glog thread id and the
+    same group rank are preferred (torch's "[Rank r]" on the timeout line is only a hint: it is the group
+    rank of the first work that logged in the process)."""
+    candidates = [s for s in statuses if s.line not in claimed and s.rank == t.rank
+                  and s.failed_seq == t.seq and (t.group.name is None or s.group.name in (None, t.group.name))]
+    if not candidates:
+        return t
+    s = min(candidates, key=lambda s: (s.thread != t.thread, s.group.rank != t.group.rank, s.line < t.line,
+                                       abs(s.line - t.line)))
+    claimed.add(s.line)
+    return replace(_merge_group(t, s.group), last_enqueued=s.last_enqueued, last_started=s.last_started,
+                   last_completed=s.last_completed)
 
 
 def _merge_group(t: WatchdogTimeout, g: PGRef) -> WatchdogTimeout:
