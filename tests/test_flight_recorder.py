@@ -99,7 +99,7 @@ def test_rank2_waits_in_the_dp_cp_all_reduce_that_rank3_never_started(fr):
     assert g.members == (2, 3)
     [pending] = g.pending[2]
     assert (pending.op, pending.done, pending.is_p2p) == ("all_reduce", False, False)
-    assert pending.site is not None and pending.site.function == "reduce_loss_in_tracker"
+    assert pending.site is not None and pending.site.function == "MTPLossLoggingHelper.reduce_loss_in_tracker"
     assert 3 not in g.pending
     assert g.last_entered[3] < g.last_entered[2] == pending.collective_seq_id
     assert g.behind == (3,)
@@ -157,6 +157,16 @@ def test_without_pg_config_the_layout_supplies_the_members(fr, hung, tmp_path):
     [root] = [m for m in correlate(hung.report, bare)["mismatches"] if m["op"] == "all_reduce"]
     assert (root["fr_members"], root["fr_members_from"], root["fr_absent"], root["agrees"]) == \
         ([2, 3], "entries", [3], True)
+
+
+def test_torchfrtrace_agrees_with_the_matcher_on_the_live_dumps(hung):
+    """torch's own analyzer on this job's dumps names the same collectives and culprits (test_fr_torchfrtrace)."""
+    from test_fr_torchfrtrace import assert_agreement
+
+    files = sorted(Path(hung.prefix).parent.glob(Path(hung.prefix).name + "[0-9]*"))
+    ours = assert_agreement(files)
+    [root] = [c for d in ours.values() for c in d.calls if c.role == "root"]
+    assert (root.op, root.entered, root.absent) == ("all_reduce", (2,), (3,))
 
 
 def test_op_names_follow_the_stack_analysis():

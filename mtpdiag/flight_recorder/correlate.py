@@ -235,7 +235,8 @@ def _entry_dict(e: FREntry) -> dict[str, Any]:
 def _entry_text(e: FREntry, group: bool = True) -> str:
     seq = f"p2p #{e.p2p_seq_id}" if e.is_p2p else f"#{e.collective_seq_id}"
     where = f" in group {e.group} ({e.group_desc})" if group else ""
-    site = f" from {e.site.function}" if e.site else ""
+    # the short name, as these lines always read: sites are qualified now (MTPLossLoggingHelper.reduce_...)
+    site = f" from {e.site.function.rsplit('.', 1)[-1]}" if e.site else ""
     return f"{e.op} {seq}{where}{site}"
 
 

@@ -1,9 +1,10 @@
-"""One Flight Recorder pickle per rank, read without ever running code from it.
+"""Load a job's Flight Recorder dumps from disk: one file per rank, pickle or JSON, never running code.
 
-torch writes ``<prefix><rank>`` (the prefix is ``TORCH_FR_DUMP_TEMP_FILE``). A dump is plain dicts,
-lists, tuples, strings and numbers: ``version``, ``pg_config`` (group name -> desc and ranks),
-``pg_status`` and ``entries`` (one per recorded op). The unpickler here refuses every class,
-callable and persistent id, so a hostile file fails to load instead of running.
+torch writes ``<prefix><rank>`` (the prefix is ``TORCH_FR_DUMP_TEMP_FILE``, see ``locate``) as a pickle of
+plain dicts, lists, tuples, strings and numbers; ``_dump_nccl_trace_json``/``_dump_fr_trace_json`` give
+the same content as JSON, which people save as ``<prefix><rank>`` or ``<prefix><rank>.json``. The
+unpickler here refuses every class, callable and persistent id, so a hostile file fails to load instead
+of running. This module is the package's only I/O besides ``locate``.
 """
 
 from __future__ import annotations
@@ -13,84 +14,27 @@ import json
 import os
 import pickle
 import re
-from dataclasses import dataclass
-from typing import Any
+import stat
+from typing import Any, Sequence
 
 from mtpdiag.errors import InputError
-from mtpdiag.model import Site
+from mtpdiag.flight_recorder.names import op_name
+from mtpdiag.flight_recorder.parse import rank_dump
+from mtpdiag.flight_recorder.records import (
+    FRDump,
+    FREntry,
+    FRGroup,
+    FRGroupStatus,
+    FRRankDump,
+    expected_ranks,
+)
+from mtpdiag.flight_recorder.sites import SourceIndex, plain
 
 MAX_DUMP_BYTES = 256 * 1024 * 1024
-_RANK_SUFFIX = re.compile(r"^(.*?)(\d+)$")
-# torch profiling names -> the public function names the stack analysis uses.
-_OP_ALIASES = {
-    "_allgather_base": "all_gather_into_tensor",
-    "all_gather_base": "all_gather_into_tensor",
-    "_reduce_scatter_base": "reduce_scatter_tensor",
-    "reduce_scatter_base": "reduce_scatter_tensor",
-    "all_reduce_barrier": "barrier",
-    "allreduce": "all_reduce",
-    "allgather": "all_gather",
-    "alltoall_base": "all_to_all_single",
-    "alltoall": "all_to_all",
-}
+_RANK_SUFFIX = re.compile(r"^(.*?)(\d{1,9})(\.json)?$")
 
-
-@dataclass(frozen=True)
-class FRGroup:
-    """A process group as one rank's ``pg_config`` describes it. ``ranks`` is empty when unrecorded."""
-
-    name: str
-    desc: str
-    ranks: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class FREntry:
-    """One recorded op. ``done`` is true once torch marked it completed or retired its work."""
-
-    record_id: int
-    group: str
-    group_desc: str
-    op: str
-    profiling_name: str
-    collective_seq_id: int
-    p2p_seq_id: int
-    is_p2p: bool
-    state: str  # scheduled | started | completed
-    done: bool
-    input_sizes: tuple[tuple[int, ...], ...]
-    output_sizes: tuple[tuple[int, ...], ...]
-    site: Site | None  # the first frame outside torch, as the stack analysis names call sites
-
-
-@dataclass(frozen=True)
-class FRGroupStatus:
-    """torch's own per-group counters (``pg_status``); they survive the ring buffer dropping entries."""
-
-    group: str
-    last_enqueued: int
-    last_completed: int
-
-
-@dataclass(frozen=True)
-class FRRankDump:
-    rank: int
-    path: str
-    version: str
-    groups: tuple[FRGroup, ...]
-    entries: tuple[FREntry, ...]
-    status: tuple[FRGroupStatus, ...] = ()
-
-
-@dataclass(frozen=True)
-class FRDump:
-    """Every rank's dump under one prefix, sorted by rank."""
-
-    source: str
-    ranks: tuple[FRRankDump, ...]
-
-    def rank(self, rank: int) -> FRRankDump | None:
-        return next((r for r in self.ranks if r.rank == rank), None)
+__all__ = ["FRDump", "FREntry", "FRGroup", "FRGroupStatus", "FRRankDump", "load_fr_dumps", "op_name",
+           "read_dump_file"]
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -103,11 +47,86 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("refuses persistent ids")
 
 
-def load_fr_dumps(prefix_or_dir: str) -> FRDump:
-    """Read ``<prefix><rank>`` files, or the one family of them in a directory."""
-    files = _dump_files(prefix_or_dir)
-    ranks = tuple(sorted((_load_one(path, rank) for rank, path in files.items()), key=lambda d: d.rank))
-    return FRDump(source=prefix_or_dir, ranks=ranks)
+def load_fr_dumps(source: str | Sequence[str], qualify: bool = True) -> FRDump:
+    """Read every rank's dump from a prefix (``/tmp/fr/rank_``), a directory holding one family of
+    ``<prefix><rank>`` files, or a list of files named ``...<rank>``.
+
+    ``missing`` lists ranks that some dump names as a group member but that have no dump (a partial
+    set). ``qualify`` reads the stacks' source files, when present here, for qualified function names.
+    """
+    if isinstance(source, (list, tuple)):
+        files = _listed_files(source)
+        label = ", ".join(source) if len(source) <= 3 else f"{len(source)} files"
+    else:
+        files = _dump_files(str(source))
+        label = str(source)
+    index = SourceIndex() if qualify else None
+    stacks: dict = {}
+    ranks = tuple(sorted((read_dump_file(path, rank, index, stacks) for rank, path in files.items()),
+                         key=lambda d: d.rank))
+    dumped = {d.rank for d in ranks}
+    missing = tuple(r for r in expected_ranks(ranks) if r not in dumped)
+    notes = [n for d in ranks for n in d.notes]
+    versions = sorted({d.version for d in ranks})
+    if len(versions) > 1:
+        notes.append(f"the dumps carry different Flight Recorder versions ({', '.join(versions)})")
+    if missing:
+        notes.append(f"no Flight Recorder dump for rank(s) {', '.join(map(str, missing))}")
+    return FRDump(source=label, ranks=ranks, missing=missing, notes=tuple(notes))
+
+
+def read_dump_file(path: str, rank: int, index: SourceIndex | None = None, stacks: dict | None = None) -> FRRankDump:
+    """One rank's file, pickle or JSON (told apart by the first byte), as an ``FRRankDump``."""
+    data = _read(path)
+    fmt = "json" if data.lstrip()[:1] == b"{" else "pickle"
+    try:
+        if fmt == "json":
+            content = json.loads(data.decode("utf-8"))
+        else:
+            content = _PlainUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:  # any malformed file: truncated, refused class, bad opcode, too deep, bad UTF-8
+        raise InputError(f"{path}: not a readable Flight Recorder dump ({_one_line(exc)})") from None
+    try:
+        return rank_dump(content, rank, path, fmt, index.qualify if index is not None else plain, stacks)
+    except InputError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as exc:
+        raise InputError(f"{path}: not a Flight Recorder dump ({_one_line(exc)})") from None
+
+
+def _read(path: str) -> bytes:
+    """A regular file's bytes, bounded; a FIFO or device is refused, never opened for a blocking read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"{path}: not a regular file")
+        if info.st_size > MAX_DUMP_BYTES:
+            raise InputError(f"{path}: {info.st_size} bytes is too large for a Flight Recorder dump")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_DUMP_BYTES + 1)
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _listed_files(paths: Sequence[str]) -> dict[int, str]:
+    if not paths:
+        raise InputError("no Flight Recorder dump files given")
+    files: dict[int, str] = {}
+    for path in paths:
+        match = _RANK_SUFFIX.match(os.path.basename(path))
+        if not match:
+            raise InputError(f"{path}: a Flight Recorder dump's name ends in its rank (<prefix><rank>)")
+        rank = int(match.group(2))
+        if rank in files:
+            raise InputError(f"two Flight Recorder dumps for rank {rank}: {files[rank]} and {path}")
+        files[rank] = path
+    return files
 
 
 def _dump_files(prefix_or_dir: str) -> dict[int, str]:
@@ -127,7 +146,7 @@ def _dump_files(prefix_or_dir: str) -> dict[int, str]:
         path = os.path.join(folder, name)
         if not match or not os.path.isfile(path) or (prefix is not None and match.group(1) != prefix):
             continue
-        family = families.setdefault(match.group(1), {})
+        family = families.setdefault(match.group(1) + "<rank>" + (match.group(3) or ""), {})
         rank = int(match.group(2))
         if rank in family:
             raise InputError(f"two Flight Recorder dumps for rank {rank}: {family[rank]} and {path}")
@@ -141,111 +160,6 @@ def _dump_files(prefix_or_dir: str) -> dict[int, str]:
     return next(iter(families.values()))
 
 
-def _load_one(path: str, rank: int) -> FRRankDump:
-    try:
-        size = os.path.getsize(path)
-        if size > MAX_DUMP_BYTES:
-            raise InputError(f"{path}: {size} bytes is too large for a Flight Recorder dump")
-        with open(path, "rb") as f:
-            data = _PlainUnpickler(io.BytesIO(f.read())).load()
-    except InputError:
-        raise
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except Exception as exc:  # any malformed pickle: truncated, refused class, bad opcode, too deep
-        raise InputError(f"{path}: not a readable Flight Recorder dump ({_one_line(exc)})") from None
-    try:
-        return _rank_dump(data, rank, path)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
-        raise InputError(f"{path}: not a Flight Recorder dump ({_one_line(exc)})") from None
-
-
-def _rank_dump(data: Any, rank: int, path: str) -> FRRankDump:
-    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
-        raise ValueError("expected a dict with an 'entries' list")
-    entries = tuple(_entry(e) for e in data["entries"])
-    groups = tuple(_group(name, cfg) for name, cfg in (data.get("pg_config") or {}).items() if name)
-    group_of_pg = {str(e.get("pg_id")): str(e["process_group"][0]) for e in data["entries"] if "pg_id" in e}
-    status = tuple(
-        FRGroupStatus(group=group_of_pg[str(pg_id)], last_enqueued=_int(s.get("last_enqueued_collective")),
-                      last_completed=_int(s.get("last_completed_collective")))
-        for pg_id, s in sorted((data.get("pg_status") or {}).items())
-        if str(pg_id) in group_of_pg and isinstance(s, dict)
-    )
-    return FRRankDump(rank=rank, path=path, version=str(data.get("version", "")), groups=groups,
-                      entries=entries, status=status)
-
-
-def _group(name: Any, cfg: Any) -> FRGroup:
-    if not isinstance(cfg, dict):
-        raise TypeError(f"pg_config[{name!r}] is not a dict")
-    ranks = cfg.get("ranks", [])
-    if isinstance(ranks, str):  # torch writes the list as its string form, "[2, 3]"
-        ranks = json.loads(ranks) if ranks.strip() else []
-    return FRGroup(name=str(name), desc=str(cfg.get("desc", "")), ranks=tuple(sorted(int(r) for r in ranks)))
-
-
-def _entry(e: Any) -> FREntry:
-    if not isinstance(e, dict):
-        raise TypeError("an entry is not a dict")
-    group, desc = e["process_group"][0], e["process_group"][1]
-    state = str(e.get("state", ""))
-    return FREntry(
-        record_id=_int(e.get("record_id")),
-        group=str(group),
-        group_desc=str(desc),
-        op=op_name(str(e.get("profiling_name", ""))),
-        profiling_name=str(e.get("profiling_name", "")),
-        collective_seq_id=_int(e.get("collective_seq_id")),
-        p2p_seq_id=_int(e.get("p2p_seq_id")),
-        is_p2p=bool(e.get("is_p2p", False)),
-        state=state,
-        done=state == "completed" or bool(e.get("retired", False)),
-        input_sizes=_sizes(e.get("input_sizes")),
-        output_sizes=_sizes(e.get("output_sizes")),
-        site=_call_site(e.get("frames") or []),
-    )
-
-
-def op_name(profiling_name: str) -> str:
-    """``gloo:all_reduce`` -> ``all_reduce``; ``nccl:send 0->1`` -> ``send``; ``nccl:_allgather_base`` ->
-    ``all_gather_into_tensor``."""
-    name = profiling_name.split(":", 1)[-1].split(" ", 1)[0]
-    return _OP_ALIASES.get(name, name)
-
-
-def _call_site(frames: list) -> Site | None:
-    """The first frame (innermost first) outside torch and decorator plumbing."""
-    for f in frames:
-        if not isinstance(f, dict):
-            continue
-        file = str(f.get("filename", ""))
-        if "/torch/" in file or file.endswith(("/functools.py", "/contextlib.py")):
-            continue
-        return Site(file=_display_path(file), line=_int(f.get("line")), function=str(f.get("name", "")))
-    return None
-
-
-def _display_path(file: str) -> str:
-    for root in ("/site-packages/", "/dist-packages/"):
-        cut = file.rfind(root)
-        if cut >= 0:
-            return file[cut + len(root):]
-    return file
-
-
-def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(int(x) for x in s) for s in value or () if isinstance(s, (list, tuple)))
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an integer, got {type(value).__name__}")
-    return value
-
-
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
