@@ -28,6 +28,10 @@ ENV_WHITELIST = (
     "MASTER_PORT",
     "WG_PREFIX",
     "RAY_LOCAL_WORLD_SIZE",
+    # Where torch writes the Flight Recorder dumps, and its pipe for a live dump (flight_recorder.locate).
+    "TORCH_FR_DUMP_TEMP_FILE",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
 )
 
 # Process states (from /proc/PID/stat, or how the capture went).
@@ -373,6 +377,8 @@ class Snapshot:
     created: str = ""
     tool_version: str = ""
     errors: tuple[str, ...] = ()  # targets that yielded no capture at all, one line each
+    # The Flight Recorder dumps taken with the stacks (a ``flight_recorder.FRDump``), if any.
+    flight_recorder: Any = None
 
     @property
     def world_sizes(self) -> list[int]:
@@ -387,6 +393,7 @@ class Snapshot:
             "tool_version": self.tool_version,
             "errors": list(self.errors),
             "captures": [c.to_dict() for c in self.captures],
+            "flight_recorder": self.flight_recorder.to_dict() if self.flight_recorder is not None else None,
         }
 
     @staticmethod
@@ -406,7 +413,17 @@ class Snapshot:
             created=printable(str(d.get("created") or "")),
             tool_version=printable(str(d.get("tool_version") or "")),
             errors=tuple(printable(str(e)) for e in errors) if isinstance(errors, list) else (),
+            flight_recorder=_flight_recorder(d.get("flight_recorder")),
         )
+
+
+def _flight_recorder(d: Any) -> Any:
+    """The bundle's Flight Recorder dumps (``mtpdiag.fr/1``), read lazily: most bundles carry none."""
+    if d is None:
+        return None
+    from mtpdiag.flight_recorder.records import FRDump
+
+    return FRDump.from_dict(d)
 
 
 # ---------------------------------------------------------------- report

@@ -3,6 +3,7 @@
 Each scenario holds ``rank{N}.json`` (scrubbed ``py-spy dump --json --locals`` of a real hung job) and
 ``scenario.json`` (layout, world size, ranks that were SIGSTOPped). The dumps are read with the real
 loader; what py-spy does not record is put back from scenario.json: WORLD_SIZE and the stopped state.
+Scenarios that recorded the Flight Recorder (``fr/rank_<N>``) carry those dumps in the snapshot.
 """
 
 from __future__ import annotations
@@ -10,13 +11,17 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from dataclasses import replace
 
+from mtpdiag.flight_recorder import load_fr_dumps
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.loaders import load_paths
 from mtpdiag.model import STATE_SLEEPING, STATE_STOPPED, Snapshot
 
 CAPTURES = os.path.join(os.path.dirname(__file__), "fixtures", "captures")
+# rank3.json, and rank3.error.txt where py-spy could not read the rank (not rank3.native.json: the --native dump)
+RANK_FILE = re.compile(r"rank(\d+)(?:\.json|\.error\.txt)")
 
 
 def scenario_dir(name: str) -> str:
@@ -27,9 +32,15 @@ def load_scenario(name: str, drop_ranks: tuple[int, ...] = ()) -> tuple[Snapshot
     """Snapshot, layout and scenario.json of a recorded scenario; ``drop_ranks`` leaves rank files out."""
     with open(os.path.join(scenario_dir(name), "scenario.json"), encoding="utf-8") as f:
         meta = json.load(f)
-    files = sorted(glob.glob(os.path.join(scenario_dir(name), "rank*.json")))
-    keep = [p for p in files if int(os.path.basename(p)[4:-5]) not in drop_ranks]
+    files = sorted(p for p in glob.glob(os.path.join(scenario_dir(name), "rank*"))
+                   if RANK_FILE.fullmatch(os.path.basename(p)))
+    keep = [p for p in files if int(RANK_FILE.fullmatch(os.path.basename(p))[1]) not in drop_ranks]
     snapshot = load_paths(keep)
+    fr_dir = os.path.join(scenario_dir(name), "fr")
+    if os.path.isdir(fr_dir):  # the Flight Recorder dumps the same hang wrote (NCCL-behaviour scenarios)
+        dumps = load_fr_dumps(os.path.join(fr_dir, "rank_"))
+        kept = tuple(d for d in dumps.ranks if d.rank not in drop_ranks)
+        snapshot = replace(snapshot, flight_recorder=replace(dumps, ranks=kept))
     world = meta["world_size"]
     stopped = set(meta.get("stopped_ranks") or ())
     captures = tuple(

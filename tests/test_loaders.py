@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -128,9 +129,10 @@ def test_recorded_collect_bundles_match_the_raw_dumps(scenario):
     """``mtpdiag collect`` ran on the same hang as the raw dumps: same ranks, same stacks."""
     meta = json.loads((scenario / "scenario.json").read_text())
     bundle = load_paths([str(scenario / "bundle.json")])
-    raw = load_paths(sorted(str(p) for p in scenario.glob("rank*.json")))
+    raw = load_paths(sorted(str(p) for p in scenario.glob("rank*") if re.fullmatch(r"rank\d+\.json", p.name)))
     assert [c.rank for c in bundle.captures] == list(range(meta["world_size"]))
-    assert _stacks(bundle) == _stacks(raw)
+    read = [c for c in bundle.captures if c.threads]  # a rank py-spy could not read has no stack to compare
+    assert _stacks(replace(bundle, captures=tuple(read))) == _stacks(raw)
     assert all(c.world_size == meta["world_size"] for c in bundle.captures)
     stopped = {c.rank for c in bundle.captures if c.state == "T"}
     assert stopped == set(meta["stopped_ranks"])

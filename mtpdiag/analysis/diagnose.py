@@ -7,16 +7,21 @@ ranks (groups are looked up by rank through the layout's cached index).
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterable, Mapping
+
+from dataclasses import replace
 
 from mtpdiag.analysis import findings as fnd
+from mtpdiag.analysis import fr_evidence
 from mtpdiag.analysis.classify import (Classified, RankState, classify_capture, rank_state, side_collective,
                                        site_of)
 from mtpdiag.analysis.known_sites import lookup
-from mtpdiag.analysis.mismatch import find_mismatches, is_p2p_op, is_point_to_point
+from mtpdiag.analysis.mismatch import WORLD_OPS, find_mismatches, is_p2p_op, is_point_to_point
 from mtpdiag.analysis.sites import group_sites
 from mtpdiag.analysis.wait import is_stuck, wait_state
 from mtpdiag.analysis.waits import find_causes
+from mtpdiag.analysis.log_evidence import fold_log
+from mtpdiag.flight_recorder import FRDump, WatchdogLog
 from mtpdiag.layout import LayoutError, ParallelLayout
 from mtpdiag.model import (Finding, Mismatch, RankCapture, RankView, Report, Snapshot, ThreadStack, WaitState,
                            who_and_why)
@@ -26,10 +31,15 @@ _LIST = 8  # ranks listed in a note before "…"
 
 
 def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
-             layout_source: str | None = None) -> Report:
-    """Diagnose one snapshot; ``layout`` (and where it came from) makes group analysis possible."""
+             layout_source: str | None = None, fr: FRDump | None = None, log: WatchdogLog | None = None) -> Report:
+    """Diagnose one snapshot; ``layout`` (and where it came from) makes group analysis possible; ``fr``, the
+    Flight Recorder dumps of the same hang, says which collective hangs when the stacks cannot; ``log``, the
+    NCCL watchdog's timeout lines, says it too, without call sites, when there are no dumps. Without ``fr``,
+    the dumps the snapshot carries (a bundle's) are used."""
+    if fr is None:
+        fr = snapshot.flight_recorder
     notes: list[str] = []
-    world_size = _world_size(snapshot, layout, notes)
+    world_size = _world_size(snapshot, layout, notes, fr)
     layout = _usable_layout(layout, world_size, notes)
     if world_size is None and layout is not None:
         world_size = layout.world_size
@@ -42,15 +52,28 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         return c
 
     read = _StackReader()
-    views = tuple(sorted((_view(c, layout, coords_of, read) for c in snapshot.captures),
-                         key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.pid or 0)))
+    views = [_view(c, layout, coords_of, read) for c in snapshot.captures]
+    evidence = fr_evidence.fold(fr, layout, coords_of if layout is not None else None) if fr else None
+    fr_only: set[int] = set()
+    if evidence is not None:
+        views, fr_only = _with_flight_recorder(views, fr, evidence, layout, coords_of)
+        notes += [f"Flight Recorder: {n}" for n in (*fr.notes, *evidence.analysis.notes)]
+    views = tuple(sorted(views, key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.pid or 0)))
     by_rank = _index(views, layout, notes)
     missing = [r for r in range(world_size) if r not in by_rank] if world_size is not None else []
 
     mismatches: tuple[Mismatch, ...] = ()
     found: list[Finding] = []
-    if layout is not None:
-        causes = find_causes(find_mismatches(by_rank, layout, coords_of), by_rank, layout)
+    waited_on: Iterable[int] = ()
+    unmatched = False
+    logged = fold_log(log, layout, coords_of if layout is not None else None) if log and not evidence else None
+    if layout is not None or evidence is not None or logged is not None:
+        from_stacks = find_mismatches({r: v for r, v in by_rank.items() if r not in fr_only}, layout, coords_of) \
+            if layout is not None else []
+        split = fr_evidence.merge(from_stacks, evidence.mismatches) if evidence else tuple(from_stacks)
+        if logged is not None:
+            split = (*split, *logged.mismatches)
+        causes = find_causes(split, by_rank, layout, evidence.root_hints if evidence else frozenset())
         mismatches = _ordered_mismatches(causes.mismatches)
         found += fnd.collective_findings([m for m in mismatches if m.role == "root"], layout)
         found += fnd.p2p_findings(causes.root_p2p, by_rank, layout)
@@ -61,11 +84,23 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         if idle:
             notes.append(f"rank{'s' if len(idle) > 1 else ''} {_list(idle)} {'are' if len(idle) > 1 else 'is'} "
                          "stopped, but no group waits for them yet")
-    else:
+    if layout is None:
         notes.append(NO_LAYOUT_NOTE)
-        found += fnd.layout_free_findings(list(by_rank.values()))
-        waited_on, unmatched = (), False
-    if missing and (layout is None or set(missing) & set(waited_on)):
+        if evidence is None and logged is None:
+            world_splits = _world_op_splits(by_rank, world_size)
+            if world_splits:
+                causes = find_causes(world_splits, by_rank, None)
+                mismatches = _ordered_mismatches(causes.mismatches)
+                found += fnd.collective_findings([m for m in mismatches if m.role == "root"], None)
+            else:
+                found += fnd.layout_free_findings(list(by_rank.values()))
+    if evidence is not None:
+        found += fnd.size_findings(evidence.size_problems, layout)
+    elif logged is not None:
+        found += fnd.size_findings(logged.size_problems, layout)
+    if missing and not snapshot.captures and (evidence is not None or logged is not None):
+        notes.append("no stacks: the diagnosis rests on the " + ("Flight Recorder" if evidence else "watchdog log"))
+    elif missing and (layout is None and evidence is None and logged is None or set(missing) & set(waited_on)):
         found.append(fnd.missing_finding(missing, world_size, waited_on, layout))
     elif missing:  # a partial capture (one node of many) is normal: say what it covers
         notes.append(f"{world_size - len(missing)} of {world_size} ranks captured; rank"
@@ -76,10 +111,12 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
             and all(v.state == "collective" for v in ranked)
             and (layout is not None or len({(v.op, v.site) for v in ranked}) == 1)):
         found.append(fnd.all_waiting_finding(ranked))
+    if evidence is not None and evidence.stuck and not mismatches and not found:
+        found.append(fnd.stuck_groups_finding(evidence.stuck))
 
     notes += _capture_notes(snapshot, views)
-    verdict = _verdict(found, views, by_rank, world_size, layout, notes)
-    return Report(
+    verdict = _verdict(found, views, by_rank, world_size, layout, notes, fr_found=fr is not None)
+    report = Report(
         verdict=verdict,
         world_size=world_size,
         layout=layout.to_dict() if layout is not None else None,
@@ -90,6 +127,45 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         layout_source=layout_source,
         notes=tuple(notes),
     )
+    extra = {}
+    if fr is not None and evidence is not None:
+        extra["flight_recorder"] = fr_evidence.section(report, fr, evidence)
+    if log is not None:
+        shown = logged or fold_log(log, layout, coords_of if layout is not None else None)
+        extra["watchdog"] = {"timeouts": [t.to_dict() for t in log.timeouts], "lines": list(shown.lines)}
+    return replace(report, extra=extra) if extra else report
+
+
+def _world_op_splits(by_rank: dict[int, RankView], world_size: int | None) -> list[Mismatch]:
+    """Without a layout, the collectives that run on the world group whatever the layout (barrier, group and
+    communicator creation) can still be found split: every rank of the world must enter them."""
+    if world_size is None or not by_rank or not any(v.op in WORLD_OPS for v in by_rank.values()):
+        return []
+    world = ParallelLayout.for_world(world_size)
+    coords_of = world.coords
+    in_world_ops = {r: v for r, v in by_rank.items() if 0 <= r < world_size}
+    splits = [m for m in find_mismatches(in_world_ops, world, coords_of) if m.op in WORLD_OPS and m.group == "world"]
+    # Only where the absent ranks are in world-group calls too: one in a collective of a group the missing
+    # layout would name may be the root, and without the layout this cannot say.
+    return [m for m in splits if all(by_rank.get(a) is not None and by_rank[a].op in WORLD_OPS for a in m.absent)]
+
+
+def _with_flight_recorder(views: list[RankView], fr: FRDump, evidence: fr_evidence.FREvidence,
+                          layout: ParallelLayout | None, coords_of) -> tuple[list[RankView], set[int]]:
+    """Each captured rank's wait with what the recorder has pending for it; a view for each rank that has a
+    dump but no stack (``analyze --fr`` alone), and the set of those ranks."""
+    out = [fr_evidence.with_pending(v, evidence.pending) for v in views]
+    seen = {v.rank for v in views if v.rank is not None}
+    added = set()
+    for dump in fr.ranks:
+        if dump.rank in seen:
+            continue
+        view = fr_evidence.view_without_stack(dump.rank, fr, evidence.pending)
+        if layout is not None and dump.rank < layout.world_size:
+            view = replace(view, coords=coords_of(dump.rank))
+        out.append(view)
+        added.add(dump.rank)
+    return out, added
 
 
 # ---------------------------------------------------------------- ranks
@@ -211,12 +287,17 @@ def _index(views: tuple[RankView, ...], layout: ParallelLayout | None, notes: li
 # ---------------------------------------------------------------- world and layout
 
 
-def _world_size(snapshot: Snapshot, layout: ParallelLayout | None, notes: list[str]) -> int | None:
+def _world_size(snapshot: Snapshot, layout: ParallelLayout | None, notes: list[str],
+                fr: FRDump | None = None) -> int | None:
     sizes = snapshot.world_sizes
     if len(sizes) > 1:
         notes.append(f"captures disagree on WORLD_SIZE ({', '.join(map(str, sizes))}): using {sizes[-1]}")
     if sizes:
         return sizes[-1]
+    recorded = fr_evidence.world_size(fr) if fr is not None else None
+    if recorded is not None:
+        if layout is None or layout.world_size == recorded:
+            return recorded
     if layout is not None:
         notes.append(f"WORLD_SIZE not in the captures: the layout's world of {layout.world_size} is assumed")
         return None
@@ -268,7 +349,8 @@ def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...]) -> list[str]
 
 
 def _verdict(found: list[Finding], views: tuple[RankView, ...], by_rank: dict[int, RankView],
-             world_size: int | None, layout: ParallelLayout | None, notes: list[str]) -> str:
+             world_size: int | None, layout: ParallelLayout | None, notes: list[str],
+             fr_found: bool = False) -> str:
     """``problem`` when a finding names one; ``ok`` only when no rank is stuck; else ``incomplete``, with an
     ``unexplained-wait`` finding that says what the ranks wait on and what to collect next (appended to
     ``found``). A single dump cannot prove a hang, so ``ok`` needs every rank seen running its own code."""
@@ -283,7 +365,7 @@ def _verdict(found: list[Finding], views: tuple[RankView, ...], by_rank: dict[in
     stuck = [v for v in views if v.state in ("stopped", "unreadable", "gone") or is_stuck(v.wait)]
     if stuck:
         if not any(f.id == "unexplained-wait" for f in found):
-            found.append(fnd.unexplained_wait_finding(stuck, layout is not None))
+            found.append(fnd.unexplained_wait_finding(stuck, layout is not None, fr_found))
         return "incomplete"
     return "ok"
 

@@ -13,7 +13,7 @@ from typing import Iterable, Mapping, Sequence
 
 from mtpdiag.analysis.classify import RECV_OPS, SEND_OPS
 from mtpdiag.analysis.gate import describe_gate
-from mtpdiag.analysis.known_sites import is_mtp_site
+from mtpdiag.analysis.known_sites import is_mtp_site, signature_of
 from mtpdiag.analysis.mismatch import doing
 from mtpdiag.analysis.wait import WAIT_PHRASES
 from mtpdiag.analysis.waits import Causes, P2PWait, Waiter, holds_up
@@ -27,7 +27,8 @@ GROUP_NAMES = {
 }
 # Order of findings: causes first.
 _PRIORITY = {"mtp-cp-gated-reduce": 0, "frozen-rank": 1, "straggler": 2, "gated-collective": 3,
-             "p2p-unmatched": 4, "missing-rank": 5, "all-waiting": 6, "unexplained-wait": 7}
+             "size-mismatch": 3, "dtype-mismatch": 3, "p2p-unmatched": 4, "missing-rank": 5, "all-waiting": 6,
+             "unexplained-wait": 7}
 # Findings that describe a gap in the evidence rather than a problem: they make the verdict ``incomplete``.
 INCOMPLETE_FINDINGS = frozenset({"unexplained-wait"})
 _SHOW = 6  # ranks named in a summary before "…"
@@ -111,6 +112,8 @@ def group_source_phrase(m: Mismatch) -> str:
         return f" (group guessed from which ranks wait: {names} fit)"
     if m.group_from == "unique-fit":
         return " (the only group kind whose members fit who waits)"
+    if m.group_from == "world-op":
+        return f" ({m.op} is taken as a world-group call: the stack does not keep its group argument)"
     return ""
 
 
@@ -437,6 +440,54 @@ def unexplained_wait_finding(stuck: Sequence[RankView], layout_known: bool, fr_f
     )
 
 
+def size_findings(problems: Sequence, layout: ParallelLayout | None) -> list[Finding]:
+    """Every member entered the same collective, with different sizes or dtypes (``fr_evidence.SizeProblem``).
+
+    NCCL does not check: it hangs, or reduces garbage. Megatron-LM #3400: the MoE aux-loss tracker held 14
+    entries on some ranks and 15 on others because the MTP layers were left out of ``force_initialize``. The
+    same picture shows when one rank has gone to validation while the others still train.
+    """
+    words = _Words(layout)
+    out = []
+    for p in problems:
+        name = words.group(p.kind) if p.kind else p.desc or p.group
+        values = "; ".join(f"{words.ranks(list(ranks))} with {value}" for value, ranks in p.by_value.items())
+        what = "sizes" if p.problem == "sizes" else "dtypes"
+        known = signature_of(p.site)
+        if known == "moe-aux-loss":
+            remedy = ("the ranks' MoE aux-loss trackers hold different entries: initialise every entry on every "
+                      "rank (megatron's track_moe_metrics(force_initialize=True), and count the MTP layers too: "
+                      "Megatron-LM #3400/#3401)")
+        else:
+            remedy = (f"every member must pass tensors of the same {'size' if what == 'sizes' else 'dtype'} to "
+                      f"{p.op} at {words.where(p.site)}: compare how each rank builds it (a list whose length "
+                      "depends on the layers a stage holds, a rank in another phase such as validation)")
+        out.append(Finding(
+            id="size-mismatch" if what == "sizes" else "dtype-mismatch", ranks=p.members, remedy=remedy,
+            summary=(f"{p.op} #{p.seq} at {words.where(p.site)} on the {name} group {words.members(p.members)} "
+                     f"was entered by every member, with different {what}: {values}"),
+            details={"op": p.op, "seq": p.seq, "group": p.kind or p.desc, "fr_group": p.group,
+                     "site": p.site.to_dict() if p.site else None,
+                     "values": {k: list(v) for k, v in p.by_value.items()}, "source": "flight-recorder"},
+        ))
+    return out
+
+
+def stuck_groups_finding(stuck: Sequence) -> Finding:
+    """The Flight Recorder shows groups whose every member waits at one collective, and nothing split."""
+    ranks = _union(s.members for s in stuck)
+    first = stuck[0]
+    more = f" (and {len(stuck) - 1} more group{'s' if len(stuck) > 2 else ''})" if len(stuck) > 1 else ""
+    return Finding(
+        id="all-waiting", ranks=ranks, remedy=FLIGHT_RECORDER_HINT.split("; compare")[0],
+        summary=(f"the Flight Recorder shows every member of {first.desc or first.group} waiting in {first.op} "
+                 f"#{first.seq}{more}, and no group split: the cause is below Python"),
+        details={"source": "flight-recorder",
+                 "groups": [{"group": s.group, "desc": s.desc, "seq": s.seq, "op": s.op,
+                             "members": list(s.members)} for s in stuck]},
+    )
+
+
 def layout_free_findings(views: Sequence[RankView]) -> list[Finding]:
     """Without a layout: stopped ranks while others wait, or ranks that hold up the rest while all others
     wait in collectives."""
@@ -455,7 +506,8 @@ def layout_free_findings(views: Sequence[RankView]) -> list[Finding]:
             out.append(Finding(
                 id="frozen-rank", ranks=tuple(ranks), remedy=_frozen_remedy(state, ranks, by_rank),
                 summary=(f"{words.ranks(ranks)} {words.verb(ranks, 'is', 'are')} {state} while "
-                         f"{words.ranks(waiting)} wait in collectives (no layout: groups unknown)"),
+                         f"{words.ranks(waiting)} {words.verb(waiting, 'waits', 'wait')} in collectives "
+                         "(no layout: groups unknown)"),
             ))
     if held and waiting and len(held) + len(waiting) == len(ranked):
         kinds = list(dict.fromkeys(by_rank[r].wait.kind if by_rank[r].wait else "running" for r in held))

@@ -100,6 +100,8 @@ def read_kind(op: str, site: Site | None, entered: Sequence[int], layout: Parall
     known = lookup(site)
     if known is not None and not known.p2p:
         return KindReading(kind, "known-site", (kind,))
+    if op in WORLD_OPS and kind == "world":
+        return KindReading(kind, "world-op", (kind,))
     fits = [k for k in kinds if _all_split(entered, k, layout)]
     if not fits:
         return KindReading(kind, "guess", (kind,))

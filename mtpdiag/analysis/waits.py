@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from mtpdiag.analysis.classify import BARRIER_OPS, RECV_OPS, SEND_OPS
+from mtpdiag.analysis.fr_evidence import mismatch_key
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.mismatch import is_point_to_point
 from mtpdiag.analysis.wait import SELF_INFLICTED
@@ -187,8 +188,9 @@ class _Graph:
 
 
 def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
-                layout: ParallelLayout | None) -> Causes:
-    """Assign root/consequence roles and find the problem ranks others wait on."""
+                layout: ParallelLayout | None, root_hints: frozenset = frozenset()) -> Causes:
+    """Assign root/consequence roles and find the problem ranks others wait on. ``root_hints``: the keys
+    (``fr_evidence.mismatch_key``) of splits the Flight Recorder's program order shows some rank skipped."""
     p2p = unmatched_p2p(views)
     graph = _Graph()
     for rank in views:
@@ -217,7 +219,7 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
     targets += [graph.rank_nodes[r] for r in blocked]
     downstream = graph.reaching(targets)
 
-    root_keys = _choose_roots(mismatches, p2p, views, graph, comp, cyclic, layout)
+    root_keys = _choose_roots(mismatches, p2p, views, graph, comp, cyclic, layout, root_hints)
     roles = []
     for i, m in enumerate(mismatches):
         node = graph.mismatch_nodes[i]
@@ -256,11 +258,12 @@ class _Candidate:
     other_side_in_barrier: bool
     entered: int
     first: int
+    skipped: bool = False  # the Flight Recorder shows an absent rank went past it without issuing it
 
 
 def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views: Mapping[int, RankView],
                   graph: _Graph, comp: list[int], cyclic: set[int],
-                  layout: ParallelLayout | None) -> dict[int, tuple]:
+                  layout: ParallelLayout | None, root_hints: frozenset = frozenset()) -> dict[int, tuple]:
     """The root site of each cyclic core."""
     candidates: dict[int, dict[tuple, _Candidate]] = {}
 
@@ -278,7 +281,7 @@ def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views:
             cand = candidates[c][key] = _Candidate(
                 key=key, mtp=is_mtp_site(m.site), barrier=m.op in BARRIER_OPS,
                 rank0_gate=_rank0_style(m.gate, layout), other_side_in_barrier=False, entered=0,
-                first=m.entered[0])
+                first=m.entered[0], skipped=mismatch_key(m) in root_hints)
         cand.entered += len(m.entered)
         cand.other_side_in_barrier |= any(in_barrier(a) for a in m.absent)
         cand.first = min(cand.first, m.entered[0])
@@ -290,7 +293,8 @@ def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views:
         cand = candidates.setdefault(c, {}).get(key)
         if cand is None:
             cand = candidates[c][key] = _Candidate(key=key, mtp=False, barrier=False, rank0_gate=False,
-                                                   other_side_in_barrier=False, entered=0, first=w.rank)
+                                                   other_side_in_barrier=False, entered=0, first=w.rank,
+                                                   skipped=False)
         cand.entered += 1
         cand.other_side_in_barrier |= in_barrier(w.peer)
         cand.first = min(cand.first, w.rank)
@@ -300,13 +304,14 @@ def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views:
 def _root_score(c: _Candidate) -> tuple:
     """Lower is more likely the cause.
 
-    A known signature first; a barrier is where ranks that went ahead wait, so it is never the cause
-    while something else is in the core; a gate on 0 or on the last pipeline stage is how
-    rank-dependent code is written; a split whose absent side sits in a barrier is the one they
-    skipped; then the split entered by fewer ranks; then the lowest rank, for a stable answer.
+    A known signature first; then a split the Flight Recorder shows an absent rank skipped (it went on to
+    later collectives without issuing it: program order, not a guess); a barrier is where ranks that went
+    ahead wait, so it is never the cause while something else is in the core; a gate on 0 or on the last
+    pipeline stage is how rank-dependent code is written; a split whose absent side sits in a barrier is
+    the one they skipped; then the split entered by fewer ranks; then the lowest rank, for a stable answer.
     """
-    return (not c.mtp, c.barrier, not c.rank0_gate, not c.other_side_in_barrier, c.entered, c.first,
-            repr(c.key))
+    return (not c.mtp, not c.skipped, c.barrier, not c.rank0_gate, not c.other_side_in_barrier, c.entered,
+            c.first, repr(c.key))
 
 
 def _rank0_style(gate: Mapping[str, int] | None, layout: ParallelLayout | None) -> bool:

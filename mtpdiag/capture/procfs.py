@@ -218,3 +218,28 @@ def maps_cuda(pid: int) -> bool | None:
     except OSError:
         return None
     return any(lib.encode() in data for lib in _CUDA_LIBS)
+
+
+def start_time(pid: int) -> float | None:
+    """When the process started, in seconds since the epoch (stat's start time after /proc/stat's btime)."""
+    try:
+        with open(f"{PROC}/{pid}/stat") as f:
+            text = f.read()
+        with open(f"{PROC}/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        ticks = int(text[text.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def real_uid(pid: int) -> int | None:
+    """The real user id of a process (from /proc/PID/status)."""
+    try:
+        with open(f"{PROC}/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

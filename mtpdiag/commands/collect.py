@@ -22,6 +22,8 @@ def collect(
     native_timeout: float = o.NATIVE_TIMEOUT,
     nonblocking: bool = o.NONBLOCKING,
     timeout: float = o.TIMEOUT,
+    fr_dump: bool = typer.Option(False, "--fr-dump", help="Ask every rank for a fresh Flight Recorder dump through "
+                                 "the job's TORCH_NCCL_DEBUG_INFO_PIPE_FILE, and put it in the bundle."),
 ) -> None:
     """Capture every rank (py-spy, in parallel) and write one bundle; without --pid, like --all."""
     from mtpdiag.bundle import check_destination, save_bundle
@@ -32,10 +34,13 @@ def collect(
     snapshot = capture(pids, scan_all=all_ or not pids, native=native,
                        native_timeout=native_timeout, nonblocking=nonblocking,
                        timeout=timeout, progress=True, host=host)
+    snapshot = o.with_flight_recorder(snapshot, request=fr_dump)
     written = save_bundle(snapshot, out)
     captured = sum(1 for c in snapshot.captures if c.threads)
     missing = len(snapshot.captures) - captured
-    typer.echo(f"wrote {written} ({captured} ranks, {missing} unreadable)", err=True)
+    fr = snapshot.flight_recorder
+    dumps = f", Flight Recorder dumps of {len(fr.ranks)} ranks" if fr is not None else ""
+    typer.echo(f"wrote {written} ({captured} ranks, {missing} unreadable{dumps})", err=True)
 
 
 def register(app: typer.Typer) -> None:

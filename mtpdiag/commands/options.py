@@ -53,6 +53,7 @@ class LayoutOptions:
     order: Optional[str] = None
     config: Optional[str] = None
     overrides: tuple[str, ...] = ()
+    world_size: Optional[int] = None
 
     def flags(self) -> dict:
         out = {k: getattr(self, k) for k in ("tp", "cp", "pp", "ep", "etp", "vpp")}
@@ -67,7 +68,30 @@ def world_size_of(snapshot: Snapshot) -> int | None:
     return sizes[-1] if sizes else None
 
 
-def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions) -> Report:
+def with_flight_recorder(snapshot: Snapshot, request: bool = False, wait_s: float = 10.0) -> Snapshot:
+    """The snapshot with the Flight Recorder dumps its ranks wrote (or, with ``request``, write now through the
+    job's debug-info pipe); what could not be had is said on stderr."""
+    from dataclasses import replace
+
+    from mtpdiag.capture.flight_recorder import find_dumps
+
+    found = find_dumps(snapshot.captures, request=request, wait_s=wait_s)
+    if found.dumps is None:
+        if request:
+            for note in found.notes:
+                typer.echo(f"mtpdiag: note: {_one_printable_line(note)}", err=True)
+        return snapshot
+    dumps = replace(found.dumps, notes=(*found.dumps.notes, *found.notes))
+    return replace(snapshot, flight_recorder=dumps)
+
+
+def check_formats(as_json: bool, as_markdown: bool) -> None:
+    """Refuse contradictory output flags before anything is captured or sampled."""
+    if as_json and as_markdown:
+        raise InputError("choose one of --json and --markdown")
+
+
+def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions, fr=None, log=None) -> Report:
     """Resolve the layout (flags, config, target command lines) and diagnose the snapshot.
 
     The world size is the captures' WORLD_SIZE (``analyze --world-size`` fills it in), else the config's;
@@ -79,15 +103,21 @@ def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions) -> Repo
 
     # The distinct hints only, in capture order: the ranks of one job mostly carry the same ones.
     hints = [dict(h) for h in dict.fromkeys(c.layout_hints for c in snapshot.captures if c.layout_hints)]
-    world_size = world_size_of(snapshot)
+    world_size = world_size_of(snapshot) or layout_options.world_size
+    if world_size is None and fr is not None:
+        from mtpdiag.analysis.fr_evidence import world_size as recorded_world
+
+        world_size = recorded_world(fr)
     _check_world_size(world_size, "WORLD_SIZE of the inputs")
     ranks = [c.rank for c in snapshot.captures if c.rank is not None]
+    ranks += [d.rank for d in fr.ranks] if fr is not None else []
+    ranks += [t.rank for t in log.timeouts if t.rank is not None] if log is not None else []
     _check_world_size(max(ranks) + 1 if ranks else None, "the highest rank in the inputs")
     layout, source = resolve_layout(world_size, flags=layout_options.flags(),
                                     config=layout_options.config, overrides=list(layout_options.overrides),
                                     hints=hints, holds_rank=max(ranks) if ranks and world_size is None else None)
     _check_world_size(layout.world_size if layout else None, "the config's trainer.nnodes * n_gpus_per_node")
-    return diagnose(snapshot, layout, source)
+    return diagnose(snapshot, layout, source, fr=fr, log=log)
 
 
 def _check_world_size(world_size: int | None, source: str) -> None:
@@ -99,8 +129,7 @@ def _check_world_size(world_size: int | None, source: str) -> None:
 
 def emit(report: Report, as_json: bool, as_markdown: bool, html: Optional[Path] = None) -> None:
     """Write the report to stdout in the chosen format (and HTML to a file when asked)."""
-    if as_json and as_markdown:
-        raise InputError("choose one of --json and --markdown")
+    check_formats(as_json, as_markdown)
     if html is not None:
         from mtpdiag.report import html as html_report
 

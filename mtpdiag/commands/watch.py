@@ -23,6 +23,7 @@ from typing import Callable, List, NoReturn, Optional
 import typer
 
 from mtpdiag.capture import procfs
+from mtpdiag.capture.flight_recorder import LiveProgress
 from mtpdiag.commands import options as o
 from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot
@@ -68,18 +69,24 @@ def watch(
         check_destination(str(out))  # before the first sample, not after a long watch
     layout_options = o.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
                                      config=config, overrides=tuple(override or ()))
+    o.check_formats(as_json, markdown)
     status = _Status()
+    fr_progress = LiveProgress()
     start = time.monotonic()
     tracker = StallTracker.start(start)
     last: Snapshot | None = None
 
-    def take_stacks(targets: list[int], busy: bool = False) -> Snapshot:
+    def take_stacks(targets: list[int], busy: bool = False) -> Snapshot | None:
+        """The stacks, or None when the ranks changed under the dump (a job that is ending)."""
         try:
             return capture(targets, native=native and not busy, native_timeout=native_timeout,
                            nonblocking=nonblocking or busy, timeout=timeout)
         except NothingCaptured:
-            if _job_ended(pid, all_):
+            now_targets = _targets_now(pid, all_)
+            if now_targets is None:
                 _ended(status, tracker, time.monotonic() - start)
+            if set(now_targets) != set(targets):
+                return None
             raise
 
     while True:
@@ -92,14 +99,16 @@ def watch(
             if tracker.samples == 0:
                 raise
             _ended(status, tracker, now - start)
-        tracker, snapshot = sample_once(tracker, targets, now, take_stacks)
+        tracker, snapshot = sample_once(tracker, targets, now, take_stacks, fr_progress)
         last = snapshot or last
         status.show(f"watching {len(targets)} ranks: sample {tracker.samples}, "
                     f"no progress for {tracker.stalled_for(now):.1f} s")
         if tracker.is_hang(now, stall) and last is not None:
             status.done()
-            report = _hang_report(o.diagnose_snapshot(last, layout_options), tracker, now, interval, stall)
-            path = save_bundle(last, str(out or _default_bundle(last)))
+            last = o.with_flight_recorder(last, request=LiveProgress.available(last.captures))
+            report = _hang_report(o.diagnose_snapshot(last, layout_options, fr=last.flight_recorder), tracker, now,
+                                  interval, stall)
+            path = save_bundle(last, _bundle_path(out, last))
             print(f"mtpdiag watch: hang after {tracker.stalled_for(now):.1f} s without progress; "
                   f"bundle written to {path}", file=sys.stderr)
             o.emit(report, as_json, markdown, html)
@@ -113,39 +122,47 @@ def watch(
     except InputError:
         _ended(status, tracker, end - start)
     snapshot = take_stacks(targets)  # one more pause, so the report shows where the ranks are now
+    if snapshot is None:
+        _ended(status, tracker, end - start)
     report = _progress_report(o.diagnose_snapshot(snapshot, layout_options), tracker, end, interval, stall)
     o.emit(report, as_json, markdown, html)
     raise typer.Exit(EXIT_OK)
 
 
 def sample_once(tracker: StallTracker, targets: list[int], now: float,
-                take_stacks: Callable[[list[int], bool], Snapshot]) -> tuple[StallTracker, Snapshot | None]:
+                take_stacks: Callable[[list[int], bool], Snapshot | None],
+                fr_progress: LiveProgress | None = None) -> tuple[StallTracker, Snapshot | None]:
     """One sample: main-thread CPU first, then the stacks. ``take_stacks(targets, nonblocking)``.
 
     When no main thread moved, the stacks are a blocking dump (one short pause per rank) and the CPU read
     after it is the next baseline. When one moved, they are read without pausing anyone (``--nonblocking``):
     a rank that burns CPU may be working, or spinning at a host sync; only its stack can tell.
     Returns the updated tracker and the snapshot (None at the first sample, which is the CPU baseline).
+    With ``fr_progress`` (the job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE), a collective completed since the last
+    sample is progress too.
     """
     cpu = {p: procfs.main_thread_cpu_ns(p) for p in targets}
     if not tracker.samples:
         return tracker.observe(now, cpu, None), None
     busy = tracker.cpu_moved(cpu)
     snapshot = take_stacks(targets, busy)
-    tracker = tracker.observe(now, cpu, stack_signatures(snapshot))
+    if snapshot is None:  # the ranks changed under the dump: that is progress of a kind (a job ending)
+        return tracker.observe(now, cpu, None), None
+    fr_moved = fr_progress.poll(snapshot.captures) if fr_progress is not None else False
+    tracker = tracker.observe(now, cpu, stack_signatures(snapshot), fr_moved=fr_moved)
     if busy:
         return tracker, snapshot
     return tracker.after_pause(now, {p: procfs.main_thread_cpu_ns(p) for p in targets}), snapshot
 
 
-def _job_ended(pid: Optional[List[int]], all_: bool) -> bool:
+def _targets_now(pid: Optional[List[int]], all_: bool) -> list[int] | None:
+    """The workers now; None when there are none left (the job ended)."""
     from mtpdiag.capture import find_targets
 
     try:
-        find_targets(list(pid or []), all_)
+        return find_targets(list(pid or []), all_)
     except InputError:
-        return True
-    return False
+        return None
 
 
 def _ended(status: "_Status", tracker: StallTracker, elapsed: float) -> NoReturn:
@@ -173,9 +190,23 @@ def _progress_report(report: Report, tracker: StallTracker, now: float, interval
                    progress=tracker.progress(now, interval, stall))
 
 
-def _default_bundle(snapshot: Snapshot) -> str:
+def _bundle_path(out: Optional[Path], snapshot: Snapshot) -> str:
+    """``--out FILE`` as given; in a directory (``--out DIR``, or the current one) a new file per hang, named
+    for the host and the time, so that the bundle of an earlier hang is never overwritten."""
+    directory = str(out) if out is not None and os.path.isdir(out) else None
+    if out is not None and directory is None:
+        return str(out)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return os.path.join(os.getcwd(), f"mtpdiag-hang-{snapshot.host}-{stamp}.json")
+    base = os.path.join(directory or os.getcwd(), f"mtpdiag-hang-{_safe(snapshot.host)}-{stamp}")
+    path, n = base + ".json", 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}.json"
+    return path
+
+
+def _safe(host: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in host) or "unknown"
 
 
 class _Status:

@@ -156,7 +156,8 @@ def _rank_checks(report: Report, fr: FRDump) -> tuple[list[str], list[str]]:
         latest = max(pending, key=lambda e: e.record_id) if pending else None
         op = view.op
         if op is None:
-            if latest is not None:
+            at_host_sync = view.wait is not None and view.wait.kind == "host_sync"
+            if latest is not None and not at_host_sync:  # on NCCL a rank waits for its collective at a sync
                 lines.append(f"FR says rank {view.rank} waits in {_entry_text(latest)}; stacks say it is in no "
                              f"collective{_at(view.site)}")
         elif op == "wait":

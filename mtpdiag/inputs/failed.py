@@ -21,6 +21,7 @@ _ERRORS = (
     (re.compile(r"^\U0001F480 (.+?) \U0001F480$"), "pystack"),
     (re.compile(r"^(?:py-?spy|pystack): error: (.+)$", re.IGNORECASE), ""),
     (re.compile(r"^py-?spy failed to dump PID [0-9]{1,10}\. *(?:Error: *)?(.*)$", re.IGNORECASE), "py-spy"),
+    (re.compile(r"^py-?spy failed on pid [^:]{1,20}: *(?:Error: *)?(.*)$", re.IGNORECASE), "py-spy"),
     (re.compile(r"^(?:\S+: )?(?:[0-9]+: )?(?:py-spy|pystack): (?:command )?not found$"), ""),
     (re.compile(r"^(?:timeout: .*|Terminated|Killed)$"), ""),
 )

@@ -52,4 +52,24 @@ def merge(loaded: list[FileCaptures], errors: list[str]) -> Snapshot:
         created=created[0] if created else "",
         tool_version=__version__,
         errors=tuple(bundle_errors + errors),
+        flight_recorder=merged_flight_recorder([b.flight_recorder for b in bundles if b.flight_recorder]),
     )
+
+
+def merged_flight_recorder(parts: list) -> object:
+    """The Flight Recorder dumps that several hosts' bundles carry, as one set (a rank's first dump wins)."""
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    from mtpdiag.flight_recorder.records import FRDump
+
+    ranks: dict[int, object] = {}
+    for part in parts:
+        for dump in part.ranks:
+            ranks.setdefault(dump.rank, dump)
+    dumped = set(ranks)
+    missing = sorted({r for p in parts for r in p.missing} - dumped)
+    notes = tuple(dict.fromkeys(n for p in parts for n in p.notes if not n.startswith("no Flight Recorder dump")))
+    return FRDump(source=", ".join(dict.fromkeys(p.source for p in parts)), ranks=tuple(ranks[r] for r in sorted(ranks)),
+                  missing=tuple(missing), notes=notes)

@@ -16,6 +16,7 @@ PALETTE = ("red", "cyan", "yellow", "green", "magenta", "blue", "bright_red", "b
            "bright_yellow", "bright_green", "bright_magenta", "bright_blue")
 GRID_MAX_CELLS = 512  # beyond this the grid is summarised; use --html for big worlds
 VERDICT_STYLE = {"problem": "bold red", "incomplete": "bold yellow", "ok": "bold green"}
+MAX_LOG_LINES = 20
 
 
 def group_letter(index: int) -> str:
@@ -67,8 +68,9 @@ def print_report(console: Console, report: Report) -> None:
             console.print(Text(f"- {tag}{words.mismatch_sentence(m, views, layout)}",
                                style=None if m.role == "root" else "dim"))
 
-    console.print()
-    console.print(_sites_table(report))
+    if report.sites:
+        console.print()
+        console.print(_sites_table(report))
     waits = _waits_table(report)
     if waits is not None:
         console.print()
@@ -91,6 +93,14 @@ def print_report(console: Console, report: Report) -> None:
         console.print(Text("Flight Recorder", style="bold underline"))
         for line in fr.get("lines", []):
             console.print(Text(line, style="yellow" if line.startswith("disagreement") else None))
+    watchdog = report.extra.get("watchdog")
+    if watchdog:
+        console.print()
+        console.print(Text("NCCL watchdog timeouts (log)", style="bold underline"))
+        for line in watchdog.get("lines", [])[:MAX_LOG_LINES]:
+            console.print(Text(line))
+        if len(watchdog.get("lines", [])) > MAX_LOG_LINES:
+            console.print(Text(f"… and {len(watchdog['lines']) - MAX_LOG_LINES} more in the JSON", style="dim"))
     if report.notes:
         console.print()
         for note in report.notes:

@@ -51,6 +51,8 @@ def render(report: Report) -> str:
         _grid_section(report, group_of),
         _sites_table(report),
         _waits_table(report),
+        _evidence_lines(report, "flight_recorder", "Flight Recorder"),
+        _evidence_lines(report, "watchdog", "NCCL watchdog timeouts (log)"),
         _odd_ranks(report),
         _notes(report),
         f"<footer>mtpdiag {_e(__version__)}</footer>",
@@ -228,6 +230,17 @@ def _waits_table(report: Report) -> str:
                    f"<td>{_e(sure)}</td><td>{_e('; '.join(evidence))}</td></tr>")
     out.append("</tbody></table></section>")
     return "".join(out)
+
+
+def _evidence_lines(report: Report, key: str, title: str) -> str:
+    """A report section of plain lines (the Flight Recorder's account, the watchdog's timeouts)."""
+    lines = (report.extra.get(key) or {}).get("lines") or []
+    if not lines:
+        return ""
+    items = "".join(f"<li{' class=warn' if line.startswith('disagreement') else ''}>{_e(line)}</li>"
+                    for line in lines[:LIST_LIMIT])
+    more = f"<li class=dim>… and {len(lines) - LIST_LIMIT} more in the JSON</li>" if len(lines) > LIST_LIMIT else ""
+    return f"<section data-testid={key.replace('_', '-')}><h2>{_e(title)}</h2><ul>{items}{more}</ul></section>"
 
 
 def _odd_ranks(report: Report) -> str:

@@ -45,7 +45,10 @@ def render(report: Report) -> str:
                    f"{words.coords_label(v.coords, layout)} | {v.state} | {_cell(words.doing(v))} |")
     fr = report.extra.get("flight_recorder")
     if fr:
-        out += ["", "### Flight Recorder", ""] + [f"- {line}" for line in fr.get("lines", [])]
+        out += ["", "### Flight Recorder", ""] + [f"- {_cell(line)}" for line in fr.get("lines", [])]
+    watchdog = report.extra.get("watchdog")
+    if watchdog:
+        out += ["", "### NCCL watchdog timeouts (log)", ""] + [f"- {_cell(line)}" for line in watchdog.get("lines", [])]
     if report.notes:
         out += ["", "### Notes", ""] + [f"- {n}" for n in report.notes]
     return "\n".join(out) + "\n"

@@ -127,7 +127,8 @@ def rank_runs(ranks, limit: int = 12) -> str:
 
 def _at(activity: str) -> str:
     """``all_gather in ring_attention`` reads as ``at all_gather in ring_attention``."""
-    plain = ("at ", "running", "stopped", "not ", "gone", "unreadable", "no ")
+    plain = ("at ", "running", "stopped", "not ", "gone", "unreadable", "no ", "reached ", "waiting", "blocked",
+             "sleeping", "creating", "issued ")
     return activity if activity.startswith(plain) else f"at {activity}"
 
 

@@ -1,0 +1,161 @@
+"""The Flight Recorder dumps of live targets: find them where torch writes them, or ask the job for fresh ones.
+
+torch writes ``<prefix><rank>`` (``flight_recorder.locate.dump_prefixes``: ``TORCH_FR_DUMP_TEMP_FILE``, else
+``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, else the defaults under the target's home and ``/tmp``). Paths are read
+through ``/proc/PID/root``, so a rank in a container is read in its own file system. A dump older than its
+process is left alone: it belongs to an earlier run.
+
+When the job set ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``, ``request=True`` writes to every rank's
+``<prefix><rank>.pipe`` and waits for the dumps that request produces, without stopping the job.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import time
+from dataclasses import dataclass
+
+from mtpdiag.capture import procfs
+from mtpdiag.errors import InputError
+from mtpdiag.flight_recorder import FRDump, load_fr_dumps, request_live_dump
+from mtpdiag.flight_recorder.locate import dump_prefixes, pipe_prefix
+from mtpdiag.model import RankCapture
+
+
+@dataclass(frozen=True)
+class FoundDumps:
+    """What was found: the dumps (None when there are none), and one line per thing worth saying."""
+
+    dumps: FRDump | None
+    notes: tuple[str, ...] = ()
+
+
+def find_dumps(captures: tuple[RankCapture, ...], *, request: bool = False, wait_s: float = 10.0) -> FoundDumps:
+    """The Flight Recorder dumps of the captured ranks (each rank's newest file not older than its process)."""
+    notes: list[str] = []
+    targets = [c for c in captures if c.pid is not None and c.rank is not None]
+    asked_at = time.time()
+    if request:
+        sent = 0
+        for c in targets:
+            prefix = pipe_prefix(dict(c.env))
+            if prefix is None:
+                continue
+            answer = request_live_dump(_in_root(c.pid, prefix), c.rank)
+            sent += answer.sent
+            if not answer.sent:
+                notes.append(f"rank {c.rank}: no live Flight Recorder dump ({answer.reason})")
+        if not sent:
+            notes.append("no rank could be asked for a live Flight Recorder dump: the job did not set "
+                         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+            request = False
+    files = _wait_for_files(targets, asked_at if request else None, wait_s if request else 0.0)
+    if request and len(files) < len(targets):
+        late = sorted(c.rank for c in targets if c.rank not in files)
+        notes.append(f"no fresh Flight Recorder dump from rank(s) {', '.join(map(str, late[:16]))} within "
+                     f"{wait_s:g} s")
+    if not files:
+        return FoundDumps(None, tuple(notes))
+    try:
+        dumps = load_fr_dumps([files[r] for r in sorted(files)])
+    except InputError as exc:
+        return FoundDumps(None, (*notes, f"Flight Recorder dumps found but not read: {exc}"))
+    notes.append(f"Flight Recorder dumps of {len(files)} rank(s) read from {_common_prefix(list(files.values()))}")
+    return FoundDumps(dumps, tuple(notes))
+
+
+def _wait_for_files(targets: list[RankCapture], newer_than: float | None, wait_s: float) -> dict[int, str]:
+    """rank -> its dump file (seen through /proc/PID/root), once every rank has one or ``wait_s`` is up."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        files = {}
+        for c in targets:
+            path = _dump_of(c, newer_than)
+            if path is not None:
+                files[c.rank] = path
+        if len(files) == len(targets) or time.monotonic() >= deadline:
+            return files
+        time.sleep(0.2)
+
+
+def _dump_of(capture: RankCapture, newer_than: float | None) -> str | None:
+    assert capture.pid is not None and capture.rank is not None
+    started = procfs.start_time(capture.pid)
+    for prefix in dump_prefixes(dict(capture.env), _home(capture.pid)):
+        path = _in_root(capture.pid, f"{prefix}{capture.rank}")
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            continue
+        if started is not None and mtime < started:
+            continue  # from an earlier run of the job
+        if newer_than is not None and mtime < newer_than:
+            continue
+        return path
+    return None
+
+
+def _in_root(pid: int, path: str) -> str:
+    """``path`` as process ``pid`` sees it (its mount namespace and root)."""
+    return f"/proc/{pid}/root{path}" if os.path.isabs(path) else path
+
+
+def _home(pid: int) -> str | None:
+    """The home directory of the process's user (torch's default dump directory is under it)."""
+    uid = procfs.real_uid(pid)
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return None
+
+
+def _common_prefix(paths: list[str]) -> str:
+    text = os.path.commonprefix(paths)
+    return text.split("/root", 1)[1] if text.startswith("/proc/") and "/root" in text else text
+
+
+class LiveProgress:
+    """``watch``'s Flight Recorder signal: how many collectives each rank has completed, from dumps the job
+    writes on request through its debug-info pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``). A healthy job whose
+    host waits at one sync line for seconds at a time still completes collectives meanwhile."""
+
+    def __init__(self) -> None:
+        self._asked_at: float | None = None
+        self._completed: dict[int, int] = {}
+
+    @staticmethod
+    def available(captures: tuple[RankCapture, ...]) -> bool:
+        return any(pipe_prefix(dict(c.env)) for c in captures if c.pid is not None and c.rank is not None)
+
+    def poll(self, captures: tuple[RankCapture, ...]) -> bool:
+        """Whether a rank completed a collective since the last poll (read the dumps asked for last time,
+        then ask again; never waits)."""
+        targets = [c for c in captures if c.pid is not None and c.rank is not None and pipe_prefix(dict(c.env))]
+        moved = False
+        if self._asked_at is not None:
+            for c in targets:
+                path = _dump_of(c, self._asked_at)
+                if path is None:
+                    continue
+                done = _completed(path, c.rank)
+                if done is not None:
+                    moved |= done > self._completed.get(c.rank, -1) and c.rank in self._completed
+                    self._completed[c.rank] = max(done, self._completed.get(c.rank, -1))
+        self._asked_at = time.time()
+        for c in targets:
+            request_live_dump(_in_root(c.pid, pipe_prefix(dict(c.env)) or ""), c.rank)
+        return moved
+
+
+def _completed(path: str, rank: int) -> int | None:
+    """The collectives a rank's dump says it completed, summed over its groups (pg_status)."""
+    from mtpdiag.flight_recorder import read_dump_file
+
+    try:
+        dump = read_dump_file(path, rank)
+    except InputError:
+        return None
+    return sum(max(s.last_completed, 0) for s in dump.status)
