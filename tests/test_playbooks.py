@@ -29,6 +29,7 @@ from mtpdiag.jobs import Job, start_torchrun
 PLAYBOOKS_DIR = Path(ROOT) / "playbooks"
 PLAYBOOKS = ("hang-triage.md", "mtp-cp-deadlock.md", "multi-node.md")  # the order they run in
 FR_WORKER = os.path.join(ROOT, "examples", "flight_recorder", "worker.py")
+NCCL_WORKER = os.path.join(ROOT, "examples", "nccl_behaviour", "worker.py")
 CONFIG = os.path.join(ROOT, "tests", "fixtures", "configs", "ppo_megatron_cp2_pp2.yaml")
 CAPTURE = os.path.join("tests", "fixtures", "captures", "mtp_cp_pp", "bundle.json")
 
@@ -49,6 +50,7 @@ class JobSpec:
     args: tuple[str, ...]
     hung: bool  # ready once stuck; otherwise once it logs progress
     flight_recorder: bool = False
+    pipe: bool = False  # the job has a debug-info pipe: its dumps come on request, not by themselves
 
 
 JOBS = {
@@ -56,6 +58,11 @@ JOBS = {
     # reproducer unchanged and writes torch's FR dump per rank once collectives stop moving.
     "mtp-hang": JobSpec(FR_WORKER, ("--gate", "buggy", "--cp", "2", "--pp", "2"), hung=True, flight_recorder=True),
     "healthy": JobSpec(GATED_WORKER, ("--scenario", "healthy", "--steps", "0", "--log-every", "200"), hung=False),
+    # The same bug with NCCL's CPU-side behaviour (examples/nccl_behaviour): every rank ends at a host sync in a
+    # futex; its Flight Recorder dumps come on request through the debug-info pipe.
+    "gpu-hang": JobSpec(NCCL_WORKER, ("--gate", "buggy", "--cp", "2", "--pp", "2", "--sync", "futex",
+                                      "--timeout-s", "900", "--device-step-s", "0.3", "--no-abort"),
+                        hung=True, flight_recorder=True, pipe=True),
 }
 
 
@@ -96,6 +103,9 @@ class JobPool:
             os.makedirs(os.path.dirname(prefix), exist_ok=True)
             env = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": prefix, "MTPDIAG_FR_STALL_S": "2"}
             values["FR"] = prefix
+        if spec.pipe:
+            os.makedirs(folder / "pipes", exist_ok=True)
+            env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] = str(folder / "pipes" / "rank_")
         log = folder / "job.log"
         job = start_torchrun(spec.script, list(spec.args), 4, env=env, log_path=str(log))
         try:
@@ -104,7 +114,7 @@ class JobPool:
             else:
                 job.wait_for_workers(timeout=240)
                 _wait_for(lambda: " step " in log.read_text(errors="replace"), f"progress in {log}", 240)
-            if spec.flight_recorder:
+            if spec.flight_recorder and not spec.pipe:
                 dumps = [f"{values['FR']}{r}" for r in range(4)]
                 _wait_for(lambda: all(map(os.path.exists, dumps)), f"Flight Recorder dumps {dumps}", 60)
         except BaseException:

@@ -13,7 +13,7 @@ from typing import Iterable, Mapping, Sequence
 
 from mtpdiag.analysis.classify import RECV_OPS, SEND_OPS
 from mtpdiag.analysis.gate import describe_gate
-from mtpdiag.analysis.known_sites import is_mtp_site, signature_of
+from mtpdiag.analysis.known_sites import is_mtp_site, signature_of, skip_of
 from mtpdiag.analysis.mismatch import doing
 from mtpdiag.analysis.wait import WAIT_PHRASES
 from mtpdiag.analysis.waits import Causes, P2PWait, Waiter, holds_up
@@ -32,6 +32,16 @@ _PRIORITY = {"mtp-cp-gated-reduce": 0, "frozen-rank": 1, "straggler": 2, "gated-
 # Findings that describe a gap in the evidence rather than a problem: they make the verdict ``incomplete``.
 INCOMPLETE_FINDINGS = frozenset({"unexplained-wait"})
 _SHOW = 6  # ranks named in a summary before "…"
+# Megatron's metric trackers other than MTP that hang the same way: what to call them, and the fix.
+TRACKER_WORDS = {
+    "dsa-indexer": ("DeepSeek indexer loss reduce (DSAIndexerLossLoggingHelper, not the MTP loss)",
+                    "every pipeline stage must take part in the indexer's PP all_reduce: take Megatron-LM #4518 "
+                    "(dev), or seed the indexer tracker with zeros on every stage before reduce_loss_in_tracker"),
+    "moe-aux-loss": ("MoE aux-loss tracker reduce",
+                     "every pipeline stage must hold the same tracker entries: call track_moe_metrics with "
+                     "force_initialize=True (and count the MTP layers: Megatron-LM #3400/#3401), or create the "
+                     "entries on stages without MoE layers (NeMo-RL #3419)"),
+}
 
 FR_LAUNCH_ENV = ("TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_ "
                  "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/fr_pipe_rank_")
@@ -117,6 +127,35 @@ def group_source_phrase(m: Mismatch) -> str:
     return ""
 
 
+GROUP_SOURCES = {
+    "known-site": "the known-site table names the group of this call",
+    "flight-recorder": "the Flight Recorder records the group (its pg_config and description)",
+    "watchdog-log": "the watchdog log names the group",
+    "unique-fit": "the only group kind whose members fit who waits",
+    "world-op": "taken as a world-group call (the stack does not keep the group argument)",
+}
+
+
+def provenance(m: Mismatch) -> str:
+    """Where a split's group kind and gate came from, in one parenthesis for the split's sentence."""
+    if m.group_from == "guess":
+        names = " or ".join(GROUP_NAMES.get(k, k) for k in m.group_candidates) or GROUP_NAMES.get(m.group, m.group)
+        group = f"group guessed from who waits ({names} fit)"
+    else:
+        group = GROUP_SOURCES.get(m.group_from, m.group_from)
+    if m.gate is None or m.role == "consequence":
+        gate = ""
+    elif m.gate_strength == "strong":
+        gate = "; gate read from the coordinates of who entered and who did not"
+        if is_mtp_site(m.site) and m.group == "dp_cp" and m.gate == {"cp": 0}:
+            gate += ": the known verl #5895 signature"
+        else:
+            gate += ", which split cleanly along it (several ranks on each side)"
+    else:
+        gate = "; gate" + gate_source_phrase(m).removeprefix(" (").removesuffix(")").replace("weak:", " weak:", 1)
+    return f" [{group}{gate}; from the {m.source.replace('+', ' and ')}]"
+
+
 def gate_source_phrase(m: Mismatch) -> str:
     """What the gate rests on, when it is weak: a rank test fits, and so does data-dependent divergence."""
     if m.gate is None or m.gate_strength != "weak":
@@ -175,6 +214,16 @@ def collective_findings(roots: Sequence[Mismatch], layout: ParallelLayout | None
             ))
             continue
         where = f"{site.file}:{site.line}" if site else "its call site"
+        signature = signature_of(site)
+        if signature in TRACKER_WORDS and gate is not None:
+            name, fix = TRACKER_WORDS[signature]
+            details["signature"] = signature
+            out.append(Finding(
+                id="gated-collective", ranks=members, details=details,
+                summary=(f"{name} {op} at {words.where(site)} on {group} entered only by {describe_gate(gate)} "
+                         f"ranks ({words.ranks(entered)}); {never}: {skip_of(site) or 'a tracker skip'}"),
+                remedy=fix))
+            continue
         if gate:
             summary = (f"{op} at {words.where(site)} on {group} entered only by {describe_gate(gate)} ranks "
                        f"({words.ranks(entered)}){gate_source_phrase(instances[0])}; {never}")

@@ -18,7 +18,7 @@ from typing import Mapping, NamedTuple, Sequence
 
 from mtpdiag.analysis.classify import BARRIER_OPS, P2P_OPS, WAIT_OP
 from mtpdiag.analysis.gate import CoordsOf, read_gate
-from mtpdiag.analysis.known_sites import is_mtp_site, lookup
+from mtpdiag.analysis.known_sites import is_mtp_site, kinds_of, lookup
 from mtpdiag.analysis.wait import WAIT_PHRASES
 from mtpdiag.layout import GROUP_KINDS, INFERENCE_ORDER, ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
@@ -67,7 +67,7 @@ def candidate_kinds(op: str, site: Site | None, layout: ParallelLayout) -> tuple
     """Kinds to try for a site, most likely first: the known-site table's, else all by size."""
     known = lookup(site)
     if known is not None and not known.p2p:
-        return known.kinds
+        return kinds_of(site)  # every megatron release's form of the helper (0.13's MTP reduce ran on TP×CP)
     inferred = tuple(k for k in INFERENCE_ORDER if k not in _EXPERT_KINDS or _has_experts(layout))
     if op in WORLD_OPS:
         return ("world",) + tuple(k for k in inferred if k != "world")

@@ -114,6 +114,15 @@ def _capture_one(pid: int, facts: _ProcFacts, host: str, *, native: bool, nonblo
         now = procfs.read_stat(pid)
         if now is None or now.state == "Z":
             return RankCapture(state=STATE_GONE, error="the process exited during the capture", **base)
+        if not use_nonblocking and exc.timed_out:
+            # Pausing a rank that spins on a busy machine can take longer than the timeout: read its memory
+            # without pausing it instead (the stack may then be torn, which the note says).
+            try:
+                threads = pyspy.dump(pid, nonblocking=True, timeout=timeout)
+            except CaptureFailed as exc2:
+                return RankCapture(state=STATE_UNREADABLE, error=f"{exc}; without pausing: {exc2}", **base)
+            return RankCapture(state=now.state, threads=threads, nonblocking=True,
+                               error=f"{exc}: read without pausing it (py-spy --nonblocking)", **base)
         if use_nonblocking or now.state not in _STOPPED:
             return RankCapture(state=STATE_UNREADABLE, error=str(exc), **base)
         stat, use_nonblocking = now, True

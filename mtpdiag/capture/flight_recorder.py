@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import time
 from dataclasses import dataclass
 
@@ -113,8 +114,9 @@ def _home(pid: int) -> str | None:
 
 
 def _common_prefix(paths: list[str]) -> str:
-    text = os.path.commonprefix(paths)
-    return text.split("/root", 1)[1] if text.startswith("/proc/") and "/root" in text else text
+    """The shared prefix of the dump files, as the ranks see them (without ``/proc/PID/root``)."""
+    inside = [re.sub(r"^/proc/[0-9]+/root(?=/)", "", p) for p in paths]
+    return os.path.commonprefix(inside)
 
 
 class LiveProgress:

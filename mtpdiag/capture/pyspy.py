@@ -33,6 +33,10 @@ _DENIED = re.compile(r"Permission denied \(os error 13\)|Operation not permitted
 class CaptureFailed(Exception):
     """py-spy could not dump a process; the message is one line saying why."""
 
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
 
 def find_pyspy() -> str:
     """The py-spy executable installed with mtpdiag (next to this interpreter), else the first on PATH.
@@ -67,7 +71,7 @@ def dump(pid: int, *, native: bool = False, nonblocking: bool = False,
         proc.kill()
         proc.communicate()
         note = "" if nonblocking else _resume_if_left_stopped(pid, before)
-        raise CaptureFailed(f"py-spy timed out after {timeout:g}s{note}") from None
+        raise CaptureFailed(f"py-spy timed out after {timeout:g}s{note}", timed_out=True) from None
     if proc.returncode != 0:
         text = err.decode("utf-8", "replace")
         if _DENIED.search(text):

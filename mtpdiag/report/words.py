@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from mtpdiag.analysis.findings import GROUP_NAMES, gate_source_phrase, group_source_phrase
+from mtpdiag.analysis.findings import GROUP_NAMES, provenance
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.model import Mismatch, RankView, Report, Site
 
@@ -96,11 +96,10 @@ def mismatch_sentence(m: Mismatch, views: Mapping[int, RankView], layout: Mappin
     )
     where = short_function(m.site.function) if m.site else "?"
     if m.role == "consequence":  # its absent ranks are stuck elsewhere, not kept out by a condition
-        return (f"collective {m.op} at {where} on the {group} group {list(m.members)}{group_source_phrase(m)}: "
-                f"entered by {entered}; absent: {absent}. It waits because those ranks are stuck elsewhere.")
-    return (f"collective {m.op} at {where} on the {group} group {list(m.members)}{group_source_phrase(m)}: "
-            f"entered by {entered}; absent: {absent}. {gate_phrase(m.gate).capitalize()}"
-            f"{gate_source_phrase(m)}.")
+        return (f"collective {m.op} at {where} on the {group} group {list(m.members)}: entered by {entered}; "
+                f"absent: {absent}. It waits because those ranks are stuck elsewhere.{provenance(m)}")
+    return (f"collective {m.op} at {where} on the {group} group {list(m.members)}: entered by {entered}; "
+            f"absent: {absent}. {gate_phrase(m.gate).capitalize()}.{provenance(m)}")
 
 
 def layout_line(report: Report) -> str:
