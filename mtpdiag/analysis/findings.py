@@ -127,6 +127,7 @@ def group_source_phrase(m: Mismatch) -> str:
     return ""
 
 
+SOURCE_WORDS = {"stacks": "the stacks", "flight-recorder": "the Flight Recorder", "watchdog-log": "the watchdog log"}
 GROUP_SOURCES = {
     "known-site": "the known-site table names the group of this call",
     "flight-recorder": "the Flight Recorder records the group (its pg_config and description)",
@@ -153,7 +154,8 @@ def provenance(m: Mismatch) -> str:
             gate += ", which split cleanly along it (several ranks on each side)"
     else:
         gate = "; gate" + gate_source_phrase(m).removeprefix(" (").removesuffix(")").replace("weak:", " weak:", 1)
-    return f" [{group}{gate}; from the {m.source.replace('+', ' and ')}]"
+    sources = " and ".join(SOURCE_WORDS.get(part, part) for part in m.source.split("+"))
+    return f" [{group}{gate}; from {sources}]"
 
 
 def gate_source_phrase(m: Mismatch) -> str:

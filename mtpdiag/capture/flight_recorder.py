@@ -15,7 +15,7 @@ import os
 import pwd
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mtpdiag.capture import procfs
 from mtpdiag.errors import InputError
@@ -62,8 +62,8 @@ def find_dumps(captures: tuple[RankCapture, ...], *, request: bool = False, wait
         dumps = load_fr_dumps([files[r] for r in sorted(files)])
     except InputError as exc:
         return FoundDumps(None, (*notes, f"Flight Recorder dumps found but not read: {exc}"))
-    notes.append(f"Flight Recorder dumps of {len(files)} rank(s) read from {_common_prefix(list(files.values()))}")
-    return FoundDumps(dumps, tuple(notes))
+    where = _common_prefix(list(files.values()))
+    return FoundDumps(replace(dumps, source=where), tuple(notes))
 
 
 def _wait_for_files(targets: list[RankCapture], newer_than: float | None, wait_s: float) -> dict[int, str]:
