@@ -105,7 +105,8 @@ def watch(
                     f"no progress for {tracker.stalled_for(now):.1f} s")
         if tracker.is_hang(now, stall) and last is not None:
             status.done()
-            last = o.with_flight_recorder(last, request=LiveProgress.available(last.captures))
+            # The dumps the last samples asked for (or the watchdog wrote) are fresh: no new request, no wait.
+            last = o.with_flight_recorder(last)
             report = _hang_report(o.diagnose_snapshot(last, layout_options, fr=last.flight_recorder), tracker, now,
                                   interval, stall)
             path = save_bundle(last, _bundle_path(out, last))
@@ -175,7 +176,7 @@ def _ended(status: "_Status", tracker: StallTracker, elapsed: float) -> NoReturn
 
 def _hang_report(report: Report, tracker: StallTracker, now: float, interval: float, stall: float) -> Report:
     """The diagnosis of the last sample; a hang is a problem even when the stacks explain nothing."""
-    stalled = (f"no rank's main thread used CPU or changed its stack for {tracker.stalled_for(now):.1f} s "
+    stalled = (f"no rank's stack changed and no collective completed for {tracker.stalled_for(now):.1f} s "
                f"({tracker.stack_samples_while_quiet} stack samples)")
     return replace(report, verdict="problem", notes=(*report.notes, stalled),
                    progress=tracker.progress(now, interval, stall))
@@ -185,7 +186,7 @@ def _progress_report(report: Report, tracker: StallTracker, now: float, interval
                      stall: float) -> Report:
     """The job kept moving: a momentary stack sample is not a diagnosis, so no findings are claimed."""
     note = (f"the job made progress: in {tracker.samples} samples over {now - tracker.started:.1f} s, "
-            f"no {stall:g} s window passed without a main thread using CPU or a stack changing")
+            f"no {stall:g} s window passed without a stack changing or a collective completing")
     return replace(report, verdict="ok", findings=(), mismatches=(), notes=(note,),
                    progress=tracker.progress(now, interval, stall))
 
