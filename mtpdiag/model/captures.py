@@ -1,7 +1,7 @@
-"""The data that flows through mtpdiag: captures in, reports out.
+"""What was captured: frames, threads, one rank's capture, and a snapshot of every rank (``mtpdiag.bundle/1``).
 
-Frozen dataclasses with versioned JSON (de)serialization and no other I/O. Capture code builds
-``Snapshot``s; analysis turns a ``Snapshot`` (plus an optional layout) into a ``Report``.
+Frozen dataclasses with versioned JSON (de)serialization and no other I/O. Capture code and the file
+readers build ``Snapshot``s; analysis turns one (plus an optional layout) into a ``Report``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mtpdiag.model.fields import (SchemaError, decimal, integer, obj, opt_bool, opt_int, opt_name, opt_rank,
+                                  printable, string)
+
 BUNDLE_SCHEMA = "mtpdiag.bundle/1"
-REPORT_SCHEMA = "mtpdiag.report/1"
 
 # Environment keys of a target process that may be read. Nothing else from the environment is kept.
 ENV_WHITELIST = (
@@ -40,33 +42,6 @@ STATE_SLEEPING = "S"
 STATE_DISK = "D"
 STATE_STOPPED = "T"
 STATE_ZOMBIE = "Z"
-
-
-class SchemaError(ValueError):
-    """A document that is not a valid mtpdiag bundle or report."""
-
-
-def printable(text: str) -> str:
-    """``text`` with control, bidi-override and other unprintable characters replaced (whitespace by a space).
-
-    Function names, paths, thread names and errors come from other processes and from files someone handed
-    over. Printed raw, an escape sequence could retitle or clear the reader's terminal, and a bidi override
-    could reorder what the reader sees.
-    """
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else " " if ch.isspace() else "\ufffd" for ch in text)
-
-
-def decimal(text: str | None, max_digits: int = 9) -> int | None:
-    """The value of an env number such as ``RANK=3``: at most ``max_digits`` ASCII digits, else None.
-
-    ``str.isdigit`` accepts "²" and 5000-digit strings, which ``int()`` then refuses.
-    """
-    text = (text or "").strip()
-    if 0 < len(text) <= max_digits and text.isascii() and text.isdigit():
-        return int(text)
-    return None
 
 
 # Every rank of a job carries the same WORLD_SIZE text: parse each distinct text once.
@@ -141,10 +116,10 @@ class Frame:
         if type(native) is not bool:
             raise SchemaError("field 'native' must be a boolean")
         return Frame(
-            function=_str(d, "function"),
-            file=_str(d, "file"),
-            line=_int(d, "line"),
-            args=tuple(sorted((str(k), _int(args, k)) for k in args)),
+            function=string(d, "function"),
+            file=string(d, "file"),
+            line=integer(d, "line"),
+            args=tuple(sorted((str(k), integer(args, k)) for k in args)),
             native=native,
         )
 
@@ -153,7 +128,7 @@ class Frame:
         """``from_dict``, returning the Frame already read for an identical dict (same values, same
         types): the ranks of a big job share a few stacks, so this saves time and memory."""
         if not isinstance(d, dict):
-            return Frame.from_dict(_obj(d))
+            return Frame.from_dict(obj(d))
         args = d.get("args")
         line = d.get("line")
         try:
@@ -202,14 +177,14 @@ class ThreadStack:
         frames = d.get("frames")
         if type(frames) is not list:
             raise SchemaError("thread frames must be a list")
-        # Type checks inline rather than through _int/_opt_int/printable: this runs once per rank.
+        # Type checks inline rather than through integer/opt_int/printable: this runs once per rank.
         thread_id, name, native_id, active = d.get("thread_id"), d.get("name") or "", d.get("native_id"), \
             d.get("active")
         calls = d.get("calls")
         return ThreadStack(
-            thread_id=thread_id if type(thread_id) is int else _int(d, "thread_id"),
+            thread_id=thread_id if type(thread_id) is int else integer(d, "thread_id"),
             name=name if type(name) is str and name.isprintable() else printable(str(name)),
-            native_id=native_id if native_id is None or type(native_id) is int else _opt_int(d, "native_id"),
+            native_id=native_id if native_id is None or type(native_id) is int else opt_int(d, "native_id"),
             active=active if type(active) is bool else None,
             frames=_shared_frames(frames, {} if seen_frames is None else seen_frames),
             calls=() if calls is None else _call_names(calls),
@@ -330,24 +305,24 @@ class RankCapture:
         if not isinstance(env, Mapping) or not isinstance(hints, Mapping) or type(threads) is not list:
             raise SchemaError("capture env, layout_hints and threads have the wrong type")
         seen = {} if seen_frames is None else seen_frames
-        # Type checks inline rather than through _opt_int/printable: this runs once per rank.
+        # Type checks inline rather than through opt_int/printable: this runs once per rank.
         pid, host, state, error, source, ticks = (get("pid"), get("host") or "unknown", get("state") or "unreadable",
                                                   get("error"), get("source"), get("main_cpu_ticks"))
         return RankCapture(
-            pid=pid if pid is None or type(pid) is int else _opt_int(d, "pid"),
+            pid=pid if pid is None or type(pid) is int else opt_int(d, "pid"),
             host=host if type(host) is str and host.isprintable() else printable(str(host)),
-            rank=_opt_rank(d),
+            rank=opt_rank(d),
             state=state if type(state) is str and state.isprintable() else printable(str(state)),
-            threads=tuple([ThreadStack.from_dict(t if type(t) is dict else _obj(t), seen) for t in threads]),
+            threads=tuple([ThreadStack.from_dict(t if type(t) is dict else obj(t), seen) for t in threads]),
             env=tuple(sorted([(k, v if type(v) is str and v.isprintable() else printable(str(v)))
                               for k, v in env.items() if k in _ENV_KEYS])),
             error=printable(error) if isinstance(error, str) else None,
             nonblocking=bool(get("nonblocking", False)),
-            main_cpu_ticks=ticks if ticks is None or type(ticks) is int else _opt_int(d, "main_cpu_ticks"),
+            main_cpu_ticks=ticks if ticks is None or type(ticks) is int else opt_int(d, "main_cpu_ticks"),
             layout_hints=_shared_hints(hints, seen),
             source=source if isinstance(source, str) else None,
-            main_syscall=_opt_name(d, "main_syscall"),
-            cuda=_opt_bool(d, "cuda"),
+            main_syscall=opt_name(d, "main_syscall"),
+            cuda=opt_bool(d, "cuda"),
         )
 
 
@@ -362,7 +337,7 @@ def _shared_hints(hints: Mapping[str, Any], seen: dict) -> tuple[tuple[str, int]
     except TypeError:  # an unhashable value: let _int say what is wrong
         key, shared = None, None
     if shared is None:
-        shared = tuple(sorted((str(k), _int(hints, k)) for k in hints))
+        shared = tuple(sorted((str(k), integer(hints, k)) for k in hints))
         if key is not None:
             seen[key] = shared
     return shared
@@ -408,7 +383,7 @@ class Snapshot:
         if seen_frames is None:
             seen_frames = {}
         return Snapshot(
-            captures=tuple(RankCapture.from_dict(_obj(c), seen_frames) for c in captures),
+            captures=tuple(RankCapture.from_dict(obj(c), seen_frames) for c in captures),
             host=printable(str(d.get("host") or "unknown")),
             created=printable(str(d.get("created") or "")),
             tool_version=printable(str(d.get("tool_version") or "")),
@@ -424,259 +399,3 @@ def _flight_recorder(d: Any) -> Any:
     from mtpdiag.flight_recorder.records import FRDump
 
     return FRDump.from_dict(d)
-
-
-# ---------------------------------------------------------------- report
-
-
-@dataclass(frozen=True)
-class Site:
-    """Where a rank waits: the first frame outside torch.distributed and its wrappers."""
-
-    file: str
-    line: int
-    function: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "function": self.function}
-
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> "Site":
-        return Site(file=_str(d, "file"), line=_int(d, "line"), function=_str(d, "function"))
-
-
-@dataclass(frozen=True)
-class WaitState:
-    """Where a rank is stuck, and how sure the evidence makes us.
-
-    ``kind``: collective | host_sync | comm_init | data_loader | lock | io | sleep | running | unknown.
-    ``confidence``: certain | likely | possible. ``evidence`` says what the call rests on, in a few words
-    each. ``thread`` names the thread that shows it when that is not the main thread.
-    """
-
-    kind: str
-    confidence: str
-    evidence: tuple[str, ...] = ()
-    thread: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "confidence": self.confidence, "evidence": list(self.evidence),
-                "thread": self.thread}
-
-
-@dataclass(frozen=True)
-class RankView:
-    """One rank as the report shows it. ``state`` is collective|waiting|running|stopped|gone|unreadable
-    (``waiting``: blocked outside any collective, e.g. at a host sync or a lock; ``wait`` says on what)."""
-
-    rank: int | None
-    pid: int | None
-    host: str
-    state: str
-    coords: Mapping[str, int] | None
-    op: str | None
-    site: Site | None
-    stack: tuple[Frame, ...]
-    peer: int | None = None  # the other end of a send/recv, when known
-    error: str | None = None
-    wait: WaitState | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "rank": self.rank,
-            "pid": self.pid,
-            "host": self.host,
-            "state": self.state,
-            "coords": dict(self.coords) if self.coords is not None else None,
-            "op": self.op,
-            "site": self.site.to_dict() if self.site else None,
-            "stack": [f.to_dict() for f in self.stack],
-        }
-        if self.peer is not None:
-            out["peer"] = self.peer
-        if self.error:
-            out["error"] = self.error
-        out["wait"] = self.wait.to_dict() if self.wait is not None else None
-        return out
-
-
-@dataclass(frozen=True)
-class SiteGroup:
-    """Ranks that wait in the same op at the same site (op None: in no collective at that user frame; then
-    ``wait`` is what they wait on there, e.g. ``host_sync``, or ``running``)."""
-
-    op: str | None
-    site: Site | None
-    ranks: tuple[int, ...]
-    wait: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "op": self.op,
-            "site": self.site.to_dict() if self.site else None,
-            "ranks": list(self.ranks),
-            "wait": self.wait,
-        }
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """A process-group instance that only some of its members entered at a site."""
-
-    op: str
-    site: Site | None
-    group: str
-    members: tuple[int, ...]
-    entered: tuple[int, ...]
-    absent: tuple[int, ...]
-    gate: Mapping[str, int] | None
-    absent_doing: Mapping[int, str] = field(default_factory=dict)  # rank -> "all_gather in ring_attention"
-    role: str = "root"  # root | consequence
-    # How the group kind was found: known-site | flight-recorder | unique-fit | guess; every kind that fit.
-    group_from: str = "unique-fit"
-    group_candidates: tuple[str, ...] = ()
-    # strong: several ranks on each side split cleanly along the gate; weak: one rank alone, or other
-    # coordinate conditions separate the sides as well (``gate_alternatives``): data-dependent divergence
-    # (a loop that ran once more on some ranks) fits just as well.
-    gate_strength: str | None = None
-    gate_alternatives: tuple[Mapping[str, int], ...] = ()
-    source: str = "stacks"  # stacks | flight-recorder | stacks+flight-recorder
-    seq: int | None = None  # the Flight Recorder's collective sequence number in the group, when known
-
-    def with_role(self, role: str) -> "Mismatch":
-        """``replace(self, role=role)`` without its per-call field introspection (8k instances at 16k ranks);
-        tests compare the two, so a new field cannot be dropped here unnoticed."""
-        return Mismatch(op=self.op, site=self.site, group=self.group, members=self.members, entered=self.entered,
-                        absent=self.absent, gate=self.gate, absent_doing=self.absent_doing, role=role,
-                        group_from=self.group_from, group_candidates=self.group_candidates,
-                        gate_strength=self.gate_strength, gate_alternatives=self.gate_alternatives,
-                        source=self.source, seq=self.seq)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "op": self.op,
-            "site": self.site.to_dict() if self.site else None,
-            "group": self.group,
-            "members": list(self.members),
-            "entered": list(self.entered),
-            "absent": list(self.absent),
-            "gate": dict(self.gate) if self.gate is not None else None,
-            "absent_doing": {str(k): v for k, v in sorted(self.absent_doing.items())},
-            "role": self.role,
-            "group_from": self.group_from,
-            "group_candidates": list(self.group_candidates),
-            "gate_strength": self.gate_strength,
-            "gate_alternatives": [dict(g) for g in self.gate_alternatives],
-            "source": self.source,
-            "seq": self.seq,
-        }
-
-
-@dataclass(frozen=True)
-class Finding:
-    """A diagnosed problem, with a stable ``id`` users script against (see docs/design.md)."""
-
-    id: str
-    ranks: tuple[int, ...]
-    summary: str
-    remedy: str | None = None
-    details: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "ranks": list(self.ranks), "summary": self.summary}
-        out["remedy"] = self.remedy
-        if self.details:
-            out["details"] = dict(self.details)
-        return out
-
-
-@dataclass(frozen=True)
-class Report:
-    """The diagnosis. ``verdict``: ok | problem | incomplete."""
-
-    verdict: str
-    world_size: int | None
-    layout: Mapping[str, Any] | None
-    ranks: tuple[RankView, ...]
-    sites: tuple[SiteGroup, ...]
-    mismatches: tuple[Mismatch, ...] = ()
-    findings: tuple[Finding, ...] = ()
-    layout_source: str | None = None
-    notes: tuple[str, ...] = ()  # what is missing or uncertain, in plain words
-    progress: Mapping[str, Any] | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)  # e.g. flight recorder correlation
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "schema": REPORT_SCHEMA,
-            "verdict": self.verdict,
-            "world_size": self.world_size,
-            "layout": dict(self.layout) if self.layout is not None else None,
-            "layout_source": self.layout_source,
-            "ranks": [r.to_dict() for r in self.ranks],
-            "sites": [s.to_dict() for s in self.sites],
-            "mismatches": [m.to_dict() for m in self.mismatches],
-            "findings": [f.to_dict() for f in self.findings],
-            "notes": list(self.notes),
-        }
-        if self.progress is not None:
-            out["progress"] = dict(self.progress)
-        for key, value in self.extra.items():
-            out.setdefault(key, value)
-        return out
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def _obj(value: Any) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise SchemaError("expected an object")
-    return value
-
-
-def _str(d: Mapping[str, Any], key: str) -> str:
-    value = d.get(key)
-    if not isinstance(value, str):
-        raise SchemaError(f"field {key!r} must be a string")
-    return printable(value)
-
-
-def _int(d: Mapping[str, Any], key: str) -> int:
-    value = d.get(key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SchemaError(f"field {key!r} must be an integer")
-    return value
-
-
-def _opt_int(d: Mapping[str, Any], key: str) -> int | None:
-    value = d.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SchemaError(f"field {key!r} must be an integer or null")
-    return value
-
-
-def _opt_bool(d: Mapping[str, Any], key: str) -> bool | None:
-    value = d.get(key)
-    if value is None or type(value) is bool:
-        return value
-    raise SchemaError(f"field {key!r} must be true, false or null")
-
-
-def _opt_name(d: Mapping[str, Any], key: str) -> str | None:
-    """A short identifier-like word (a system call's name), or None."""
-    value = d.get(key)
-    if value is None:
-        return None
-    if type(value) is not str or len(value) > 40 or not value.replace("-", "_").isidentifier():
-        raise SchemaError(f"field {key!r} must be a short name or null")
-    return value
-
-
-def _opt_rank(d: Mapping[str, Any]) -> int | None:
-    rank = _opt_int(d, "rank")
-    if rank is not None and rank < 0:
-        raise SchemaError(f"field 'rank' must not be negative, got {rank}")
-    return rank

@@ -1,0 +1,39 @@
+"""The data that flows through mtpdiag: captures in (``captures``), the diagnosis out (``report``).
+
+Frozen dataclasses with versioned JSON (de)serialization and no other I/O; ``fields`` is the checked
+reading they share. ``from mtpdiag.model import X`` works for every name below.
+"""
+
+from mtpdiag.model.captures import (
+    BUNDLE_SCHEMA,
+    ENV_WHITELIST,
+    STATE_DISK,
+    STATE_RUNNING,
+    STATE_SLEEPING,
+    STATE_STOPPED,
+    STATE_ZOMBIE,
+    Frame,
+    RankCapture,
+    Snapshot,
+    ThreadStack,
+    who_and_why,
+    world_sizes,
+)
+from mtpdiag.model.fields import SchemaError, decimal, printable
+from mtpdiag.model.report import (
+    REPORT_SCHEMA,
+    Finding,
+    Mismatch,
+    RankView,
+    Report,
+    Site,
+    SiteGroup,
+    WaitState,
+)
+
+__all__ = [
+    "BUNDLE_SCHEMA", "ENV_WHITELIST", "REPORT_SCHEMA", "STATE_DISK", "STATE_RUNNING", "STATE_SLEEPING",
+    "STATE_STOPPED", "STATE_ZOMBIE", "Finding", "Frame", "Mismatch", "RankCapture", "RankView", "Report",
+    "SchemaError", "Site", "SiteGroup", "Snapshot", "ThreadStack", "WaitState", "decimal", "printable",
+    "who_and_why", "world_sizes",
+]
