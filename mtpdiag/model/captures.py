@@ -133,8 +133,10 @@ class Frame:
         line = d.get("line")
         try:
             native = d.get("native")
+            # Each value with its type, as ``_shared_frames`` keys a whole stack: ``True == 1`` and hashes
+            # alike, and a frame read first must not vouch for one that only compares equal to it.
             key = (d.get("function"), d.get("file"), line, type(line),
-                   tuple(args.items()) if type(args) is dict else args, native, type(native))
+                   _args_key(args) if type(args) is dict else args, native, type(native))
             return seen[key]
         except TypeError:  # unhashable values: let from_dict say what is wrong
             return Frame.from_dict(d)
