@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterable
 
+from mtpdiag.vocabulary.labels import coords_label
+
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 # group kind -> (generator, tokens). "dense" is megatron's decoder generator, "expert" its expert one.
@@ -233,9 +235,7 @@ class ParallelLayout:
 
     def describe(self, rank: int) -> str:
         """``tp0 cp1 pp1`` style label; sizes of 1 are left out, except tp, cp and pp."""
-        c = self.coords(rank)
-        keep = [k for k in ("tp", "cp", "ep", "dp", "pp") if k in ("tp", "cp", "pp") or getattr(self, k) > 1]
-        return " ".join(f"{k}{c[k]}" for k in keep)
+        return coords_label(self.coords(rank), {"ep": self.ep, "dp": self.dp})
 
 
 def _unknown_kind(kind: str):

@@ -16,31 +16,9 @@ from typing import Sequence
 
 from mtpdiag.analysis.known_sites import lookup
 from mtpdiag.model import STATE_DISK, STATE_STOPPED, STATE_ZOMBIE, Frame, RankCapture, Site, ThreadStack
-
-# Public torch.distributed functions a rank can block in (torch's own names; the report's op names).
-KNOWN_OPS = frozenset({
-    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_coalesced",
-    "all_gather_object", "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
-    "reduce_scatter_single", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier",
-    "send", "recv", "isend", "irecv", "send_object_list", "recv_object_list", "batch_isend_irecv",
-    "all_to_all", "all_to_all_single", "reduce", "gather", "gather_object", "scatter",
-    "scatter_object_list", "init_process_group", "new_group", "new_subgroups",
-    "new_subgroups_by_enumeration", "split_group", "destroy_process_group", "init_device_mesh",
-})
-# Ops with one peer rather than a group.
-P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list"})
-SEND_OPS = frozenset({"send", "isend", "send_object_list"})
-RECV_OPS = frozenset({"recv", "irecv", "recv_object_list"})
-BARRIER_OPS = frozenset({"barrier", "monitored_barrier"})
-WAIT_OP = "wait"
-
-# Files whose frames are plumbing between a collective and the code that called it.
-_WRAPPER_FILES = ("/functools.py", "/contextlib.py", "/typing_extensions.py", "/typing.py")
-# Stdlib modules whose frames are never the interesting part of a running rank's stack.
-_STDLIB_INTERNALS = frozenset({
-    "threading", "queue", "selectors", "socket", "subprocess", "multiprocessing", "concurrent",
-    "asyncio", "contextlib", "functools", "runpy", "ssl", "http", "urllib", "logging", "tempfile",
-})
+from mtpdiag.vocabulary.ops import KNOWN_OPS, RECV_OPS, SEND_OPS, WAIT_OP
+from mtpdiag.vocabulary.stacks import call_site_frame, is_torch_distributed, short_name, torch_block_end
+from mtpdiag.vocabulary.states import RankState
 
 
 @dataclass(frozen=True)
@@ -53,43 +31,11 @@ class Classified:
 
 
 @dataclass(frozen=True)
-class RankState:
+class StateReading:
     """The report's state word for a rank, and why, when that is not obvious."""
 
-    state: str  # collective | waiting | running | stopped | gone | unreadable
+    state: RankState
     error: str | None = None
-
-
-def _path(file: str) -> str:
-    return "/" + file.replace("\\", "/").lstrip("/")
-
-
-def is_torch_distributed(frame: Frame) -> bool:
-    return "/torch/distributed/" in _path(frame.file)
-
-
-def _is_wrapper(frame: Frame) -> bool:
-    """torch itself, or decorator plumbing: never the call site a person wants to see."""
-    path = _path(frame.file)
-    return "/torch/" in path or path.endswith(_WRAPPER_FILES)
-
-
-def _is_stdlib_internal(frame: Frame) -> bool:
-    path = _path(frame.file)
-    if "/site-packages/" in path or "/dist-packages/" in path:
-        return False
-    parts = path.strip("/").split("/")
-    for i, part in enumerate(parts):  # ".../lib/python3.11/threading.py" -> "threading"
-        if part.startswith("python3") and i + 1 < len(parts):
-            parts = parts[i + 1:]
-            break
-    head = parts[0].removesuffix(".py") if parts else ""
-    return head in _STDLIB_INTERNALS
-
-
-def short_name(function: str) -> str:
-    """``MTPLossLoggingHelper.reduce_loss_in_tracker`` -> ``reduce_loss_in_tracker``."""
-    return function.rsplit(".", 1)[-1]
 
 
 def site_of(frame: Frame) -> Site:
@@ -125,23 +71,18 @@ def classify_stack(frames: tuple[Frame, ...], active: bool | None = None) -> Cla
     """
     if not frames:
         return Classified(op=None, site=None)
-    block_end = 0
-    while block_end < len(frames) and _is_wrapper(frames[block_end]):
-        block_end += 1
+    block_end = torch_block_end(frames)
     block = frames[:block_end]
-    caller = frames[block_end] if block_end < len(frames) else None
     if any(is_torch_distributed(f) for f in block):
         op, op_frame = _op_of(block)
-        site = site_of(caller) if caller is not None else site_of(block[-1])
-        return Classified(op=op, site=site, peer=_peer_of(op, op_frame))
-    innermost_user = next((f for f in frames if not _is_wrapper(f) and not _is_stdlib_internal(f)), frames[0])
+        return Classified(op=op, site=site_of(call_site_frame(frames)), peer=_peer_of(op, op_frame))
     if not block and active is False:
         # An idle thread whose innermost frame is code known to wait on Work handles itself
         # (megatron's p2p `_communicate` calling req.wait()) is blocked in a bare Work.wait.
         known = lookup(site_of(frames[0]))
         if known is not None and known.waits:
             return Classified(op=WAIT_OP, site=site_of(frames[0]))
-    return Classified(op=None, site=site_of(innermost_user))
+    return Classified(op=None, site=site_of(call_site_frame(frames)))
 
 
 def classify_thread(thread: ThreadStack) -> Classified:
@@ -172,18 +113,18 @@ def side_collective(capture: RankCapture) -> tuple[ThreadStack, Classified] | No
     return None
 
 
-def rank_state(capture: RankCapture, classified: Classified, waiting: bool = False) -> RankState:
+def rank_state(capture: RankCapture, classified: Classified, waiting: bool = False) -> StateReading:
     """Map the /proc state and the reading onto the report's state words (``waiting``: the wait state
     says the rank is blocked outside any collective)."""
     letter = (capture.state or "").strip()
     if letter == "gone" or letter == STATE_ZOMBIE:
-        return RankState("gone", capture.error or ("zombie process" if letter == STATE_ZOMBIE else None))
+        return StateReading(RankState.GONE, capture.error or ("zombie process" if letter == STATE_ZOMBIE else None))
     if letter.upper() == STATE_STOPPED:
-        return RankState("stopped", capture.error or f"state {letter}")
+        return StateReading(RankState.STOPPED, capture.error or f"state {letter}")
     if letter == STATE_DISK:
-        return RankState("stopped", capture.error or "state D, uninterruptible sleep")
+        return StateReading(RankState.STOPPED, capture.error or "state D, uninterruptible sleep")
     if letter == "unreadable" or capture.main_thread is None:
-        return RankState("unreadable", capture.error or "no stack could be read")
+        return StateReading(RankState.UNREADABLE, capture.error or "no stack could be read")
     if classified.op is not None:
-        return RankState("collective", capture.error)
-    return RankState("waiting" if waiting else "running", capture.error)
+        return StateReading(RankState.COLLECTIVE, capture.error)
+    return StateReading(RankState.WAITING if waiting else RankState.RUNNING, capture.error)

@@ -13,16 +13,18 @@ from dataclasses import replace
 
 from mtpdiag.analysis import findings as fnd
 from mtpdiag.analysis import fr_evidence
-from mtpdiag.analysis.classify import (Classified, RankState, classify_capture, rank_state, side_collective,
+from mtpdiag.analysis.classify import (Classified, StateReading, classify_capture, rank_state, side_collective,
                                        site_of)
 from mtpdiag.analysis.known_sites import lookup
-from mtpdiag.analysis.mismatch import WORLD_OPS, find_mismatches, is_p2p_op, is_point_to_point
+from mtpdiag.analysis.mismatch import find_mismatches, is_p2p_op, is_point_to_point
 from mtpdiag.analysis.sites import group_sites
 from mtpdiag.analysis.wait import is_stuck, wait_state
 from mtpdiag.analysis.waits import find_causes
 from mtpdiag.analysis.log_evidence import fold_log
 from mtpdiag.flight_recorder import FRDump, WatchdogLog
 from mtpdiag.layout import LayoutError, ParallelLayout
+from mtpdiag.vocabulary.labels import rank_list
+from mtpdiag.vocabulary.ops import WORLD_OPS
 from mtpdiag.model import (Finding, Mismatch, RankCapture, RankView, Report, Snapshot, ThreadStack, WaitState,
                            who_and_why)
 
@@ -181,10 +183,10 @@ class _StackReader:
     def __init__(self) -> None:
         self._classified: dict[tuple[int, bool | None], Classified] = {}
         self._direction: dict[int, str | None] = {}
-        self._states: dict[tuple, RankState] = {}
+        self._states: dict[tuple, StateReading] = {}
         self._waits: dict[tuple, WaitState | None] = {}
 
-    def state(self, capture: RankCapture, classified: Classified, wait: WaitState | None) -> RankState:
+    def state(self, capture: RankCapture, classified: Classified, wait: WaitState | None) -> StateReading:
         """``rank_state``, shared by the ranks whose state, error and stack kind agree."""
         waiting = wait is not None and wait.kind != "running"
         key = (capture.state, capture.error, capture.main_thread is None, classified.op is None, waiting)
@@ -371,5 +373,4 @@ def _verdict(found: list[Finding], views: tuple[RankView, ...], by_rank: dict[in
 
 
 def _list(ranks: list[int]) -> str:
-    shown = ", ".join(map(str, ranks[:_LIST]))
-    return shown + (f", … ({len(ranks)})" if len(ranks) > _LIST else "")
+    return rank_list(ranks, _LIST, more=", … ({n})")

@@ -11,20 +11,17 @@ from __future__ import annotations
 import os
 from typing import Iterable, Mapping, Sequence
 
-from mtpdiag.analysis.classify import RECV_OPS, SEND_OPS
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, signature_of, skip_of
 from mtpdiag.analysis.mismatch import doing
-from mtpdiag.analysis.wait import WAIT_PHRASES
 from mtpdiag.analysis.waits import Causes, P2PWait, Waiter, holds_up
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Finding, Mismatch, RankView, Site
+from mtpdiag.vocabulary.groups import GROUP_NAMES
+from mtpdiag.vocabulary.labels import rank_list
+from mtpdiag.vocabulary.ops import RECV_OPS, SEND_OPS
+from mtpdiag.vocabulary.waits import WAIT_PHRASES
 
-GROUP_NAMES = {
-    "tp": "TP", "cp": "CP", "dp": "DP", "pp": "PP", "ep": "EP", "dp_cp": "DP×CP", "tp_cp": "TP×CP",
-    "tp_dp": "TP×DP", "tp_dp_cp": "TP×DP×CP", "mp": "model-parallel (TP×PP)", "world": "world",
-    "etp": "expert-TP", "edp": "expert-DP", "tp_ep": "TP×EP", "tp_ep_pp": "TP×EP×PP",
-}
 # Order of findings: causes first.
 _PRIORITY = {"mtp-cp-gated-reduce": 0, "frozen-rank": 1, "straggler": 2, "gated-collective": 3,
              "size-mismatch": 3, "dtype-mismatch": 3, "p2p-unmatched": 4, "missing-rank": 5, "all-waiting": 6,
@@ -75,15 +72,12 @@ class _Words:
         if len(ranks) <= 3 and coords and self.layout is not None:
             return "ranks " + ", ".join(self.rank(r).removeprefix("rank ") for r in ranks)
         if len(ranks) <= _SHOW:
-            return "ranks " + ", ".join(map(str, ranks))
-        return f"{len(ranks)} ranks ({', '.join(map(str, ranks[:_SHOW]))}, …)"
+            return "ranks " + rank_list(ranks)
+        return f"{len(ranks)} ranks ({rank_list(ranks, _SHOW)})"
 
     @staticmethod
     def members(ranks: Sequence[int]) -> str:
-        ranks = sorted(ranks)
-        if len(ranks) <= 2 * _SHOW:
-            return "[" + ", ".join(map(str, ranks)) + "]"
-        return f"[{', '.join(map(str, ranks[:_SHOW]))}, … ({len(ranks)} ranks)]"
+        return "[" + rank_list(sorted(ranks), 2 * _SHOW, show=_SHOW, more=", … ({n} ranks)") + "]"
 
     @staticmethod
     def where(site: Site | None) -> str:

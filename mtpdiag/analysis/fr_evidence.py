@@ -24,9 +24,10 @@ from typing import Callable, Mapping, Sequence
 from mtpdiag.analysis.gate import read_gate
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.flight_recorder import Divergence, FRAnalysis, FRDump, FREntry, GroupMatch, match_groups
-from mtpdiag.flight_recorder.progress import MEGATRON_GROUP_KINDS
 from mtpdiag.layout import GROUP_KINDS, ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Report, Site, WaitState
+from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
+from mtpdiag.vocabulary.labels import rank_list
 
 SOURCE = "flight-recorder"
 CoordsOf = Callable[[int], Mapping[str, int]]
@@ -101,8 +102,7 @@ def _at(site: Site | None) -> str:
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    ranks = list(ranks)
-    return "[" + ", ".join(map(str, ranks[:12])) + (", …" if len(ranks) > 12 else "") + "]"
+    return "[" + rank_list(ranks, 12) + "]"
 
 
 def world_size(fr: FRDump) -> int | None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
 
-COORDINATES = ("tp", "cp", "ep", "dp", "pp")
+from mtpdiag.vocabulary.groups import COORDINATES
+
 
 CoordsOf = Callable[[int], Mapping[str, int]]
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from mtpdiag.analysis.fr_evidence import SizeProblem
 from mtpdiag.analysis.gate import CoordsOf, read_gate
 from mtpdiag.flight_recorder import WatchdogLog
-from mtpdiag.flight_recorder.progress import MEGATRON_GROUP_KINDS
 from mtpdiag.layout import GROUP_KINDS, ParallelLayout
 from mtpdiag.model import Mismatch
+from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 
 SOURCE = "watchdog-log"
 

@@ -16,16 +16,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Mapping, NamedTuple, Sequence
 
-from mtpdiag.analysis.classify import BARRIER_OPS, P2P_OPS, WAIT_OP
 from mtpdiag.analysis.gate import CoordsOf, read_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, kinds_of, lookup
-from mtpdiag.analysis.wait import WAIT_PHRASES
 from mtpdiag.layout import GROUP_KINDS, INFERENCE_ORDER, ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
+from mtpdiag.vocabulary.ops import BATCH_P2P_OP, P2P_OPS, WAIT_OP, WORLD_OPS
+from mtpdiag.vocabulary.waits import WAIT_PHRASES
 
-# Ops that take the default (world) group in practice.
-WORLD_OPS = BARRIER_OPS | {"init_process_group", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
-                           "destroy_process_group", "init_device_mesh", "split_group"}
 _EXPERT_KINDS = frozenset(k for k, (generator, _) in GROUP_KINDS.items() if generator == "expert")
 
 
@@ -42,11 +39,11 @@ def is_p2p_op(op: str | None, site: Site | None) -> bool:
     """``is_point_to_point`` of a rank in ``op`` at ``site``."""
     if op in P2P_OPS:
         return True
-    if op in ("batch_isend_irecv", WAIT_OP):
+    if op in (BATCH_P2P_OP, WAIT_OP):
         known = lookup(site)
         if known is not None:
             return known.p2p
-        return op == "batch_isend_irecv"
+        return op == BATCH_P2P_OP
     return False
 
 

@@ -15,7 +15,7 @@ strongest first, and says what the rank waits on and how sure that is:
   ``synchronize``, ``acquire``, ``sleep``, ``write``);
 * py-spy's idle/active flag, and whether the process maps CUDA/NCCL libraries.
 
-Pure: no I/O. ``kind`` is one of ``WAIT_KINDS``; ``confidence`` is certain, likely or possible.
+Pure: no I/O. ``kind`` is a ``WaitKind``; ``confidence`` is certain, likely or possible.
 """
 
 from __future__ import annotations
@@ -24,14 +24,9 @@ import re
 from typing import Sequence
 
 from mtpdiag.model import STATE_DISK, Frame, RankCapture, ThreadStack, WaitState
-
-WAIT_KINDS = ("collective", "host_sync", "comm_init", "data_loader", "lock", "io", "sleep", "running", "unknown")
-# Kinds in which the rank itself holds the job up when a group waits for it (a straggler): it is not waiting
-# for anybody else. A host sync waits on the device, which waits on a collective: never a straggler.
-SELF_INFLICTED = frozenset({"running", "data_loader", "lock", "io", "sleep", "unknown"})
-# Ops that create or initialise communicators: NCCL blocks the CPU in them.
-COMM_INIT_OPS = frozenset({"init_process_group", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
-                           "split_group", "init_device_mesh"})
+from mtpdiag.vocabulary.ops import COMM_INIT_OPS
+from mtpdiag.vocabulary.stacks import is_plumbing, short_name, slash_path
+from mtpdiag.vocabulary.waits import CALL_KINDS
 
 # Python functions (by file suffix and function name) that are the wait itself.
 _PY_WAITS: tuple[tuple[str, frozenset[str], str], ...] = (
@@ -87,39 +82,8 @@ _SYSCALL_KINDS = {
     "fdatasync": "io", "openat": "io", "accept": "io", "accept4": "io", "connect": "io", "wait4": "io",
     "waitid": "io", "ioctl": "io",
 }
-# What a source line's calls say.
-_CALL_KINDS = {
-    "item": "host_sync", "cpu": "host_sync", "tolist": "host_sync", "numpy": "host_sync",
-    "synchronize": "host_sync", "_local_scalar_dense": "host_sync",
-    "acquire": "lock", "join": "lock", "result": "lock",
-    "sleep": "sleep",
-    "read": "io", "write": "io", "flush": "io", "fsync": "io", "recv": "io", "send": "io", "accept": "io",
-    "readline": "io", "open": "io",
-}
 # Lines that call these and block are NCCL's (or a DDP bucket's) CPU-side waits for a collective.
 _WORK_WAITS = frozenset({"wait"})
-
-
-# How each kind reads in a sentence: "rank 3 is <phrase> in load_batch (worker.py:40)".
-WAIT_PHRASES = {
-    "collective": "waiting in a collective",
-    "host_sync": "waiting on the device at a host sync",
-    "comm_init": "creating a communicator",
-    "data_loader": "waiting for a DataLoader batch",
-    "lock": "waiting on a lock, queue or condition",
-    "io": "waiting on file or network I/O",
-    "sleep": "sleeping",
-    "running": "running",
-    "unknown": "blocked in a C call",
-}
-
-
-def _path(file: str) -> str:
-    return "/" + file.replace("\\", "/").lstrip("/")
-
-
-def _short(function: str) -> str:
-    return function.rsplit(".", 1)[-1]
 
 
 def python_frames(frames: Sequence[Frame]) -> tuple[Frame, ...]:
@@ -132,25 +96,19 @@ def python_frames(frames: Sequence[Frame]) -> tuple[Frame, ...]:
 def _python_wait(frames: Sequence[Frame]) -> tuple[str, str] | None:
     """(kind, evidence) from the innermost Python frames that are a wait of torch or the stdlib."""
     for i, frame in enumerate(frames):
-        path = _path(frame.file)
+        path = slash_path(frame.file)
         if path.endswith("/" + _DATALOADER) and (frame.function in _DATALOADER_WAITS
-                                                   or _short(frame.function) in _DATALOADER_WAITS):
-            return "data_loader", f"DataLoader {_short(frame.function)} frame"
+                                                   or short_name(frame.function) in _DATALOADER_WAITS):
+            return "data_loader", f"DataLoader {short_name(frame.function)} frame"
         for suffix, functions, kind in _PY_WAITS:
             if path.endswith("/" + suffix) and (not functions or frame.function in functions
-                                                  or _short(frame.function) in functions):
-                if kind in ("lock", "io") and any(_path(f.file).endswith("/" + _DATALOADER) for f in frames[i:]):
-                    return "data_loader", f"{_short(frame.function)} under a DataLoader frame"
-                return kind, f"{_short(frame.function)} in {suffix.rsplit('/', 1)[-1]}"
-        if not _is_plumbing(path):
+                                                  or short_name(frame.function) in functions):
+                if kind in ("lock", "io") and any(slash_path(f.file).endswith("/" + _DATALOADER) for f in frames[i:]):
+                    return "data_loader", f"{short_name(frame.function)} under a DataLoader frame"
+                return kind, f"{short_name(frame.function)} in {suffix.rsplit('/', 1)[-1]}"
+        if not is_plumbing(path):
             return None  # the innermost user frame: whatever waits below it is a C call
     return None
-
-
-def _is_plumbing(path: str) -> bool:
-    """Frames between a wait and its caller: the stdlib and torch's Python layers."""
-    stdlib = "/lib/python3" in path and "/site-packages/" not in path and "/dist-packages/" not in path
-    return "/torch/" in path or stdlib or path.endswith(("/functools.py", "/contextlib.py", "/typing_extensions.py"))
 
 
 def _native_wait(frames: Sequence[Frame]) -> tuple[str, str] | None:
@@ -165,7 +123,7 @@ def _native_wait(frames: Sequence[Frame]) -> tuple[str, str] | None:
 
 
 def _call_wait(calls: Sequence[str]) -> tuple[str, str] | None:
-    kinds = [(k, c) for c in calls if (k := _CALL_KINDS.get(c))]
+    kinds = [(k, c) for c in calls if (k := CALL_KINDS.get(c))]
     for wanted in ("host_sync", "lock", "sleep", "io"):
         for kind, call in kinds:
             if kind == wanted:
@@ -240,7 +198,7 @@ def _is_main(capture: RankCapture, thread: ThreadStack) -> bool:
 
 def _in_library(frames: Sequence[Frame]) -> bool:
     """The innermost Python frame is torch's own Python code (a module's forward launching kernels)."""
-    return bool(frames) and "/torch/" in _path(frames[0].file)
+    return bool(frames) and "/torch/" in slash_path(frames[0].file)
 
 
 def _flag(thread: ThreadStack) -> list[str]:

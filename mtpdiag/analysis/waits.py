@@ -21,13 +21,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from mtpdiag.analysis.classify import BARRIER_OPS, RECV_OPS, SEND_OPS
 from mtpdiag.analysis.fr_evidence import mismatch_key
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.mismatch import is_point_to_point
-from mtpdiag.analysis.wait import SELF_INFLICTED
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
+from mtpdiag.vocabulary.ops import BARRIER_OPS, RECV_OPS, SEND_OPS
+from mtpdiag.vocabulary.waits import SELF_INFLICTED
 
 PROBLEM_STATES = ("running", "stopped", "gone", "unreadable")
 

@@ -11,6 +11,7 @@ import os
 
 from mtpdiag.capture import procfs
 from mtpdiag.errors import InputError
+from mtpdiag.vocabulary.ops import is_launcher_argv
 
 
 def find_targets(pids: list[int], scan_all: bool) -> list[int]:
@@ -36,14 +37,6 @@ def is_worker(pid: int, env: dict[str, str] | None = None) -> bool:
 def is_launcher(pid: int) -> bool:
     """torchrun's agent: it may carry RANK itself (a Kubeflow PyTorchJob sets the node's RANK)."""
     return is_launcher_argv(procfs.read_cmdline(pid) or [])
-
-
-def is_launcher_argv(argv: list[str]) -> bool:
-    """Whether a command line runs torchrun (only the interpreter, its flags and the program are read)."""
-    return any(os.path.basename(a) == "torchrun" or a in _LAUNCHER_MODULES for a in argv[:4])
-
-
-_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
 
 def _expand(pid: int) -> list[int]:

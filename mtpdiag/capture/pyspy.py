@@ -14,17 +14,13 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import Any, Iterable
+from typing import Any
 
 from mtpdiag.capture import procfs, source
 from mtpdiag.errors import InputError
 from mtpdiag.model import Frame, ThreadStack, printable
+from mtpdiag.vocabulary.stacks import display_path, kept_args
 
-# Locals kept, and only from frames under torch/distributed/, and only as integer literals.
-KEPT_ARGS = ("dst", "src", "group_dst", "group_src", "tag")
-_TORCH_DISTRIBUTED = "torch/distributed/"
-_INT_LITERAL = re.compile(r"-?[0-9]{1,19}")  # ASCII and bounded: int() refuses 5000 digits
-_PACKAGE_ROOTS = ("/site-packages/", "/dist-packages/")
 # py-spy's cause lines when ptrace or /proc/PID/mem is refused (another user, no CAP_SYS_PTRACE, a
 # non-dumpable target); its headline then says "Check that the process is running", which misleads.
 _DENIED = re.compile(r"Permission denied \(os error 13\)|Operation not permitted \(os error 1\)")
@@ -112,26 +108,6 @@ def threads_from_json(data: Any, pid: int | None = None) -> tuple[ThreadStack, .
     if not isinstance(data, list):
         raise ValueError("a py-spy dump is a JSON list of threads")
     return tuple(_thread(t, pid) for t in data)
-
-
-def display_path(filename: str) -> str:
-    """A path relative to site-packages/dist-packages when it is installed there, else as given."""
-    for root in _PACKAGE_ROOTS:
-        cut = filename.rfind(root)
-        if cut >= 0:
-            return filename[cut + len(root):]
-    return filename
-
-
-def kept_args(file: str, locals_: Iterable[tuple[str, str | None]]) -> tuple[tuple[str, int], ...]:
-    """The whitelisted integer locals of a torch.distributed frame; every other local is dropped."""
-    if not (file.startswith(_TORCH_DISTRIBUTED) or "/" + _TORCH_DISTRIBUTED in file):
-        return ()
-    out = {}
-    for name, repr_ in locals_:
-        if name in KEPT_ARGS and isinstance(repr_, str) and _INT_LITERAL.fullmatch(repr_.strip()):
-            out[name] = int(repr_.strip())
-    return tuple(sorted(out.items()))
 
 
 def _thread(t: Any, pid: int | None = None) -> ThreadStack:

@@ -3,24 +3,17 @@
 A host sync (``loss.item()``), a lock (``lock.acquire()``) or a sleep is a C call: py-spy's innermost Python
 frame is the line that made it, and nothing says what that line does. The file is on this host (a live
 capture), so the line is read from ``/proc/PID/root/<path>`` (the target's view, containers included) and
-reduced to the names it calls from ``WAIT_CALLS``. The line itself is never kept or shown: it may hold
-anything.
+reduced to the names it calls from ``vocabulary.waits.WAIT_CALLS``. The line itself is never kept or
+shown: it may hold anything.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from functools import lru_cache
 
-# Calls that can block a thread: host syncs, locks and queues, sleeps, file and socket I/O.
-WAIT_CALLS = frozenset({
-    "item", "cpu", "tolist", "numpy", "synchronize", "_local_scalar_dense",
-    "acquire", "join", "result", "sleep",
-    "read", "write", "flush", "fsync", "recv", "send", "accept", "readline", "open",
-})
-_CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(")
-_MAX_LINE = 4096
+from mtpdiag.vocabulary.waits import MAX_SOURCE_LINE, calls_in
+
 _MAX_FILE = 8 * 1024 * 1024
 
 
@@ -29,13 +22,6 @@ def line_calls(pid: int, path: str, line: int) -> tuple[str, ...]:
     if line <= 0 or not os.path.isabs(path):
         return ()
     return calls_in(_line(f"/proc/{pid}/root{path}", line))
-
-
-def calls_in(text: str) -> tuple[str, ...]:
-    """The ``WAIT_CALLS`` names a line of source calls, in order (pystack prints the line under its frame)."""
-    if not text:
-        return ()
-    return tuple(dict.fromkeys(name for name in _CALL.findall(text[:_MAX_LINE]) if name in WAIT_CALLS))
 
 
 @lru_cache(maxsize=512)
@@ -47,7 +33,7 @@ def _line(path: str, number: int) -> str:
         with open(path, encoding="utf-8", errors="replace") as f:
             for i, text in enumerate(f, 1):
                 if i == number:
-                    return text[:_MAX_LINE]
+                    return text[:MAX_SOURCE_LINE]
     except OSError:
         return ""
     return ""

@@ -31,25 +31,12 @@ from mtpdiag.analysis import known_sites
 from mtpdiag.analysis.known_sites import KnownSite
 from mtpdiag.errors import InputError
 from mtpdiag.layout import GROUP_KINDS
+from mtpdiag.vocabulary.ops import GROUP_CALLS, P2P_CALLS, P2P_PARTNER
 
 SCHEMA = "mtpdiag.lint/1"
 
 ANY = "*"  # a coordinate set holding ANY means "every coordinate, or one we cannot name"
 EVERY_COORD = frozenset({ANY})
-
-# torch.distributed functions that every member of a group must call (point-to-point ones separately).
-COLLECTIVE_OPS = frozenset({
-    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
-    "all_gather_coalesced", "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor",
-    "_reduce_scatter_base", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
-    "barrier", "monitored_barrier", "reduce", "gather", "gather_object", "scatter", "scatter_object_list",
-    "new_group", "new_subgroups", "new_subgroups_by_enumeration",
-})
-P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list",
-                     "batch_isend_irecv"})
-_P2P_PARTNER = {"send": "recv", "recv": "send", "isend": "irecv", "irecv": "isend",
-                "send_object_list": "recv_object_list", "recv_object_list": "send_object_list"}
-
 
 # Calls whose result depends on the calling rank, and the coordinates they test.
 _RANK_CALL_COORDS: dict[str, frozenset[str]] = {
@@ -215,7 +202,7 @@ def _collective_of(call: ast.Call, aliases: dict[str, str]) -> tuple[str, str, t
     resolved = aliases.get(head, head) + ("." + rest if rest else "")
     last = resolved.rsplit(".", 1)[-1]  # `from torch.distributed import all_reduce as ar`: ar -> all_reduce
     from_torch = resolved.startswith("torch.distributed.") or (head == "dist" and rest and "." not in rest)
-    if from_torch and (last in COLLECTIVE_OPS or last in P2P_OPS):
+    if from_torch and (last in GROUP_CALLS or last in P2P_CALLS):
         return last, "torch", ()
     rows = known_sites.rows_named(resolved)
     if rows:
@@ -579,7 +566,7 @@ def collectives_by_function(tree: ast.AST, calls: list[GuardedCall]) -> dict[str
 def _judge(gc: GuardedCall, source: str, filename: str,
            summaries: dict[str, frozenset[str]] | None = None) -> LintFinding | None:
     label, span = _collective_group(gc, source, filename)
-    p2p = gc.collective in P2P_OPS
+    p2p = gc.collective in P2P_CALLS
     culprits: list[tuple[Guard, list[RankTest]]] = []
     for guard in gc.guards:
         tests = [t for t in rank_tests(guard.test, source) if not _tests_own_group(t, gc)]
@@ -601,7 +588,7 @@ def _judge(gc: GuardedCall, source: str, filename: str,
     first = culprits[0][1][0]
     if p2p:
         reason = (f"{gc.collective} runs only where {first.text} holds, and nothing in this function posts the "
-                  f"matching {_P2P_PARTNER.get(gc.collective, 'partner call')}: unless the peer's side is gated "
+                  f"matching {P2P_PARTNER.get(gc.collective, 'partner call')}: unless the peer's side is gated "
                   f"the same way, one of them waits forever")
     else:
         varying = "every coordinate" if ANY in first.coords else "/".join(sorted(first.coords))
@@ -632,7 +619,7 @@ def _tests_own_group(test: RankTest, gc: GuardedCall) -> bool:
 
 
 def _partner_in_function(gc: GuardedCall) -> bool:
-    partner = _P2P_PARTNER.get(gc.collective, gc.collective)
+    partner = P2P_PARTNER.get(gc.collective, gc.collective)
     scope = gc.function if gc.function is not None else gc.call
     return any(isinstance(n, ast.Call) and call_name(n) in (partner, "batch_isend_irecv")
                for n in ast.walk(scope))
@@ -658,7 +645,7 @@ def guard_text(guard: Guard, source: str) -> str:
 def _matched_on_other_branch(gc: GuardedCall, guard: Guard, summaries: dict[str, frozenset[str]]) -> bool:
     """Does the code that runs when the test goes the other way make the same call (or the p2p partner),
     itself or through a function of the same file?"""
-    wanted = {gc.collective, _P2P_PARTNER.get(gc.collective, gc.collective)}
+    wanted = {gc.collective, P2P_PARTNER.get(gc.collective, gc.collective)}
     for root in guard.alternative:
         for node in ast.walk(root):
             if isinstance(node, ast.Call):

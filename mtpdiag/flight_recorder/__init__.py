@@ -31,13 +31,13 @@ from mtpdiag.flight_recorder.match import (
 )
 from mtpdiag.flight_recorder.names import op_name, parse_profiling_name
 from mtpdiag.flight_recorder.order import AbsentWhy
-from mtpdiag.flight_recorder.progress import MEGATRON_GROUP_KINDS, GroupProgress, group_progress
+from mtpdiag.flight_recorder.progress import GroupProgress, group_progress
 from mtpdiag.flight_recorder.records import FRDump, FREntry, FRGroup, FRGroupStatus, FRRankDump
 from mtpdiag.flight_recorder.watchdog import WatchdogLog, WatchdogTimeout, parse_watchdog_log
 
 __all__ = [
     "AbsentWhy", "Divergence", "FRAnalysis", "FRCallSplit", "FRDump", "FREntry", "FRGroup", "FRGroupStatus",
-    "FRRankDump", "GroupMatch", "GroupProgress", "MEGATRON_GROUP_KINDS", "P2PMismatch", "RankAt",
+    "FRRankDump", "GroupMatch", "GroupProgress", "P2PMismatch", "RankAt",
     "WatchdogLog", "WatchdogTimeout", "correlate", "dump_prefixes", "group_progress", "load_fr_dumps",
     "match_groups", "mismatches", "op_name", "ops_match", "parse_profiling_name", "parse_watchdog_log",
     "read_dump_file", "request_live_dump",

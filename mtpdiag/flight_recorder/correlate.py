@@ -6,7 +6,6 @@ from typing import Any, Iterable
 
 from mtpdiag.flight_recorder.dump import FRDump, FREntry, FRGroup
 from mtpdiag.flight_recorder.progress import (
-    MEGATRON_GROUP_KINDS,
     GroupProgress,
     conflicting_memberships,
     group_progress,
@@ -14,26 +13,15 @@ from mtpdiag.flight_recorder.progress import (
     recorded_groups,
 )
 from mtpdiag.model import Mismatch, Report, Site
+from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
+from mtpdiag.vocabulary.labels import rank_list
+from mtpdiag.vocabulary.ops import P2P_CALLS, RECORDED_FOR
 
-_P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
-# Stack op -> the recorder ops it issues.
-_STACK_TO_FR_OPS = {
-    "all_gather_object": {"all_gather"},
-    "gather_object": {"gather", "all_gather"},
-    "broadcast_object_list": {"broadcast"},
-    "scatter_object_list": {"scatter", "broadcast"},
-    "send_object_list": {"send"},
-    "recv_object_list": {"recv"},
-    "isend": {"send"},
-    "irecv": {"recv"},
-    "all_reduce_coalesced": {"allreduce_coalesced", "all_reduce"},
-    "monitored_barrier": {"barrier", "send", "recv"},
-}
 MAX_LINES = 20
 
 
 def ops_match(stack_op: str, fr_op: str) -> bool:
-    return fr_op == stack_op or fr_op in _STACK_TO_FR_OPS.get(stack_op, ())
+    return fr_op == stack_op or fr_op in RECORDED_FOR.get(stack_op, ())
 
 
 def correlate(report: Report, fr: FRDump) -> dict[str, Any]:
@@ -147,7 +135,7 @@ def _rank_checks(report: Report, fr: FRDump) -> tuple[list[str], list[str]]:
     """Each rank's stack op against its latest pending recorded op."""
     lines: list[str] = []
     notes: list[str] = []
-    any_p2p = any(e.is_p2p or e.op in _P2P_OPS for d in fr.ranks for e in d.entries)
+    any_p2p = any(e.is_p2p or e.op in P2P_CALLS for d in fr.ranks for e in d.entries)
     for view in report.ranks:
         dump = fr.rank(view.rank) if view.rank is not None else None
         if dump is None or view.state in ("gone", "unreadable"):
@@ -163,7 +151,7 @@ def _rank_checks(report: Report, fr: FRDump) -> tuple[list[str], list[str]]:
         elif op == "wait":
             if latest is None:
                 lines.append(f"stacks say rank {view.rank} waits on a Work handle; FR has nothing pending for it")
-        elif op in _P2P_OPS or op in ("send_object_list", "recv_object_list"):
+        elif op in P2P_CALLS:
             if not any_p2p:
                 note = "FR holds no send/recv at all (torch 2.13's gloo does not record point-to-point ops)"
                 if note not in notes:
@@ -247,15 +235,4 @@ def _at(site: Site | None) -> str:
 
 def _ranks_text(ranks: Iterable[int]) -> str:
     """[0, 1, 2, 5] -> "0-2,5"; [] -> "none"."""
-    ranks = sorted(set(ranks))
-    if not ranks:
-        return "none"
-    parts, start, prev = [], ranks[0], ranks[0]
-    for r in ranks[1:] + [None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return ",".join(parts)
+    return rank_list(sorted(set(ranks)), runs=True, sep=",") or "none"

@@ -17,34 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# torch's type names -> the public function names of torch.distributed.
-_PUBLIC = {
-    "_all_gather_base": "all_gather_into_tensor",
-    "_allgather_base": "all_gather_into_tensor",
-    "all_gather_base": "all_gather_into_tensor",
-    "allgather": "all_gather",
-    "allgather_coalesced": "all_gather_coalesced",
-    "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
-    "_reduce_scatter_base": "reduce_scatter_tensor",
-    "reduce_scatter_base": "reduce_scatter_tensor",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
-    "all_reduce_barrier": "barrier",
-    "allreduce": "all_reduce",
-    "sparse_all_reduce": "all_reduce",
-    "allreduce_coalesced": "all_reduce_coalesced",
-    "_broadcast_oop": "broadcast",
-    "_reduce_oop": "reduce",
-    "alltoall_base": "all_to_all_single",
-    "alltoall": "all_to_all",
-    "ALLGATHER_coalesced": "all_gather",
-    "REDUCE_SCATTER_coalesced": "reduce_scatter",
-}
-P2P_TYPES = frozenset({"send", "recv"})
-# Closing entries of a batch whose parts recorded the op: the batch is this public op.
-_BATCH_OPS = {"ALLGATHER_coalesced": "all_gather", "REDUCE_SCATTER_coalesced": "reduce_scatter"}
-# Ops whose per-rank sizes legitimately differ (torch's analyzer exempts the same ones).
-UNEVEN_INPUT_OPS = frozenset({"all_to_all", "all_to_all_single", "scatter"})
-UNEVEN_OUTPUT_OPS = frozenset({"all_to_all", "all_to_all_single", "gather"})
+from mtpdiag.vocabulary.ops import RECORDED_BATCH_OPS, RECORDED_OPS, RECORDED_P2P
+
 _SEND = re.compile(r"^(\d{1,9})->(\d{1,9})$")
 _RECV = re.compile(r"^(\d{1,9})<-(\d{1,9})$")
 
@@ -60,11 +34,11 @@ class ProfilingName:
 
     @property
     def op(self) -> str:
-        return _PUBLIC.get(self.type, self.type)
+        return RECORDED_OPS.get(self.type, self.type)
 
     @property
     def is_p2p(self) -> bool:
-        return self.type in P2P_TYPES
+        return self.type in RECORDED_P2P
 
     @property
     def closes_batch(self) -> bool:
@@ -97,10 +71,10 @@ def batch_op(closer_type: str, part_ops: list[str]) -> str:
     ``batch_isend_irecv`` for sends and receives, ``all_gather`` for an uneven all_gather,
     ``<op>_coalesced`` for a coalescing manager's run of one op, ``coalesced`` otherwise.
     """
-    if closer_type in _BATCH_OPS:
-        return _BATCH_OPS[closer_type]
+    if closer_type in RECORDED_BATCH_OPS:
+        return RECORDED_BATCH_OPS[closer_type]
     kinds = set(part_ops)
-    if kinds and kinds <= P2P_TYPES:
+    if kinds and kinds <= RECORDED_P2P:
         return "batch_isend_irecv"
     if len(kinds) == 1:
         (only,) = kinds

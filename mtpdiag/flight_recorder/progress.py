@@ -6,29 +6,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from mtpdiag.flight_recorder.dump import FRDump, FREntry, FRGroup
-
-# megatron-core group descriptions -> layout.py group kinds (the ones whose membership we can check).
-MEGATRON_GROUP_KINDS = {
-    "default_pg": "world",
-    "TENSOR_MODEL_PARALLEL_GROUP": "tp",
-    "CONTEXT_PARALLEL_GROUP": "cp",
-    "DATA_PARALLEL_GROUP": "dp",
-    "DATA_PARALLEL_GROUP_GLOO": "dp",
-    "PIPELINE_MODEL_PARALLEL_GROUP": "pp",
-    "DATA_PARALLEL_GROUP_WITH_CP": "dp_cp",
-    "DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp_cp",
-    "TENSOR_AND_CONTEXT_PARALLEL_GROUP": "tp_cp",
-    "TENSOR_AND_DATA_PARALLEL_GROUP": "tp_dp",
-    "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP": "tp_dp_cp",
-    "MODEL_PARALLEL_GROUP": "mp",
-    "EXPERT_MODEL_PARALLEL_GROUP": "ep",
-    "EXPERT_TENSOR_PARALLEL_GROUP": "etp",
-    "EXPERT_DATA_PARALLEL_GROUP": "edp",
-    "EXPERT_DATA_PARALLEL_GROUP_GLOO": "edp",
-    "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP": "tp_ep",
-    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP": "tp_ep_pp",
-}
-
+from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 
 @dataclass(frozen=True)
 class GroupProgress:

@@ -18,21 +18,11 @@ import sys
 from functools import lru_cache
 from typing import Any, Callable, Iterable
 
-from mtpdiag.model import Frame, Site
+from mtpdiag.model import Site
+from mtpdiag.vocabulary.stacks import call_site_frame, display_path
 
 Qualify = Callable[[str, int, str], str]  # (path as recorded, line, plain name) -> qualified name
 MAX_SOURCE_BYTES = 8 * 1024 * 1024
-_PACKAGE_ROOTS = ("/site-packages/", "/dist-packages/")
-
-
-def display_path(filename: str) -> str:
-    """A path relative to site-packages/dist-packages when it is installed there, else as given
-    (``mtpdiag.capture.pyspy.display_path``, which this package must not import: capture imports it)."""
-    for root in _PACKAGE_ROOTS:
-        cut = filename.rfind(root)
-        if cut >= 0:
-            return filename[cut + len(root):]
-    return filename
 
 
 def plain(path: str, line: int, name: str) -> str:
@@ -62,11 +52,7 @@ def stack_of(frames: Any, qualify: Qualify = plain) -> tuple[Site, ...]:
 
 def call_site(stack: tuple[Site, ...]) -> Site | None:
     """The first frame outside torch and decorator plumbing, exactly as ``classify`` picks a stack's site."""
-    if not stack:
-        return None
-    from mtpdiag.analysis.classify import classify_stack  # here, not at the top: analysis may import us
-
-    return classify_stack(tuple(Frame(function=s.function, file=s.file, line=s.line) for s in stack)).site
+    return call_site_frame(stack)
 
 
 def _is_python(filename: str) -> bool:

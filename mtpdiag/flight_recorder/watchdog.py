@@ -26,21 +26,10 @@ import re
 from dataclasses import dataclass, field, replace
 
 from mtpdiag.errors import InputError
+from mtpdiag.vocabulary.ops import WORK_OP_TYPES
 
 MAX_LINE = 65536
 MAX_LOG_BYTES = 512 * 1024 * 1024
-# ProcessGroup's opTypeToString -> the public torch.distributed function.
-OP_TYPES = {
-    "ALLREDUCE": "all_reduce", "_ALLREDUCE_SPARSE": "all_reduce", "ALLREDUCE_COALESCED": "all_reduce_coalesced",
-    "ALLGATHER": "all_gather", "_ALLGATHER_BASE": "all_gather_into_tensor",
-    "ALLGATHER_COALESCED": "all_gather_coalesced", "ALLGATHER_INTO_TENSOR_COALESCED":
-    "all_gather_into_tensor_coalesced", "REDUCE_SCATTER": "reduce_scatter",
-    "_REDUCE_SCATTER_BASE": "reduce_scatter_tensor", "REDUCE_SCATTER_TENSOR_COALESCED":
-    "reduce_scatter_tensor_coalesced", "BROADCAST": "broadcast", "REDUCE": "reduce", "GATHER": "gather",
-    "SCATTER": "scatter", "ALLTOALL": "all_to_all", "ALLTOALL_BASE": "all_to_all_single", "SEND": "send",
-    "RECV": "recv", "RECVANYSOURCE": "recv", "BARRIER": "barrier", "COALESCED": "coalesced",
-}
-
 _N = r"-?\d{1,19}"
 _GLOBAL = re.compile(r"\[rank(\d{1,9})\]:")
 _THREAD = re.compile(r"\[[EWIF]\d{4} [\d:.]{8,24} (\d{1,12}) ")  # glog: [E1130 17:44:26.121021000 3117 file:line]
@@ -206,7 +195,7 @@ def _timeout(line: str, number: int) -> WatchdogTimeout | None:
     op_type = values["op"]
     return WatchdogTimeout(
         line=number, rank=_global(line), group=_group(line[:m.start()]), seq=int(values["seq"]), op_type=op_type,
-        op=OP_TYPES.get(op_type, op_type.lower().lstrip("_")),
+        op=WORK_OP_TYPES.get(op_type, op_type.lower().lstrip("_")),
         numel_in=_opt(values["numel_in"]), numel_out=_opt(values["numel_out"]),
         timeout_ms=_opt(values["timeout_ms"]), ran_for_ms=_opt(m.group("ran")),
         blocking_wait=m.group("ran") is None, thread=_first(_THREAD, line))

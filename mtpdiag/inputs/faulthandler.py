@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import re
 
-from mtpdiag.capture.pyspy import display_path
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.identity import claims_of
 from mtpdiag.inputs.lines import Line, clean_lines
 from mtpdiag.inputs.settle import captures_of, main_first, shared, thread
 from mtpdiag.model import Frame, printable
+from mtpdiag.vocabulary.stacks import display_path
 
 _HEADER = re.compile(r"^(?P<current>Current thread|Thread) (?P<ident>0x[0-9A-Fa-f]{1,16})(?: \[(?P<name>[^\]]*)\])?"
                      r" \(most recent call first\):$")

@@ -18,13 +18,13 @@ import re
 from dataclasses import dataclass, field
 
 from mtpdiag.capture.cmdline import layout_hints, merge_hints
-from mtpdiag.capture.discover import is_launcher_argv
-from mtpdiag.capture.pyspy import display_path, kept_args
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.failed import failure_reason
 from mtpdiag.inputs.lines import Line, clean_lines, command, is_python_file
 from mtpdiag.inputs.settle import captures_of, shared, thread
 from mtpdiag.model import Frame, ThreadStack, printable
+from mtpdiag.vocabulary.ops import is_launcher_argv
+from mtpdiag.vocabulary.stacks import display_path, kept_args
 
 # Numbers are ASCII and bounded: py-spy never prints others, and int() refuses 5000-digit strings.
 _PROCESS = re.compile(r"^Process ([0-9]{1,10}): ?(.*)$")

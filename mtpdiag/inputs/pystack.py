@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import re
 
-from mtpdiag.capture.pyspy import display_path, kept_args
-from mtpdiag.capture.source import calls_in
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.failed import failure_reason
 from mtpdiag.inputs.lines import Line, clean_lines, command
 from mtpdiag.inputs.settle import captures_of, main_first, shared, started_by_threading, thread
 from mtpdiag.model import Frame, ThreadStack, printable
+from mtpdiag.vocabulary.stacks import display_path, kept_args
+from mtpdiag.vocabulary.waits import calls_in
 
 _HEADER = re.compile(r"^Traceback for thread (?P<tid>[0-9]{1,10})(?: \((?P<name>.*?)\))?(?: \[(?P<status>[^\]]*)\])?"
                      r" \(most recent call last\):$")

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 
-from mtpdiag.capture.pyspy import display_path
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.lines import clean_lines
 from mtpdiag.inputs.settle import captures_of, shared, thread
 from mtpdiag.model import Frame, printable
+from mtpdiag.vocabulary.stacks import display_path
 
 _SPY = re.compile(r"^(?P<function>[^\s()]+) \((?P<file>[^()\s]+?):(?P<line>[0-9]{1,9})\)$")
 _TRACEBACK = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>[0-9]{1,9})(?P<comma>,?) in (?P<function>\S+)$')

@@ -11,12 +11,14 @@ from rich.text import Text
 
 from mtpdiag.model import RankView, Report
 from mtpdiag.report import words
+from mtpdiag.vocabulary.labels import coords_label
 
 PALETTE = ("red", "cyan", "yellow", "green", "magenta", "blue", "bright_red", "bright_cyan",
            "bright_yellow", "bright_green", "bright_magenta", "bright_blue")
 GRID_MAX_CELLS = 512  # beyond this the grid is summarised; use --html for big worlds
 VERDICT_STYLE = {"problem": "bold red", "incomplete": "bold yellow", "ok": "bold green"}
 MAX_LOG_LINES = 20
+COLUMN = ("dp", "cp", "tp")  # the coordinates of a grid column, in order
 
 
 def group_letter(index: int) -> str:
@@ -152,7 +154,7 @@ def _grid(report: Report) -> Table | Text | None:
     table = Table(title="Rank grid (letter = site group)", title_justify="left")
     table.add_column("", no_wrap=True)
     for col in columns:
-        table.add_column(f"dp{col[0]} cp{col[1]} tp{col[2]}", no_wrap=True, justify="center")
+        table.add_column(coords_label(dict(zip(COLUMN, col)), keys=COLUMN), no_wrap=True, justify="center")
     cells: dict[tuple[int, tuple[int, int, int]], RankView] = {
         (v.coords["pp"], _column_key(v.coords)): v for v in views}
     for stage in stages:

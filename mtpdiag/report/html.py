@@ -19,7 +19,8 @@ from mtpdiag import __version__
 from mtpdiag.layout import LayoutError, ParallelLayout
 from mtpdiag.model import Frame, RankView, Report
 from mtpdiag.report import words
-from mtpdiag.report.console import group_letter
+from mtpdiag.report.console import COLUMN, group_letter
+from mtpdiag.vocabulary.labels import coords_label
 
 # The console's colours (red, cyan, yellow, green, magenta, blue, then their bright twins) as CSS, so a
 # group has the same colour in both reports. Past these, hues step by the golden angle.
@@ -166,7 +167,8 @@ def _layout_grid(report: Report, group_of: Mapping[int, int]) -> str | None:
     if len(columns) <= TABLE_MAX_COLUMNS and len(cell_at) <= TABLE_MAX_CELLS:
         out = [f'<div class=tbl style="grid-template-columns:auto repeat({len(columns)},minmax(4.2em,auto))">',
                "<span></span>"]
-        out += [f"<span class=colh>dp{d}<br>cp{c}<br>tp{t}</span>" for d, c, t in columns]
+        out += [f"<span class=colh>{coords_label(dict(zip(COLUMN, col)), keys=COLUMN, sep='<br>')}</span>"
+                for col in columns]
         for stage in stages:
             out.append(f"<span class=rowh>pp{stage}</span>")
             out += [cell(stage, col, True) for col in columns]

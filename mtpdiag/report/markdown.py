@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mtpdiag.model import Report
 from mtpdiag.report import words
+from mtpdiag.vocabulary.labels import rank_list
 
 
 def render(report: Report) -> str:
@@ -62,6 +63,4 @@ def _cell(text: str) -> str:
 
 def _ranks(ranks) -> str:
     ranks = list(ranks)
-    if len(ranks) > 16:
-        return f"{ranks[:16]}… ({len(ranks)} ranks)".replace("]…", ", …]")
-    return str(ranks)
+    return f"[{rank_list(ranks, 16)}]" + (f" ({len(ranks)} ranks)" if len(ranks) > 16 else "")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from mtpdiag.analysis.findings import GROUP_NAMES, provenance
+from mtpdiag.analysis.findings import provenance
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.model import Mismatch, RankView, Report, Site
+from mtpdiag.vocabulary.groups import COORDINATES, GROUP_NAMES
+from mtpdiag.vocabulary.labels import coords_label, rank_list
 
 
-COORD_ORDER = ("tp", "cp", "ep", "dp", "pp")
 
 
 def site_label(site: Site | None) -> str:
@@ -21,15 +22,6 @@ def site_label(site: Site | None) -> str:
 def short_function(function: str) -> str:
     """``MTPLossLoggingHelper.reduce_loss_in_tracker`` -> ``reduce_loss_in_tracker``."""
     return function.rsplit(".", 1)[-1] if "<locals>" not in function else function
-
-
-def coords_label(coords: Mapping[str, int] | None, layout: Mapping | None) -> str:
-    """``tp0 cp1 pp1``: tp, cp and pp always, ep and dp when their size is above 1."""
-    if not coords:
-        return ""
-    keep = [k for k in COORD_ORDER if k in coords and
-            (k in ("tp", "cp", "pp") or (layout and int(layout.get(k, 1)) > 1))]
-    return " ".join(f"{k}{coords[k]}" for k in keep)
 
 
 def rank_label(view: RankView | None, rank: int, layout: Mapping | None) -> str:
@@ -57,7 +49,7 @@ def doing(view: RankView | None) -> str:
 
 def wait_label(kind: str | None) -> str:
     """``host_sync`` -> ``waiting on the device at a host sync``."""
-    from mtpdiag.analysis.wait import WAIT_PHRASES
+    from mtpdiag.vocabulary.waits import WAIT_PHRASES
 
     return WAIT_PHRASES.get(kind or "running", kind or "running")
 
@@ -106,22 +98,14 @@ def layout_line(report: Report) -> str:
     """``layout: tp=1 cp=2 ... from <source>``, or how to give one."""
     if not report.layout:
         return "layout: unknown (pass --tp/--cp/--pp or --config to find split process groups)"
-    sizes = " ".join(f"{k}={report.layout[k]}" for k in COORD_ORDER if k in report.layout)
+    sizes = " ".join(f"{k}={report.layout[k]}" for k in COORDINATES if k in report.layout)
     source = f" from {report.layout_source}" if report.layout_source else ""
     return f"layout: {sizes}{source}"
 
 
 def rank_runs(ranks, limit: int = 12) -> str:
     """Compact rank list: ``0-3, 8, 10``, cut after ``limit`` runs with the total count."""
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:limit])
-    count = sum(b - a + 1 for a, b in runs)
-    return text + (f", … ({count} ranks)" if len(runs) > limit else "")
+    return rank_list(ranks, limit, runs=True, more=", … ({n} ranks)")
 
 
 def _at(activity: str) -> str:

@@ -1,0 +1,95 @@
+"""The words of the report contracts (docs/design.md) as ``StrEnum``s: a member is its JSON string, so it
+compares, hashes and serialises as that string, and a typo is a NameError instead of a silent mismatch."""
+
+from __future__ import annotations
+
+import enum
+import sys
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+    class StrEnum(str, enum.Enum):
+        """``enum.StrEnum`` of Python 3.11: ``str()``, ``format()`` and ``hash()`` are the value's."""
+
+        __str__ = str.__str__
+        __format__ = str.__format__
+
+        def __hash__(self) -> int:
+            return str.__hash__(self)
+
+
+class RankState(StrEnum):
+    """A rank as the report shows it (``RankView.state``)."""
+
+    COLLECTIVE = "collective"
+    WAITING = "waiting"  # blocked outside any collective; its wait says on what
+    RUNNING = "running"
+    STOPPED = "stopped"
+    GONE = "gone"
+    UNREADABLE = "unreadable"
+
+
+# States of a rank that cannot take part in anything: it is stopped, exited or could not be read.
+FROZEN_STATES = (RankState.STOPPED, RankState.GONE, RankState.UNREADABLE)
+
+
+class Verdict(StrEnum):
+    OK = "ok"
+    PROBLEM = "problem"
+    INCOMPLETE = "incomplete"  # ranks are stuck, but the evidence cannot say why
+
+
+class Role(StrEnum):
+    """A split collective's place in a deadlock: only the root gets a finding."""
+
+    ROOT = "root"
+    CONSEQUENCE = "consequence"
+
+
+class GateStrength(StrEnum):
+    STRONG = "strong"  # several ranks on each side split cleanly along the gate
+    WEAK = "weak"  # one rank alone, or other coordinates separate the sides as well
+
+
+class GroupFrom(StrEnum):
+    """Where a split's group kind came from."""
+
+    KNOWN_SITE = "known-site"
+    FLIGHT_RECORDER = "flight-recorder"
+    WATCHDOG_LOG = "watchdog-log"
+    UNIQUE_FIT = "unique-fit"
+    WORLD_OP = "world-op"
+    GUESS = "guess"
+
+
+class Source(StrEnum):
+    """The evidence a split was read from."""
+
+    STACKS = "stacks"
+    FLIGHT_RECORDER = "flight-recorder"
+    STACKS_AND_FLIGHT_RECORDER = "stacks+flight-recorder"
+    WATCHDOG_LOG = "watchdog-log"
+
+
+class FindingId(StrEnum):
+    """The stable finding ids users script against."""
+
+    MTP_CP_GATED_REDUCE = "mtp-cp-gated-reduce"
+    GATED_COLLECTIVE = "gated-collective"
+    P2P_UNMATCHED = "p2p-unmatched"
+    STRAGGLER = "straggler"
+    FROZEN_RANK = "frozen-rank"
+    MISSING_RANK = "missing-rank"
+    ALL_WAITING = "all-waiting"
+    SIZE_MISMATCH = "size-mismatch"
+    DTYPE_MISMATCH = "dtype-mismatch"
+    UNEXPLAINED_WAIT = "unexplained-wait"
+
+
+class Outcome(StrEnum):
+    """How one ``verify`` world ended."""
+
+    COMPLETED = "completed"
+    DEADLOCK = "deadlock"
+    ERROR = "error"
