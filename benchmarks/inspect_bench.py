@@ -50,7 +50,7 @@ print(sum(len(s) for s in stacks))
 
 # Modules that inspect, capture and analysis load; none of them may pull in torch or megatron.
 INSPECT_MODULES = ("mtpdiag.cli", "mtpdiag.commands.inspect", "mtpdiag.commands.options", "mtpdiag.capture",
-                   "mtpdiag.analysis", "mtpdiag.layout_sources", "mtpdiag.loaders", "mtpdiag.report.json_report",
+                   "mtpdiag.analysis", "mtpdiag.layout.sources", "mtpdiag.loaders", "mtpdiag.report.json_report",
                    "mtpdiag.report.console")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpdiag.capture.cmdline import layout_hints, merge_hints
+from mtpdiag.layout.cmdline import layout_hints, merge_hints
 
 PY = ["/usr/bin/python3", "-u"]
 

@@ -28,7 +28,7 @@ from mtpdiag.capture.pyspy import threads_from_json
 from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot
 from mtpdiag.errors import MtpdiagError
 from mtpdiag.flight_recorder import correlate, load_fr_dumps
-from mtpdiag.layout_sources import read_verl_config
+from mtpdiag.layout.sources import read_verl_config
 from mtpdiag.errors import InputError
 from mtpdiag.inputs import READERS, ReadContext
 from mtpdiag.loaders import load_paths, parse_text_dump

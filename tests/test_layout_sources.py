@@ -12,7 +12,7 @@ import pytest
 
 from mtpdiag.errors import InputError
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.layout_sources import read_verl_config, resolve_layout
+from mtpdiag.layout.sources import read_verl_config, resolve_layout
 from verl_wheels import verl_megatron_config
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"

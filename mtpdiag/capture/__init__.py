@@ -15,10 +15,11 @@ from datetime import datetime, timezone
 from typing import Callable, Iterable
 
 import mtpdiag
-from mtpdiag.capture import cmdline, procfs, pyspy
+from mtpdiag.capture import procfs, pyspy
 from mtpdiag.capture.discover import find_targets
 from mtpdiag.capture.pyspy import CaptureFailed
 from mtpdiag.errors import NothingCaptured
+from mtpdiag.layout import cmdline
 from mtpdiag.model import STATE_STOPPED, RankCapture, Snapshot, decimal
 
 STATE_GONE = "gone"

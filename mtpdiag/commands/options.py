@@ -99,7 +99,7 @@ def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions, fr=None
     and said so. Never the number of files: one node's dumps of a 1,000-rank job are 8 of 1,000 ranks.
     """
     from mtpdiag.analysis import diagnose
-    from mtpdiag.layout_sources import resolve_layout
+    from mtpdiag.layout.sources import resolve_layout
 
     # The distinct hints only, in capture order: the ranks of one job mostly carry the same ones.
     hints = [dict(h) for h in dict.fromkeys(c.layout_hints for c in snapshot.captures if c.layout_hints)]

@@ -101,7 +101,7 @@ def resolve_verify_layout(flags: dict, *, dp: int | None, order: str | None, con
                           overrides: list[str], pid: int | None) -> tuple[ParallelLayout, str]:
     """The layout to verify, and where it came from: flags, a verl config, or a hung job (``--pid``).
 
-    Sources are merged by ``layout_sources.resolve_layout``: a flag that contradicts the config or the
+    Sources are merged by ``layout.sources.resolve_layout``: a flag that contradicts the config or the
     job is an input error naming both. dp is the verify world's own choice (default 1, or the job's).
     """
     given = {k: v for k, v in flags.items() if v is not None}
@@ -112,7 +112,7 @@ def resolve_verify_layout(flags: dict, *, dp: int | None, order: str | None, con
         sizes = {"tp": job.tp, "cp": job.cp, "pp": job.pp, "ep": job.ep, "etp": job.etp, "vpp": job.vpp}
         return build_layout(sizes, dp=dp or job.dp, order=job.order), f"pid {pid}: {source}"
     if config is not None:
-        from mtpdiag.layout_sources import read_verl_config, resolve_layout
+        from mtpdiag.layout.sources import read_verl_config, resolve_layout
 
         sizes = {**read_verl_config(config, overrides), **given}
         dp = dp or fewest_dp(sizes)
@@ -159,7 +159,7 @@ def _job_layout(pid: int, given: dict, config: str | None,
     """Capture the hung job once and resolve its layout as ``inspect`` does."""
     from mtpdiag.capture import capture
     from mtpdiag.commands.options import world_size_of
-    from mtpdiag.layout_sources import resolve_layout
+    from mtpdiag.layout.sources import resolve_layout
 
     snapshot = capture(pids=[pid])
     hints = [dict(c.layout_hints) for c in snapshot.captures if c.layout_hints]

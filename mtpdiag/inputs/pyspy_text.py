@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from mtpdiag.capture.cmdline import layout_hints, merge_hints
+from mtpdiag.layout.cmdline import layout_hints, merge_hints
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.failed import failure_reason
 from mtpdiag.inputs.lines import Line, clean_lines, command, is_python_file

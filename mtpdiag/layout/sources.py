@@ -8,45 +8,12 @@ the only I/O here.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from mtpdiag.errors import InputError
-from mtpdiag.layout import LayoutError, ParallelLayout
-
-SIZE_KEYS = ("tp", "cp", "pp", "ep", "etp", "vpp")
-# Keys a flags or hints dict may carry: the sizes, and the rank order (a string).
-SOURCE_KEYS = (*SIZE_KEYS, "order")
-
-# megatron-core's argument names, which verl uses unchanged in its megatron config sections.
-CONFIG_NAMES = {
-    "tp": "tensor_model_parallel_size",
-    "cp": "context_parallel_size",
-    "pp": "pipeline_model_parallel_size",
-    "ep": "expert_model_parallel_size",
-    "etp": "expert_tensor_parallel_size",
-    "vpp": "virtual_pipeline_model_parallel_size",
-}
-
-# The trained model's section: the PPO actor, or the SFT trainer's engine (``engine=megatron``).
-CONFIG_SECTIONS = ("actor_rollout_ref.actor.megatron", "engine")
-
-# How a command line hint is shown: Megatron-LM's flag names, the spelling people grep logs for.
-COMMAND_LINE_FLAGS = {
-    "tp": "--tensor-model-parallel-size",
-    "cp": "--context-parallel-size",
-    "pp": "--pipeline-model-parallel-size",
-    "ep": "--expert-model-parallel-size",
-    "etp": "--expert-tensor-parallel-size",
-    "vpp": "--virtual-pipeline-model-parallel-size",
-    "order": "--order",
-}
-
-_KEY = r"[A-Za-z_][\w-]*(?:[./@][\w-]+)*"  # dotted; @ and / only in config-group choices
-_OVERRIDE = re.compile(rf"^\+{{0,2}}(?P<key>{_KEY})=(?P<value>.*)$", re.DOTALL)
-_DELETE = re.compile(rf"^~(?P<key>{_KEY})(=.*)?$", re.DOTALL)
-
+from mtpdiag.layout.megatron import LayoutError, ParallelLayout
+from mtpdiag.vocabulary.sizes import COMMAND_LINE_FLAGS, CONFIG_NAMES, SOURCE_KEYS
 
 @dataclass(frozen=True)
 class _Source:
@@ -66,7 +33,7 @@ def read_verl_config(path: str, overrides: Iterable[str] = ()) -> dict[str, int]
     other worker groups. Returns the sizes that are set among tp, cp, pp, ep, etp and vpp; a null value
     means unset and is left out, so the caller can tell "1" from "not said".
     """
-    from mtpdiag.verl_config import read_sizes  # omegaconf costs ~0.1 s: only when a config is read
+    from mtpdiag.layout.verl_config import read_sizes  # omegaconf costs ~0.1 s: only when a config is read
 
     return read_sizes(path, overrides)[0]
 
@@ -145,7 +112,7 @@ def _flag_source(flags: Mapping[str, int | str | None]) -> _Source | None:
 def _config_source(path: str | None, overrides: list[str]) -> _Source | None:
     if not path:
         return None
-    from mtpdiag.verl_config import read_sizes
+    from mtpdiag.layout.verl_config import read_sizes
 
     values, world_size = read_sizes(path, overrides)
     label = f"verl config {path}" + (f" with {len(overrides)} override(s)" if overrides else "")

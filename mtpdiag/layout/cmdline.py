@@ -8,35 +8,13 @@ from __future__ import annotations
 
 import re
 
-# Megatron-LM argparse flags. ``--num-layers-per-virtual-pipeline-stage`` is a layer count, not a size.
-MEGATRON_FLAGS = {
-    "--tensor-model-parallel-size": "tp",
-    "--context-parallel-size": "cp",
-    "--pipeline-model-parallel-size": "pp",
-    "--expert-model-parallel-size": "ep",
-    "--expert-tensor-parallel-size": "etp",
-    "--virtual-pipeline-model-parallel-size": "vpp",
-}
-
-# Short flags (our reproducer and many scripts); used only when followed by an integer.
-SHORT_FLAGS = {"--tp": "tp", "--cp": "cp", "--pp": "pp", "--ep": "ep"}
-
-# The last component of a verl/hydra override key (megatron-core's TransformerConfig names).
-HYDRA_KEYS = {
-    "tensor_model_parallel_size": "tp",
-    "context_parallel_size": "cp",
-    "pipeline_model_parallel_size": "pp",
-    "expert_model_parallel_size": "ep",
-    "expert_tensor_parallel_size": "etp",
-    "virtual_pipeline_model_parallel_size": "vpp",
-}
+from mtpdiag.layout.overrides import parse_override
+from mtpdiag.vocabulary.sizes import CONFIG_SECTIONS, HYDRA_KEYS, MEGATRON_FLAGS, SHORT_FLAGS
 
 # Hydra prefixes that describe the trained model (the actor, or the SFT trainer's engine). Other
 # ``*.megatron.*`` groups (ref, critic, reward model) count only where these say nothing; a rollout's
 # ``tensor_model_parallel_size`` is the inference engine's and never counts.
-_PRIMARY_PREFIXES = ("actor_rollout_ref.actor.megatron.", "engine.")
-
-_OVERRIDE = re.compile(r"^\+{0,2}(?P<key>[A-Za-z_][\w.]*)=(?P<value>.*)$")
+_PRIMARY_PREFIXES = tuple(section + "." for section in CONFIG_SECTIONS)
 _INT = re.compile(r"[0-9]{1,9}")  # ASCII and bounded: int() refuses 5000 digits
 
 
@@ -56,9 +34,9 @@ def layout_hints(argv: list[str]) -> dict[str, int]:
                 _put(primary, key, argv[i + 1])
                 i += 1
         else:
-            match = _OVERRIDE.match(token)
-            if match:
-                _take_override(match["key"], match["value"], primary, secondary)
+            override = parse_override(token)
+            if override is not None and not override.is_delete and not override.selects_a_group:
+                _take_override(override.key, override.value or "", primary, secondary)
         i += 1
     return {**secondary, **primary}
 

@@ -9,8 +9,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mtpdiag.errors import InputError
-from mtpdiag.layout_sources import CONFIG_NAMES, CONFIG_SECTIONS, _DELETE, _OVERRIDE
+from mtpdiag.layout.overrides import parse_override
 from mtpdiag.model import decimal
+from mtpdiag.vocabulary.sizes import CONFIG_NAMES, CONFIG_SECTIONS
 
 
 def read_sizes(path: str, overrides: Iterable[str]) -> tuple[dict[str, int], int | None]:
@@ -53,17 +54,16 @@ def _apply_override(cfg: DictConfig, override: str, path: str) -> None:
     a key the job really has can be missing from it. Config-group choices (``engine=megatron``,
     ``+engine@engine=megatron``) select other files, which cannot be composed here; they are skipped.
     """
-    delete = _DELETE.match(override)
-    match = None if delete else _OVERRIDE.match(override)
-    if not (delete or match):
+    parsed = parse_override(override)
+    if parsed is None:
         raise InputError(f"bad override {override!r} for config {path}: expected key=value")
     try:
-        if delete:
-            _delete(cfg, delete["key"])
+        if parsed.is_delete:
+            _delete(cfg, parsed.key)
             return
-        key = match["key"]
-        value = yaml.safe_load(match["value"]) if match["value"].strip() else ""
-        if "@" in key or "/" in key:
+        key, raw = parsed.key, parsed.value or ""
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        if parsed.selects_a_group:
             return
         if isinstance(value, str) and isinstance(OmegaConf.select(cfg, key, default=None,
                                                                   throw_on_resolution_failure=False),
