@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import replace
 
-from mtpdiag.flight_recorder import load_fr_dumps
+from mtpdiag.inputs.flight_recorder import load_fr_dumps
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.loaders import load_paths
 from mtpdiag.model import STATE_SLEEPING, STATE_STOPPED, Snapshot

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from mtpdiag.errors import InputError
-from mtpdiag.flight_recorder import FRDump, correlate, group_progress, load_fr_dumps, op_name
+from mtpdiag.analysis.flight_recorder import correlate, group_progress
+from mtpdiag.inputs.flight_recorder import load_fr_dumps, op_name
+from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.jobs import start_torchrun
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Report

@@ -18,8 +18,11 @@ from hypothesis import strategies as st
 
 from fr_fixtures import raw
 from mtpdiag.errors import InputError
-from mtpdiag.flight_recorder import FRDump, match_groups, parse_profiling_name, parse_watchdog_log, read_dump_file
-from mtpdiag.flight_recorder.records import FRDump as Records
+from mtpdiag.analysis.flight_recorder import match_groups
+from mtpdiag.inputs.flight_recorder import parse_profiling_name, read_dump_file
+from mtpdiag.inputs.watchdog_log import parse_watchdog_log
+from mtpdiag.model.flight_recorder import FRDump
+from mtpdiag.model.flight_recorder import FRDump as Records
 from mtpdiag.model import SchemaError
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))

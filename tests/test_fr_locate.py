@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import threading
 
-from mtpdiag.flight_recorder import dump_prefixes, request_live_dump
-from mtpdiag.flight_recorder.locate import ENV_KEYS, pipe_prefix
+from mtpdiag.capture.fr_locate import dump_prefixes, request_live_dump
+from mtpdiag.capture.fr_locate import ENV_KEYS, pipe_prefix
 
 
 def test_the_variables_torch_reads_and_its_defaults():

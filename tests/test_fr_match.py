@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 
 from fr_fixtures import FR_FIXTURES, entries_of, raw, write_set
-from mtpdiag.flight_recorder import load_fr_dumps, match_groups, mismatches
-from mtpdiag.flight_recorder.order import program_order
+from mtpdiag.analysis.flight_recorder import match_groups, mismatches
+from mtpdiag.inputs.flight_recorder import load_fr_dumps
+from mtpdiag.analysis.flight_recorder.order import program_order
 from mtpdiag.model import Site
 
 DP_CP, CP, TP = "DATA_PARALLEL_GROUP_WITH_CP", "CONTEXT_PARALLEL_GROUP", "TENSOR_MODEL_PARALLEL_GROUP"

@@ -12,8 +12,10 @@ from __future__ import annotations
 import pytest
 
 from fr_fixtures import nccl_scenarios
-from mtpdiag.flight_recorder import load_fr_dumps, match_groups, mismatches, parse_watchdog_log
-from mtpdiag.flight_recorder.calls import group_calls
+from mtpdiag.analysis.flight_recorder import match_groups, mismatches
+from mtpdiag.inputs.flight_recorder import load_fr_dumps
+from mtpdiag.inputs.watchdog_log import parse_watchdog_log
+from mtpdiag.inputs.flight_recorder.calls import group_calls
 
 SCENARIOS = nccl_scenarios()
 pytestmark = pytest.mark.skipif(not SCENARIOS, reason="no NCCL-format fixtures recorded")

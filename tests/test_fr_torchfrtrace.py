@@ -15,7 +15,8 @@ import pytest
 
 from fr_fixtures import FR_FIXTURES, dump_files, entries_of, gloo_scenarios, nccl_scenarios, raw, write_set
 from frtrace import FRTraceBlock, first_block_per_group, run_torchfrtrace
-from mtpdiag.flight_recorder import Divergence, load_fr_dumps, match_groups
+from mtpdiag.analysis.flight_recorder import Divergence, match_groups
+from mtpdiag.inputs.flight_recorder import load_fr_dumps
 
 STATE_ONLY = {"COLLECTIVE_STATE_MISMATCH"}
 

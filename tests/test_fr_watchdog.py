@@ -7,8 +7,8 @@ adds, torchrun's ``[default3]:`` tee prefix on some, and unrelated lines interle
 
 from __future__ import annotations
 
-from mtpdiag.flight_recorder import parse_watchdog_log
-from mtpdiag.flight_recorder.watchdog import load_watchdog_log
+from mtpdiag.inputs.watchdog_log import parse_watchdog_log
+from mtpdiag.inputs.watchdog_log import load_watchdog_log
 
 # torch 2.13: WorkNCCL::checkTimeout with WorkNCCL::logPrefix "[Rank <group rank>] " and operator<<(WorkNCCL);
 # then the watchdog's "failure detected" line with the group's createLogPrefix (PG ID, GUID, desc), the

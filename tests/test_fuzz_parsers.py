@@ -27,7 +27,7 @@ from mtpdiag.bundle import load_bundle, snapshot_from_data
 from mtpdiag.capture.pyspy import threads_from_json
 from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot
 from mtpdiag.errors import MtpdiagError
-from mtpdiag.flight_recorder import correlate, load_fr_dumps
+from mtpdiag.analysis.flight_recorder.correlate import correlate, load_fr_dumps
 from mtpdiag.layout.sources import read_verl_config
 from mtpdiag.errors import InputError
 from mtpdiag.inputs import READERS, ReadContext

@@ -12,7 +12,7 @@ from typing import Iterable, Mapping
 from dataclasses import replace
 
 from mtpdiag.analysis import findings as fnd
-from mtpdiag.analysis import fr_evidence
+from mtpdiag.analysis.flight_recorder import evidence as fr_evidence
 from mtpdiag.analysis.classify import (Classified, StateReading, classify_capture, rank_state, side_collective,
                                        site_of)
 from mtpdiag.analysis.known_sites import lookup
@@ -21,7 +21,8 @@ from mtpdiag.analysis.sites import group_sites
 from mtpdiag.analysis.wait import is_stuck, wait_state
 from mtpdiag.analysis.waits import find_causes
 from mtpdiag.analysis.log_evidence import fold_log
-from mtpdiag.flight_recorder import FRDump, WatchdogLog
+from mtpdiag.model.flight_recorder import FRDump
+from mtpdiag.model.watchdog import WatchdogLog
 from mtpdiag.layout import LayoutError, ParallelLayout
 from mtpdiag.vocabulary.labels import rank_list
 from mtpdiag.vocabulary.ops import WORLD_OPS

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mtpdiag.analysis.fr_evidence import SizeProblem
+from mtpdiag.analysis.flight_recorder.evidence import SizeProblem
 from mtpdiag.analysis.gate import CoordsOf, read_gate
-from mtpdiag.flight_recorder import WatchdogLog
+from mtpdiag.model.watchdog import WatchdogLog
 from mtpdiag.layout import GROUP_KINDS, ParallelLayout
 from mtpdiag.model import Mismatch
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from mtpdiag.analysis.fr_evidence import mismatch_key
+from mtpdiag.analysis.flight_recorder.evidence import mismatch_key
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.mismatch import is_point_to_point
 from mtpdiag.layout import ParallelLayout

@@ -1,6 +1,6 @@
 """The Flight Recorder dumps of live targets: find them where torch writes them, or ask the job for fresh ones.
 
-torch writes ``<prefix><rank>`` (``flight_recorder.locate.dump_prefixes``: ``TORCH_FR_DUMP_TEMP_FILE``, else
+torch writes ``<prefix><rank>`` (``capture.fr_locate.dump_prefixes``: ``TORCH_FR_DUMP_TEMP_FILE``, else
 ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, else the defaults under the target's home and ``/tmp``). Paths are read
 through ``/proc/PID/root``, so a rank in a container is read in its own file system. A dump older than its
 process is left alone: it belongs to an earlier run.
@@ -18,10 +18,11 @@ import time
 from dataclasses import dataclass, replace
 
 from mtpdiag.capture import procfs
+from mtpdiag.capture.fr_locate import dump_prefixes, pipe_prefix, request_live_dump
 from mtpdiag.errors import InputError
-from mtpdiag.flight_recorder import FRDump, load_fr_dumps, request_live_dump
-from mtpdiag.flight_recorder.locate import dump_prefixes, pipe_prefix
+from mtpdiag.inputs.flight_recorder import load_fr_dumps, read_dump_file
 from mtpdiag.model import RankCapture
+from mtpdiag.model.flight_recorder import FRDump
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,6 @@ class LiveProgress:
 
 def _completed(path: str, rank: int) -> int | None:
     """The collectives a rank's dump says it completed, summed over its groups (pg_status)."""
-    from mtpdiag.flight_recorder import read_dump_file
-
     try:
         dump = read_dump_file(path, rank)
     except InputError:

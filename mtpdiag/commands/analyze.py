@@ -45,7 +45,7 @@ def analyze(
         raise InputError("nothing to analyze: give dump files or directories, --fr PREFIX or --log FILE")
     fr_dumps = watchdog = None
     if fr is not None:  # fail fast on a bad --fr or --log, before the stacks are read
-        from mtpdiag.flight_recorder import load_fr_dumps
+        from mtpdiag.inputs.flight_recorder import load_fr_dumps
 
         fr_dumps = load_fr_dumps(fr)
     if log:
@@ -73,7 +73,7 @@ def read_logs(paths: List[Path]):
     """The watchdog lines of every log, as one ``WatchdogLog`` (a one-line InputError for an unreadable file,
     and for logs that hold no watchdog line at all: a wrong file should not pass for "no timeout")."""
     from mtpdiag.errors import InputError
-    from mtpdiag.flight_recorder.watchdog import WatchdogLog, load_watchdog_log
+    from mtpdiag.inputs.watchdog_log import WatchdogLog, load_watchdog_log
 
     logs = [load_watchdog_log(str(p)) for p in paths]
     if not any(log.timeouts or log.statuses for log in logs):

@@ -105,7 +105,7 @@ def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions, fr=None
     hints = [dict(h) for h in dict.fromkeys(c.layout_hints for c in snapshot.captures if c.layout_hints)]
     world_size = world_size_of(snapshot) or layout_options.world_size
     if world_size is None and fr is not None:
-        from mtpdiag.analysis.fr_evidence import world_size as recorded_world
+        from mtpdiag.analysis.flight_recorder.evidence import world_size as recorded_world
 
         world_size = recorded_world(fr)
     _check_world_size(world_size, "WORLD_SIZE of the inputs")

@@ -10,6 +10,7 @@ from mtpdiag.inputs.base import FileCaptures
 from mtpdiag.inputs.settle import UNKNOWN_HOST
 from mtpdiag.errors import InputError
 from mtpdiag.model import Snapshot, world_sizes
+from mtpdiag.model.flight_recorder import FRDump, FRRankDump
 
 
 def check_world_sizes(loaded: list[FileCaptures]) -> None:
@@ -56,15 +57,13 @@ def merge(loaded: list[FileCaptures], errors: list[str]) -> Snapshot:
     )
 
 
-def merged_flight_recorder(parts: list) -> object:
+def merged_flight_recorder(parts: list[FRDump]) -> FRDump | None:
     """The Flight Recorder dumps that several hosts' bundles carry, as one set (a rank's first dump wins)."""
     if not parts:
         return None
     if len(parts) == 1:
         return parts[0]
-    from mtpdiag.flight_recorder.records import FRDump
-
-    ranks: dict[int, object] = {}
+    ranks: dict[int, FRRankDump] = {}
     for part in parts:
         for dump in part.ranks:
             ranks.setdefault(dump.rank, dump)

@@ -12,7 +12,6 @@ from mtpdiag.model.captures import (
     STATE_SLEEPING,
     STATE_STOPPED,
     STATE_ZOMBIE,
-    Frame,
     RankCapture,
     Snapshot,
     ThreadStack,
@@ -20,13 +19,13 @@ from mtpdiag.model.captures import (
     world_sizes,
 )
 from mtpdiag.model.fields import SchemaError, decimal, printable
+from mtpdiag.model.frames import Frame, Site
 from mtpdiag.model.report import (
     REPORT_SCHEMA,
     Finding,
     Mismatch,
     RankView,
     Report,
-    Site,
     SiteGroup,
     WaitState,
 )

@@ -6,26 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtpdiag.model.captures import Frame
-from mtpdiag.model.fields import integer, string
+from mtpdiag.model.frames import Frame, Site
 
 REPORT_SCHEMA = "mtpdiag.report/1"
-
-
-@dataclass(frozen=True)
-class Site:
-    """Where a rank waits: the first frame outside torch.distributed and its wrappers."""
-
-    file: str
-    line: int
-    function: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "function": self.function}
-
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> "Site":
-        return Site(file=string(d, "file"), line=integer(d, "line"), function=string(d, "function"))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from mtpdiag.model import SchemaError, Site
+from mtpdiag.model.fields import SchemaError
+from mtpdiag.model.frames import Site
 
 FR_SCHEMA = "mtpdiag.fr/1"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from mtpdiag.flight_recorder.dump import FRDump, FREntry, FRGroup
+from mtpdiag.model.flight_recorder import FRDump, FREntry, FRGroup
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 
 @dataclass(frozen=True)

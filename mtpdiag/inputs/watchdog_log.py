@@ -1,4 +1,4 @@
-"""NCCL watchdog lines of a job's log, read into typed records (``analyze --log FILE``).
+"""NCCL watchdog lines of a job's log, read into ``model.watchdog`` records (``analyze --log FILE``).
 
 When a collective times out, ProcessGroupNCCL logs (formats of torch 2.3 to 2.13, any log prefix):
 
@@ -23,9 +23,10 @@ nothing are skipped; a line is read up to ``MAX_LINE`` characters.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from mtpdiag.errors import InputError
+from mtpdiag.model.watchdog import DesyncReport, PGRef, WatchdogLog, WatchdogStatus, WatchdogTimeout
 from mtpdiag.vocabulary.ops import WORK_OP_TYPES
 
 MAX_LINE = 65536
@@ -49,100 +50,6 @@ _SIGNAL = re.compile(r"Received a dump signal (?:due to a collective timeout )?f
 _JOINED = re.compile(r"\[([\d, ]{0,4000})\] joined but didn't finish collective #(\d{1,19})")
 _FINISHED = re.compile(r"\[([\d, ]{0,4000})\] finished collective #(\d{1,19}), but didn't join")
 _LAGGING = re.compile(r"ranks \[([\d, ]{0,4000})\] are the lagging ranks")
-
-
-@dataclass(frozen=True)
-class PGRef:
-    """A process group as a log prefix names it. ``name`` is torch's group name (the Flight Recorder's
-    ``process_group[0]``), ``pg_id`` the process-local id (the dump's ``pg_id``), ``rank`` the group rank."""
-
-    pg_id: int | None = None
-    name: str | None = None
-    desc: str | None = None
-    rank: int | None = None
-
-
-@dataclass(frozen=True)
-class WatchdogTimeout:
-    """One timed-out work. ``rank``: global rank (log prefix), ``group``: the group (from the same line's
-    prefix or the matching status line), ``op``: the public op name of ``op_type``. ``last_enqueued`` /
-    ``last_completed`` come from the group's status line for the same rank and work, when logged."""
-
-    line: int
-    rank: int | None
-    group: PGRef
-    seq: int
-    op_type: str
-    op: str
-    numel_in: int | None
-    numel_out: int | None
-    timeout_ms: int | None
-    ran_for_ms: int | None
-    blocking_wait: bool = False
-    thread: int | None = None  # glog's thread id, when the prefix has one
-    last_enqueued: int | None = None
-    last_started: int | None = None
-    last_completed: int | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        return {"line": self.line, "rank": self.rank, "pg_id": self.group.pg_id, "pg_name": self.group.name,
-                "pg_desc": self.group.desc, "group_rank": self.group.rank, "seq": self.seq,
-                "op_type": self.op_type, "op": self.op, "numel_in": self.numel_in, "numel_out": self.numel_out,
-                "timeout_ms": self.timeout_ms, "ran_for_ms": self.ran_for_ms, "blocking_wait": self.blocking_wait,
-                "last_enqueued": self.last_enqueued, "last_started": self.last_started,
-                "last_completed": self.last_completed}
-
-
-@dataclass(frozen=True)
-class WatchdogStatus:
-    """A "last enqueued / last completed" line. ``failed_seq``: the work it reports on, when it names one;
-    ``signal_from``: for a heartbeat dump signal, who raised it ("this local rank", " rank 3")."""
-
-    line: int
-    rank: int | None
-    group: PGRef
-    failed_seq: int | None
-    last_enqueued: int | None
-    last_started: int | None
-    last_completed: int | None
-    signal_from: str | None = None
-    thread: int | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        return {"line": self.line, "rank": self.rank, "pg_id": self.group.pg_id, "pg_name": self.group.name,
-                "pg_desc": self.group.desc, "group_rank": self.group.rank, "failed_seq": self.failed_seq,
-                "last_enqueued": self.last_enqueued, "last_started": self.last_started,
-                "last_completed": self.last_completed, "signal_from": self.signal_from}
-
-
-@dataclass(frozen=True)
-class DesyncReport:
-    """``TORCH_NCCL_DESYNC_DEBUG``'s verdict (group ranks): who joined collective #seq but did not finish,
-    who finished it but did not join the next, who never joined any."""
-
-    line: int
-    rank: int | None
-    seq: int | None
-    joined_not_finished: tuple[int, ...] = ()
-    finished_not_joined: tuple[int, ...] = ()
-    never_joined: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class WatchdogLog:
-    """Every watchdog record of one log, in line order. A timeout is reported once though torch logs it up to
-    three times (the watchdog's line, its exception, and the exception's ``what():`` without a rank prefix)."""
-
-    timeouts: tuple[WatchdogTimeout, ...] = ()
-    statuses: tuple[WatchdogStatus, ...] = ()
-    desync: tuple[DesyncReport, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, object]:
-        return {"timeouts": [t.to_dict() for t in self.timeouts], "statuses": [s.to_dict() for s in self.statuses],
-                "desync": [{"line": d.line, "rank": d.rank, "seq": d.seq,
-                            "joined_not_finished": list(d.joined_not_finished),
-                            "finished_not_joined": list(d.finished_not_joined),
-                            "never_joined": list(d.never_joined)} for d in self.desync]}
 
 
 def parse_watchdog_log(text: str) -> WatchdogLog:

@@ -23,7 +23,9 @@ from typing import Callable, Mapping, Sequence
 
 from mtpdiag.analysis.gate import read_gate
 from mtpdiag.analysis.known_sites import is_mtp_site
-from mtpdiag.flight_recorder import Divergence, FRAnalysis, FRDump, FREntry, GroupMatch, match_groups
+from mtpdiag.analysis.flight_recorder.correlate import correlate
+from mtpdiag.analysis.flight_recorder.match import Divergence, FRAnalysis, GroupMatch, match_groups
+from mtpdiag.model.flight_recorder import FRDump, FREntry
 from mtpdiag.layout import GROUP_KINDS, ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Report, Site, WaitState
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
@@ -73,8 +75,6 @@ class FREvidence:
 def section(report: Report, fr: FRDump, evidence: FREvidence) -> dict:
     """The report's ``flight_recorder`` object: the older per-group view next to the diagnosis (``correlate``),
     each group's first divergence, and the lines the console shows."""
-    from mtpdiag.flight_recorder import correlate
-
     # Hold the recorder against what the stacks alone said: splits it found itself agree by construction,
     # and ranks known only from their dumps have no stack to compare.
     stacks_only = replace(report, mismatches=tuple(m for m in report.mismatches if m.source == "stacks"),

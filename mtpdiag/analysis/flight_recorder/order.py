@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from mtpdiag.flight_recorder.calls import Call
-from mtpdiag.flight_recorder.records import FREntry, FRRankDump
+from mtpdiag.inputs.flight_recorder.calls import Call
+from mtpdiag.model.flight_recorder import FREntry, FRRankDump
 from mtpdiag.model import Site
 
 SKIPPED, SHIFTED, BEHIND, UNKNOWN = "skipped", "shifted", "behind", "unknown"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from mtpdiag.flight_recorder.dump import FRDump, FREntry, FRGroup
-from mtpdiag.flight_recorder.progress import (
+from mtpdiag.analysis.flight_recorder.progress import (
     GroupProgress,
     conflicting_memberships,
     group_progress,
@@ -13,6 +12,7 @@ from mtpdiag.flight_recorder.progress import (
     recorded_groups,
 )
 from mtpdiag.model import Mismatch, Report, Site
+from mtpdiag.model.flight_recorder import FRDump, FREntry, FRGroup
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 from mtpdiag.vocabulary.labels import rank_list
 from mtpdiag.vocabulary.ops import P2P_CALLS, RECORDED_FOR

@@ -18,23 +18,14 @@ import stat
 from typing import Any, Sequence
 
 from mtpdiag.errors import InputError
-from mtpdiag.flight_recorder.names import op_name
-from mtpdiag.flight_recorder.parse import rank_dump
-from mtpdiag.flight_recorder.records import (
-    FRDump,
-    FREntry,
-    FRGroup,
-    FRGroupStatus,
-    FRRankDump,
-    expected_ranks,
-)
-from mtpdiag.flight_recorder.sites import SourceIndex, plain
+from mtpdiag.inputs.flight_recorder.parse import rank_dump
+from mtpdiag.model.flight_recorder import FRDump, FRRankDump, expected_ranks
+from mtpdiag.inputs.flight_recorder.sites import SourceIndex, plain
 
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 _RANK_SUFFIX = re.compile(r"^(.*?)(\d{1,9})(\.json)?$")
 
-__all__ = ["FRDump", "FREntry", "FRGroup", "FRGroupStatus", "FRRankDump", "load_fr_dumps", "op_name",
-           "read_dump_file"]
+__all__ = ["load_fr_dumps", "read_dump_file"]
 
 
 class _PlainUnpickler(pickle.Unpickler):

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from mtpdiag.flight_recorder.names import batch_op, parse_profiling_name
-from mtpdiag.flight_recorder.records import FREntry, FRRankDump
+from mtpdiag.inputs.flight_recorder.names import batch_op, parse_profiling_name
+from mtpdiag.model.flight_recorder import FREntry, FRRankDump
 from mtpdiag.model import Site
 
 
