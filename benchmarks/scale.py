@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 
 from captures import load_scenario, tile
 
-from mtpdiag.bundle import bundle_path
+from mtpdiag.inputs.bundles import bundle_path
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Snapshot
 
@@ -148,7 +148,7 @@ def phase_split(directory: str, layout_flags: dict) -> dict[str, float]:
     """CPU seconds of each step ``analyze --json`` takes, in-process and as analyze runs them (without the
     cyclic GC), next to json.loads of the same files, the start-up, and the floor of the data model."""
     from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot, paused_gc
-    from mtpdiag.loaders import load_paths
+    from mtpdiag.inputs import load_paths
     from mtpdiag.report import json_report
 
     steps: dict[str, float] = {}
@@ -234,7 +234,7 @@ def floor_line(steps: dict[str, float], world: int) -> str:
 def profile(directory: str, layout_flags: dict, top: int = 25) -> str:
     """cProfile of what ``analyze --json`` does in-process: load, diagnose, render."""
     from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot, paused_gc
-    from mtpdiag.loaders import load_paths
+    from mtpdiag.inputs import load_paths
     from mtpdiag.report import json_report
 
     profiler = cProfile.Profile()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpdiag.bundle import save_bundle
+from mtpdiag.inputs.bundles import save_bundle
 from mtpdiag.capture import capture, procfs, pyspy
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.model import Snapshot

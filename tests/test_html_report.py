@@ -21,7 +21,7 @@ import pytest
 
 from mtpdiag.analysis import diagnose
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.loaders import load_paths
+from mtpdiag.inputs import load_paths
 from mtpdiag.model import Report, Snapshot
 from mtpdiag.report import html as html_report
 

@@ -16,7 +16,6 @@ import pytest
 import pastes as P
 from mtpdiag.analysis import diagnose
 from mtpdiag.inputs import load_paths, read_inputs
-from mtpdiag.loaders import load_paths as alias_load_paths
 
 SCENARIOS = P.scenarios()
 pytestmark = pytest.mark.skipif(not SCENARIOS, reason="no recorded pastes (run tests/fixtures/record_pastes.py)")
@@ -112,11 +111,6 @@ def test_the_agents_subprocess_dump_gives_the_workers_not_the_agent(scenario):
     for c in snapshot.captures:
         assert c.main_thread.frames == plain[c.pid].main_thread.frames
         assert dict(c.layout_hints) == {k: v for k, v in meta["layout"].items() if v > 1}
-
-
-def test_the_old_import_path_still_works():
-    paths = P.names(P.files(SCENARIOS[0], "pyspy"))
-    assert _captures(alias_load_paths(paths)) == _captures(load_paths(paths))
 
 
 # ---------------------------------------------------------------- mangled variants, one file per rank

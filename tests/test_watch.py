@@ -12,7 +12,7 @@ import os
 import pytest
 
 from captures import CAPTURES
-from mtpdiag.bundle import load_bundle
+from mtpdiag.inputs.bundles import load_bundle
 from mtpdiag.progress import MIN_PROGRESS_NS, StallTracker, cpu_moved, stack_signatures
 
 NS_PER_TICK = 10_000_000

@@ -23,7 +23,7 @@ import time
 import pytest
 
 from jobs_e2e import GATED_WORKER, MTP_WORKER, ROOT, _wait_for_log, run_cli
-from mtpdiag.bundle import load_bundle
+from mtpdiag.inputs.bundles import load_bundle
 from mtpdiag.capture import capture, procfs
 from mtpdiag.capture.procfs import main_thread_cpu_ns
 from mtpdiag.commands.watch import sample_once

@@ -1,8 +1,9 @@
 """Run ``py-spy dump --json`` on one process and turn its output into ``ThreadStack``s.
 
 ``--locals`` is asked for because torch.distributed frames carry the peer of a send/recv (``dst``,
-``src``). Locals may hold secrets, so every local except a few integer arguments of
-torch.distributed frames is dropped while parsing, before anything else sees it.
+``src``). Locals may hold secrets, so every local except a few integer arguments of torch.distributed
+frames is dropped while parsing (``inputs.pyspy_json``, the reader of the same format in files), before
+anything else sees it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import Any
+from functools import partial
 
 from mtpdiag.capture import procfs, source
 from mtpdiag.errors import InputError
-from mtpdiag.model import Frame, ThreadStack, printable
-from mtpdiag.vocabulary.stacks import display_path, kept_args
+from mtpdiag.inputs.pyspy_json import threads_from_json
+from mtpdiag.model import ThreadStack
 
 # py-spy's cause lines when ptrace or /proc/PID/mem is refused (another user, no CAP_SYS_PTRACE, a
 # non-dumpable target); its headline then says "Check that the process is running", which misleads.
@@ -75,7 +76,7 @@ def dump(pid: int, *, native: bool = False, nonblocking: bool = False,
                                 "or as root with CAP_SYS_PTRACE)")
         raise CaptureFailed(one_line(text) or f"py-spy exited with {proc.returncode}")
     try:
-        return threads_from_json(json.loads(out), pid)
+        return threads_from_json(json.loads(out), line_calls=partial(source.line_calls, pid), live=True)
     except (ValueError, TypeError, KeyError) as exc:
         raise CaptureFailed(f"py-spy printed unreadable JSON ({exc})") from None
 
@@ -97,63 +98,3 @@ def one_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if line.lower().startswith("error")]
     return "; ".join(errors or lines)[:300]
-
-
-def threads_from_json(data: Any, pid: int | None = None) -> tuple[ThreadStack, ...]:
-    """Threads of one ``py-spy dump --json`` document (a list of thread objects).
-
-    With the ``pid`` of a live target, each thread also gets the wait calls on its innermost Python line
-    (``capture.source``), read from the target's files.
-    """
-    if not isinstance(data, list):
-        raise ValueError("a py-spy dump is a JSON list of threads")
-    return tuple(_thread(t, pid) for t in data)
-
-
-def _thread(t: Any, pid: int | None = None) -> ThreadStack:
-    if not isinstance(t, dict) or not isinstance(t.get("frames"), list):
-        raise ValueError("a py-spy thread needs a list of frames")
-    native_id = t.get("os_thread_id")
-    thread_id = t.get("thread_id")
-    frames = tuple(_frame(f) for f in t["frames"])
-    calls: tuple[str, ...] = ()
-    if pid is not None:
-        innermost = next((f for f in t["frames"] if isinstance(f, dict) and f.get("module") is None), None)
-        if innermost is not None and isinstance(innermost.get("filename"), str) and \
-                type(innermost.get("line")) is int:
-            calls = source.line_calls(pid, innermost["filename"], innermost["line"])
-    return ThreadStack(
-        thread_id=thread_id if isinstance(thread_id, int) else 0,
-        name=printable(str(t.get("thread_name") or "")),
-        native_id=native_id if isinstance(native_id, int) else None,
-        active=t.get("active") if isinstance(t.get("active"), bool) else None,
-        frames=frames,
-        calls=calls,
-        locals_key=_locals_key(t["frames"]) if pid is not None else None,
-    )
-
-
-def _locals_key(frames: list) -> int:
-    """A hash of each frame's locals (names and py-spy's reprs): the value is kept, never the locals."""
-    parts = []
-    for f in frames:
-        if isinstance(f, dict) and isinstance(f.get("locals"), list):
-            parts.append(tuple((str(v.get("name")), str(v.get("repr"))) for v in f["locals"] if isinstance(v, dict)))
-    return hash(tuple(parts))
-
-
-def _frame(f: Any) -> Frame:
-    if not isinstance(f, dict):
-        raise ValueError("a py-spy frame must be an object")
-    filename = f.get("filename") or f.get("short_filename") or "<unknown>"
-    file = display_path(printable(str(filename)))
-    line = f.get("line")
-    locals_ = f.get("locals") or []
-    pairs = [(str(v.get("name")), v.get("repr")) for v in locals_ if isinstance(v, dict)]
-    return Frame(
-        function=printable(str(f.get("name") or "<unknown>")),
-        file=file,
-        line=line if isinstance(line, int) and not isinstance(line, bool) else 0,
-        args=kept_args(file, pairs),
-        native=f.get("module") is not None,  # py-spy --native names the shared object of a C frame
-    )

@@ -209,17 +209,9 @@ def _width() -> int:
 
 
 def _write_text(path: Path, text: str) -> None:
-    import os
-    import tempfile
+    from mtpdiag.atomic import shared_mode, write_atomic
 
-    path = Path(path)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # a report is for sharing, unlike mkstemp's 0600
-        os.replace(tmp, path)
+        write_atomic(path, text, mode=shared_mode())
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None

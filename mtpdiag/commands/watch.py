@@ -60,7 +60,7 @@ def watch(
     html: Optional[Path] = o.HTML,
 ) -> None:
     """Tell a hang from slow progress: sample until nothing moves for --stall seconds."""
-    from mtpdiag.bundle import check_destination, save_bundle
+    from mtpdiag.inputs.bundles import check_destination, save_bundle
     from mtpdiag.capture import capture, find_targets
 
     if not pid and not all_:

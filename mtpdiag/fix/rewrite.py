@@ -25,8 +25,6 @@ import ast
 import contextlib
 import difflib
 import os
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -34,6 +32,7 @@ from typing import Literal
 import libcst as cst
 import libcst.matchers as m
 
+from mtpdiag import atomic
 from mtpdiag.errors import InputError
 from mtpdiag.fix import engine, lint
 
@@ -352,27 +351,8 @@ def revert_fix(path: Path, *, backup_dir: Path | None = None) -> Path:
 
 
 def write_atomic(path: Path, data: bytes, mode: int, *, pause: float = 0.0) -> None:
-    """Write ``data`` to a temp file beside ``path``, fsync it, then rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        if pause > 0:
-            time.sleep(pause)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    """``mtpdiag.atomic.write_atomic``, with the temp name ``_remove_stale_temps`` looks for."""
+    atomic.write_atomic(path, data, mode=mode, prefix=f".{path.name}.", suffix=TEMP_SUFFIX, pause=pause)
 
 
 def _writable_mode(path: Path) -> int:

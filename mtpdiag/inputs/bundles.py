@@ -1,7 +1,7 @@
 """Save and load capture bundles: one ``Snapshot`` as versioned JSON (``mtpdiag.bundle/1``).
 
-Saving is atomic (temp file in the target directory, fsync, rename), so a bundle that a job
-scheduler copies away mid-write is either whole or absent.
+Saving is atomic (``mtpdiag.atomic``), so a bundle that a job scheduler copies away mid-write is either
+whole or absent. ``inputs.bundle`` is the reader ``analyze`` picks for a bundle among other files.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 
+from mtpdiag.atomic import write_atomic
 from mtpdiag.errors import InputError
 from mtpdiag.model import SchemaError, Snapshot
 
@@ -38,23 +38,11 @@ def save_bundle(snapshot: Snapshot, path: str) -> str:
     """Write ``snapshot`` to ``path`` atomically; returns the file written."""
     target = bundle_path(snapshot, path)
     check_destination(target)
-    directory = os.path.dirname(os.path.abspath(target))
     text = json.dumps(snapshot.to_dict(), indent=1, sort_keys=False) + "\n"
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".mtpdiag-", suffix=".tmp", dir=directory)
+        write_atomic(target, text, mode=0o644, prefix=".mtpdiag-")
     except OSError as exc:
         raise InputError(f"cannot write {target}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except OSError as exc:
-        _remove_quietly(tmp)
-        raise InputError(f"cannot write {target}: {exc.strerror or exc}") from None
-    _fsync_directory(directory)
     return target
 
 
@@ -85,24 +73,3 @@ def snapshot_from_data(data: object, path: str, seen_frames: dict | None = None)
         return Snapshot.from_dict(data, seen_frames)  # type: ignore[arg-type]
     except (SchemaError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{path}: not a valid mtpdiag bundle ({exc})") from None
-
-
-def _fsync_directory(directory: str) -> None:
-    """Make the rename itself durable (best effort: some filesystems refuse)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
