@@ -286,7 +286,7 @@ def test_with_role_is_replace_of_every_field(name):
 
 def test_wait_graph_links_a_split_to_an_uncaptured_absent_rank():
     """A split instance's absent rank may be in no capture; its node must not take the instance's id."""
-    from mtpdiag.analysis.waits import _Graph
+    from mtpdiag.analysis.causes import _Graph
 
     graph = _Graph()
     graph.rank(0)

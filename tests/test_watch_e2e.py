@@ -28,7 +28,7 @@ from mtpdiag.capture import capture, procfs
 from mtpdiag.capture.procfs import main_thread_cpu_ns
 from mtpdiag.commands.watch import sample_once
 from mtpdiag.jobs import start_torchrun
-from mtpdiag.progress import StallTracker, stack_signatures
+from mtpdiag.analysis.stall import StallTracker, stack_signatures
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ from mtpdiag.analysis.known_sites import lookup
 from mtpdiag.analysis.mismatch import find_mismatches, is_p2p_op, is_point_to_point
 from mtpdiag.analysis.sites import group_sites
 from mtpdiag.analysis.wait import is_stuck, wait_state
-from mtpdiag.analysis.waits import find_causes
+from mtpdiag.analysis.causes import find_causes
 from mtpdiag.analysis.log_evidence import fold_log
 from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.model.watchdog import WatchdogLog

@@ -14,7 +14,7 @@ from typing import Iterable, Mapping, Sequence
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, signature_of, skip_of
 from mtpdiag.analysis.mismatch import doing
-from mtpdiag.analysis.waits import Causes, P2PWait, Waiter, holds_up
+from mtpdiag.analysis.causes import Causes, P2PWait, Waiter, holds_up
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Finding, Mismatch, RankView, Site
 from mtpdiag.vocabulary.groups import GROUP_NAMES

@@ -4,7 +4,7 @@ Each sample first reads every worker's main-thread CPU time from /proc (schedsta
 ticks of stat where schedstat is missing), which costs the targets nothing, then the stacks: a blocking
 py-spy dump (one short pause per rank) when no main thread moved, a non-blocking one (no pause) when one
 did, because a rank that burns CPU may be spinning at a host sync as NCCL ranks do. See
-``mtpdiag.progress`` for when a hang is called. The defaults (a sample a second, a 5 s stall window)
+``mtpdiag.analysis.stall`` for when a hang is called. The defaults (a sample a second, a 5 s stall window)
 call a hang within about 8 s of its onset, and tolerate steps that keep the main thread at one place
 (a data-loader wait, a slow collective, a long device step) for up to about 4 s; raise ``--stall`` for
 longer ones.
@@ -27,7 +27,7 @@ from mtpdiag.capture.flight_recorder import LiveProgress
 from mtpdiag.commands import options as o
 from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot
-from mtpdiag.progress import StallTracker, stack_signatures
+from mtpdiag.analysis.stall import StallTracker, stack_signatures
 
 
 def watch(
