@@ -483,7 +483,7 @@ def recorded_report():
 def _load_and_correlate(prefix: str, report) -> None:
     dump = _result_or_clean_error(load_fr_dumps, prefix)
     if dump is not None:
-        json.dumps(correlate(report, dump))
+        json.dumps(correlate(report, dump).to_dict())
 
 
 @FUZZ

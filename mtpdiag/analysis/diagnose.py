@@ -26,7 +26,7 @@ from mtpdiag.model.watchdog import WatchdogLog
 from mtpdiag.layout import LayoutError, ParallelLayout
 from mtpdiag.vocabulary.labels import rank_list
 from mtpdiag.vocabulary.ops import WORLD_OPS
-from mtpdiag.model import (Finding, Mismatch, RankCapture, RankView, Report, Snapshot, ThreadStack, WaitState,
+from mtpdiag.model import (WatchdogSection, Finding, Mismatch, RankCapture, RankView, Report, Snapshot, ThreadStack, WaitState,
                            who_and_why)
 
 NO_LAYOUT_NOTE = "no parallel layout: pass --tp/--cp/--pp or --config to find split groups"
@@ -130,13 +130,12 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         layout_source=layout_source,
         notes=tuple(notes),
     )
-    extra = {}
     if fr is not None and evidence is not None:
-        extra["flight_recorder"] = fr_evidence.section(report, fr, evidence)
+        report = replace(report, flight_recorder=fr_evidence.section(report, fr, evidence))
     if log is not None:
         shown = logged or fold_log(log, layout, coords_of if layout is not None else None)
-        extra["watchdog"] = {"timeouts": [t.to_dict() for t in log.timeouts], "lines": list(shown.lines)}
-    return replace(report, extra=extra) if extra else report
+        report = replace(report, watchdog=WatchdogSection(timeouts=log.timeouts, lines=tuple(shown.lines)))
+    return report
 
 
 def _world_op_splits(by_rank: dict[int, RankView], world_size: int | None) -> list[Mismatch]:

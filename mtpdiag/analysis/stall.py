@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from mtpdiag.model import Snapshot
+from mtpdiag.model import Progress, Snapshot
 
 Signature = tuple  # the main thread's frames, innermost first ((function, file, line), ...), and its locals key
 
@@ -113,7 +113,7 @@ class StallTracker:
     def is_hang(self, now: float, stall_s: float) -> bool:
         return self.stack_samples_while_quiet >= 2 and self.stalled_for(now) >= stall_s
 
-    def progress(self, now: float, interval_s: float, stall_s: float) -> dict:
-        """The report's ``progress`` object (docs/design.md)."""
-        return {"samples": self.samples, "interval_s": interval_s,
-                "stalled_for_s": round(self.stalled_for(now), 2), "hang": self.is_hang(now, stall_s)}
+    def progress(self, now: float, interval_s: float, stall_s: float) -> Progress:
+        """The report's ``progress`` section (docs/design.md)."""
+        return Progress(samples=self.samples, interval_s=interval_s, stalled_for_s=round(self.stalled_for(now), 2),
+                        hang=self.is_hang(now, stall_s))

@@ -20,6 +20,7 @@ from mtpdiag.model.captures import (
 )
 from mtpdiag.model.fields import SchemaError, decimal, printable
 from mtpdiag.model.frames import Frame, Site
+from mtpdiag.model.sections import FlightRecorderSection, Progress, WatchdogSection
 from mtpdiag.model.report import (
     REPORT_SCHEMA,
     Finding,
@@ -32,7 +33,7 @@ from mtpdiag.model.report import (
 
 __all__ = [
     "BUNDLE_SCHEMA", "ENV_WHITELIST", "REPORT_SCHEMA", "STATE_DISK", "STATE_RUNNING", "STATE_SLEEPING",
-    "STATE_STOPPED", "STATE_ZOMBIE", "Finding", "Frame", "Mismatch", "RankCapture", "RankView", "Report",
-    "SchemaError", "Site", "SiteGroup", "Snapshot", "ThreadStack", "WaitState", "decimal", "printable",
+    "STATE_STOPPED", "STATE_ZOMBIE", "Finding", "FlightRecorderSection", "Frame", "Mismatch", "RankCapture", "RankView", "Report",
+    "Progress", "SchemaError", "Site", "SiteGroup", "Snapshot", "ThreadStack", "WaitState", "WatchdogSection", "decimal", "printable",
     "who_and_why", "world_sizes",
 ]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mtpdiag.model.frames import Frame, Site
+from mtpdiag.model.sections import FlightRecorderSection, Progress, WatchdogSection
 
 REPORT_SCHEMA = "mtpdiag.report/1"
 
@@ -169,8 +170,10 @@ class Report:
     findings: tuple[Finding, ...] = ()
     layout_source: str | None = None
     notes: tuple[str, ...] = ()  # what is missing or uncertain, in plain words
-    progress: Mapping[str, Any] | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)  # e.g. flight recorder correlation
+    # Optional sections (``model.sections``), present when their evidence was there.
+    progress: Progress | None = None
+    flight_recorder: FlightRecorderSection | None = None
+    watchdog: WatchdogSection | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -185,8 +188,8 @@ class Report:
             "findings": [f.to_dict() for f in self.findings],
             "notes": list(self.notes),
         }
-        if self.progress is not None:
-            out["progress"] = dict(self.progress)
-        for key, value in self.extra.items():
-            out.setdefault(key, value)
+        for key, section in (("progress", self.progress), ("flight_recorder", self.flight_recorder),
+                             ("watchdog", self.watchdog)):
+            if section is not None:
+                out[key] = section.to_dict()
         return out

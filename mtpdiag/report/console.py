@@ -89,20 +89,20 @@ def print_report(console: Console, report: Report) -> None:
         for v in odd:
             label = words.rank_label(v, v.rank, layout) if v.rank is not None else f"pid {v.pid}"
             console.print(Text(f"- {label} on {v.host}: {words.doing(v)}", style="yellow"))
-    fr = report.extra.get("flight_recorder")
-    if fr:
+    fr = report.flight_recorder
+    if fr is not None:
         console.print()
         console.print(Text("Flight Recorder", style="bold underline"))
-        for line in fr.get("lines", []):
+        for line in fr.lines:
             console.print(Text(line, style="yellow" if line.startswith("disagreement") else None))
-    watchdog = report.extra.get("watchdog")
-    if watchdog:
+    watchdog = report.watchdog
+    if watchdog is not None:
         console.print()
         console.print(Text("NCCL watchdog timeouts (log)", style="bold underline"))
-        for line in watchdog.get("lines", [])[:MAX_LOG_LINES]:
+        for line in watchdog.lines[:MAX_LOG_LINES]:
             console.print(Text(line))
-        if len(watchdog.get("lines", [])) > MAX_LOG_LINES:
-            console.print(Text(f"… and {len(watchdog['lines']) - MAX_LOG_LINES} more in the JSON", style="dim"))
+        if len(watchdog.lines) > MAX_LOG_LINES:
+            console.print(Text(f"… and {len(watchdog.lines) - MAX_LOG_LINES} more in the JSON", style="dim"))
     if report.notes:
         console.print()
         for note in report.notes:

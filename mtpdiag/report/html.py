@@ -75,8 +75,8 @@ def _header(report: Report) -> str:
     out.append(f"<p class=dim>{_e(words.layout_line(report) + world)}</p>")
     if report.progress:
         p = report.progress
-        out.append(f"<p class=dim>progress: {_e(p.get('samples'))} samples every {_e(p.get('interval_s'))} s; "
-                   f"stalled for {_e(p.get('stalled_for_s'))} s</p>")
+        out.append(f"<p class=dim>progress: {_e(p.samples)} samples every {_e(p.interval_s)} s; "
+                   f"stalled for {_e(p.stalled_for_s)} s</p>")
     out.append("</header>")
     return "".join(out)
 
@@ -236,7 +236,8 @@ def _waits_table(report: Report) -> str:
 
 def _evidence_lines(report: Report, key: str, title: str) -> str:
     """A report section of plain lines (the Flight Recorder's account, the watchdog's timeouts)."""
-    lines = (report.extra.get(key) or {}).get("lines") or []
+    section = getattr(report, key)
+    lines = section.lines if section is not None else ()
     if not lines:
         return ""
     items = "".join(f"<li{' class=warn' if line.startswith('disagreement') else ''}>{_e(line)}</li>"

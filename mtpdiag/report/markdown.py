@@ -44,12 +44,10 @@ def render(report: Report) -> str:
     for v in report.ranks:
         out.append(f"| {v.rank if v.rank is not None else '?'} | {_cell(v.host)} | {v.pid or ''} | "
                    f"{words.coords_label(v.coords, layout)} | {v.state} | {_cell(words.doing(v))} |")
-    fr = report.extra.get("flight_recorder")
-    if fr:
-        out += ["", "### Flight Recorder", ""] + [f"- {_cell(line)}" for line in fr.get("lines", [])]
-    watchdog = report.extra.get("watchdog")
-    if watchdog:
-        out += ["", "### NCCL watchdog timeouts (log)", ""] + [f"- {_cell(line)}" for line in watchdog.get("lines", [])]
+    if report.flight_recorder is not None:
+        out += ["", "### Flight Recorder", ""] + [f"- {_cell(line)}" for line in report.flight_recorder.lines]
+    if report.watchdog is not None:
+        out += ["", "### NCCL watchdog timeouts (log)", ""] + [f"- {_cell(line)}" for line in report.watchdog.lines]
     if report.notes:
         out += ["", "### Notes", ""] + [f"- {n}" for n in report.notes]
     return "\n".join(out) + "\n"

@@ -128,6 +128,6 @@ def headline(report: Report) -> str:
         if report.findings:
             return f"INCOMPLETE: {report.findings[0].summary}"
         return f"INCOMPLETE: {n}{world} ranks captured; the evidence cannot say what is wrong"
-    if report.progress is not None and not report.progress.get("hang"):
+    if report.progress is not None and not report.progress.hang:
         return f"OK: {n}{world} ranks captured; the job made progress while it was watched: no hang"
     return f"OK: {n}{world} ranks captured; every rank runs its own code: no stuck rank, split collective or straggler"

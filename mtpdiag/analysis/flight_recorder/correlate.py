@@ -11,7 +11,7 @@ from mtpdiag.analysis.flight_recorder.progress import (
     group_sort_key,
     recorded_groups,
 )
-from mtpdiag.model import Mismatch, Report, Site
+from mtpdiag.model import FlightRecorderSection, Mismatch, Report, Site
 from mtpdiag.model.flight_recorder import FRDump, FREntry, FRGroup
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 from mtpdiag.vocabulary.labels import rank_list
@@ -24,11 +24,9 @@ def ops_match(stack_op: str, fr_op: str) -> bool:
     return fr_op == stack_op or fr_op in RECORDED_FOR.get(stack_op, ())
 
 
-def correlate(report: Report, fr: FRDump) -> dict[str, Any]:
-    """The recorder's view next to the diagnosis: a JSON-able dict for ``Report.extra["flight_recorder"]``.
-
-    ``lines`` holds the same story in plain words for the console.
-    """
+def correlate(report: Report, fr: FRDump) -> FlightRecorderSection:
+    """The recorder's view next to the diagnosis (the report's ``flight_recorder`` section, before
+    ``evidence.section`` adds each group's divergence). ``lines`` tell the same story in plain words."""
     progress = group_progress(fr)
     disagreements = conflicting_memberships(fr) + _layout_conflicts(report, recorded_groups(fr).values())
     matched = []
@@ -42,17 +40,17 @@ def correlate(report: Report, fr: FRDump) -> dict[str, Any]:
     missing = [r for r in range(report.world_size or 0) if r not in dumped]
     if missing:
         notes.append(f"no Flight Recorder dump for rank(s) {_ranks_text(missing)}")
-    return {
-        "source": fr.source,
-        "version": next((d.version for d in fr.ranks if d.version), ""),
-        "ranks": dumped,
-        "missing_ranks": missing,
-        "groups": [_group_dict(g) for g in progress],
-        "mismatches": matched,
-        "disagreements": disagreements,
-        "notes": notes,
-        "lines": _lines(fr, progress, matched, disagreements, notes),
-    }
+    return FlightRecorderSection(
+        source=fr.source,
+        version=next((d.version for d in fr.ranks if d.version), ""),
+        ranks=tuple(dumped),
+        missing_ranks=tuple(missing),
+        groups=tuple(_group_dict(g) for g in progress),
+        mismatches=tuple(matched),
+        disagreements=tuple(disagreements),
+        notes=tuple(notes),
+        lines=tuple(_lines(fr, progress, matched, disagreements, notes)),
+    )
 
 
 def _match_mismatch(m: Mismatch, progress: Iterable[GroupProgress], fr: FRDump) -> tuple[dict[str, Any], list[str]]:

@@ -27,7 +27,7 @@ from mtpdiag.analysis.flight_recorder.correlate import correlate
 from mtpdiag.analysis.flight_recorder.match import Divergence, FRAnalysis, GroupMatch, match_groups
 from mtpdiag.model.flight_recorder import FRDump, FREntry
 from mtpdiag.layout import GROUP_KINDS, ParallelLayout
-from mtpdiag.model import Mismatch, RankView, Report, Site, WaitState
+from mtpdiag.model import FlightRecorderSection, Mismatch, RankView, Report, Site, WaitState
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 from mtpdiag.vocabulary.labels import rank_list
 
@@ -72,7 +72,7 @@ class FREvidence:
     pending: Mapping[int, str]  # rank -> its oldest pending op, in words
 
 
-def section(report: Report, fr: FRDump, evidence: FREvidence) -> dict:
+def section(report: Report, fr: FRDump, evidence: FREvidence) -> FlightRecorderSection:
     """The report's ``flight_recorder`` object: the older per-group view next to the diagnosis (``correlate``),
     each group's first divergence, and the lines the console shows."""
     # Hold the recorder against what the stacks alone said: splits it found itself agree by construction,
@@ -80,14 +80,12 @@ def section(report: Report, fr: FRDump, evidence: FREvidence) -> dict:
     stacks_only = replace(report, mismatches=tuple(m for m in report.mismatches if m.source == "stacks"),
                           ranks=tuple(v for v in report.ranks if v.stack))
     out = correlate(stacks_only, fr)
-    out["divergences"] = [d.to_dict() for d in evidence.analysis.divergences]
-    out["unmatched_p2p"] = [m.to_dict() for m in evidence.analysis.p2p]
-    lines = [out["lines"][0]] if out.get("lines") else []
+    lines = list(out.lines[:1])
     for d in evidence.analysis.divergences:
         lines.append(_divergence_line(d))
-    lines += [line for line in out.get("lines", [])[1:] if not line.startswith("group ")]
-    out["lines"] = lines
-    return out
+    lines += [line for line in out.lines[1:] if not line.startswith("group ")]
+    return replace(out, lines=tuple(lines), divergences=tuple(d.to_dict() for d in evidence.analysis.divergences),
+                   unmatched_p2p=tuple(m.to_dict() for m in evidence.analysis.p2p))
 
 
 def _divergence_line(d: Divergence) -> str:
