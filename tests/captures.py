@@ -14,9 +14,9 @@ import os
 import re
 from dataclasses import replace
 
+from mtpdiag.inputs import load_paths
 from mtpdiag.inputs.flight_recorder import load_fr_dumps
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.inputs import load_paths
 from mtpdiag.model import STATE_SLEEPING, STATE_STOPPED, Snapshot
 
 CAPTURES = os.path.join(os.path.dirname(__file__), "fixtures", "captures")

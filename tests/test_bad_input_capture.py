@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mtpdiag.inputs.bundles import save_bundle
 from mtpdiag.capture import capture, procfs, pyspy
 from mtpdiag.errors import InputError, NothingCaptured
+from mtpdiag.inputs.bundles import save_bundle
 from mtpdiag.model import Snapshot
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from mtpdiag.inputs.bundles import load_bundle
 from mtpdiag.capture import capture, find_targets, procfs, pyspy
-from mtpdiag.jobs import start_torchrun
 from mtpdiag.inputs import load_paths, parse_text_dump
+from mtpdiag.inputs.bundles import load_bundle
+from mtpdiag.jobs import start_torchrun
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "examples" / "mtp_cp_deadlock" / "worker.py"

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from mtpdiag.errors import InputError
 from mtpdiag.analysis.flight_recorder import correlate, group_progress
+from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder import load_fr_dumps, op_name
-from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.jobs import start_torchrun
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Report
+from mtpdiag.model.flight_recorder import FRDump
 
 REPO = Path(__file__).resolve().parents[1]
 FR_WORKER = REPO / "examples" / "flight_recorder" / "worker.py"

@@ -17,13 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fr_fixtures import raw
-from mtpdiag.errors import InputError
 from mtpdiag.analysis.flight_recorder import match_groups
+from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder import parse_profiling_name, read_dump_file
 from mtpdiag.inputs.watchdog_log import parse_watchdog_log
+from mtpdiag.model import SchemaError
 from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.model.flight_recorder import FRDump as Records
-from mtpdiag.model import SchemaError
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)

@@ -12,8 +12,8 @@ import pytest
 
 from fr_fixtures import FR_FIXTURES, entries_of, raw, write_set
 from mtpdiag.analysis.flight_recorder import match_groups, mismatches
-from mtpdiag.inputs.flight_recorder import load_fr_dumps
 from mtpdiag.analysis.flight_recorder.order import program_order
+from mtpdiag.inputs.flight_recorder import load_fr_dumps
 from mtpdiag.model import Site
 
 DP_CP, CP, TP = "DATA_PARALLEL_GROUP_WITH_CP", "CONTEXT_PARALLEL_GROUP", "TENSOR_MODEL_PARALLEL_GROUP"

@@ -14,8 +14,8 @@ import pytest
 from fr_fixtures import nccl_scenarios
 from mtpdiag.analysis.flight_recorder import match_groups, mismatches
 from mtpdiag.inputs.flight_recorder import load_fr_dumps
-from mtpdiag.inputs.watchdog_log import parse_watchdog_log
 from mtpdiag.inputs.flight_recorder.calls import group_calls
+from mtpdiag.inputs.watchdog_log import parse_watchdog_log
 
 SCENARIOS = nccl_scenarios()
 pytestmark = pytest.mark.skipif(not SCENARIOS, reason="no NCCL-format fixtures recorded")

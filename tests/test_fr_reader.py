@@ -17,10 +17,10 @@ import pytest
 from fr_fixtures import FR_FIXTURES, entries_of, group_name, raw, write_set
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder import load_fr_dumps, op_name, parse_profiling_name, read_dump_file
-from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.inputs.flight_recorder.calls import group_calls
 from mtpdiag.inputs.flight_recorder.sites import SourceIndex
 from mtpdiag.model import Site
+from mtpdiag.model.flight_recorder import FRDump
 
 PP = FR_FIXTURES / "gloo_mtp_cp_pp"
 DP_CP = "DATA_PARALLEL_GROUP_WITH_CP"

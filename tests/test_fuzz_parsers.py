@@ -23,16 +23,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from captures import CAPTURES, scenarios
-from mtpdiag.inputs.bundles import load_bundle, snapshot_from_data
-from mtpdiag.inputs.pyspy_json import threads_from_json
+from mtpdiag.analysis.flight_recorder import correlate
 from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot
 from mtpdiag.errors import MtpdiagError
-from mtpdiag.analysis.flight_recorder import correlate
-from mtpdiag.inputs.flight_recorder import load_fr_dumps
-from mtpdiag.layout.sources import read_verl_config
 from mtpdiag.errors import InputError
 from mtpdiag.inputs import READERS, ReadContext
 from mtpdiag.inputs import load_paths, parse_text_dump
+from mtpdiag.inputs.bundles import load_bundle, snapshot_from_data
+from mtpdiag.inputs.flight_recorder import load_fr_dumps
+from mtpdiag.inputs.pyspy_json import threads_from_json
+from mtpdiag.layout.sources import read_verl_config
 from mtpdiag.model import Snapshot, ThreadStack
 from mtpdiag.report import console, html, json_report, markdown
 

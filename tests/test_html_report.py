@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from mtpdiag.analysis import diagnose
-from mtpdiag.layout import ParallelLayout
 from mtpdiag.inputs import load_paths
+from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Report, Snapshot
 from mtpdiag.report import html as html_report
 

@@ -16,10 +16,10 @@ import pytest
 
 from captures import load_scenario, tile
 from mtpdiag.analysis import diagnose
-from mtpdiag.inputs.bundles import save_bundle
 from mtpdiag.errors import InputError
-from mtpdiag.layout import ParallelLayout
 from mtpdiag.inputs import load_paths
+from mtpdiag.inputs.bundles import save_bundle
+from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Snapshot
 
 WORLD, PER_HOST = 64, 8

@@ -23,12 +23,12 @@ import time
 import pytest
 
 from jobs_e2e import GATED_WORKER, MTP_WORKER, ROOT, _wait_for_log, run_cli
-from mtpdiag.inputs.bundles import load_bundle
+from mtpdiag.analysis.stall import StallTracker, stack_signatures
 from mtpdiag.capture import capture, procfs
 from mtpdiag.capture.procfs import main_thread_cpu_ns
 from mtpdiag.commands.watch import sample_once
+from mtpdiag.inputs.bundles import load_bundle
 from mtpdiag.jobs import start_torchrun
-from mtpdiag.analysis.stall import StallTracker, stack_signatures
 
 pytestmark = pytest.mark.e2e
 

@@ -7,27 +7,28 @@ ranks (groups are looked up by rank through the layout's cached index).
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
-
 from dataclasses import replace
+from typing import Mapping
 
-from mtpdiag.analysis import findings as fnd
-from mtpdiag.analysis.flight_recorder import evidence as fr_evidence
+from mtpdiag.analysis import findings
+from mtpdiag.analysis.causes import find_causes
 from mtpdiag.analysis.classify import (Classified, StateReading, classify_capture, rank_state, side_collective,
                                        site_of)
+from mtpdiag.analysis.findings.facts import Facts, Mode
+from mtpdiag.analysis.flight_recorder import evidence as fr_evidence
 from mtpdiag.analysis.known_sites import lookup
+from mtpdiag.analysis.log_evidence import fold_log
 from mtpdiag.analysis.mismatch import find_mismatches, is_p2p_op, is_point_to_point
 from mtpdiag.analysis.sites import group_sites
-from mtpdiag.analysis.wait import is_stuck, wait_state
-from mtpdiag.analysis.causes import find_causes
-from mtpdiag.analysis.log_evidence import fold_log
+from mtpdiag.analysis.wait import wait_state
+from mtpdiag.layout import LayoutError, ParallelLayout
+from mtpdiag.model import (Finding, Mismatch, RankCapture, RankView, Report, Snapshot, ThreadStack, WaitState,
+                           WatchdogSection, who_and_why)
 from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.model.watchdog import WatchdogLog
-from mtpdiag.layout import LayoutError, ParallelLayout
 from mtpdiag.vocabulary.labels import rank_list
 from mtpdiag.vocabulary.ops import WORLD_OPS
-from mtpdiag.model import (WatchdogSection, Finding, Mismatch, RankCapture, RankView, Report, Snapshot, ThreadStack, WaitState,
-                           who_and_why)
+from mtpdiag.vocabulary.states import RankState, Verdict
 
 NO_LAYOUT_NOTE = "no parallel layout: pass --tp/--cp/--pp or --config to find split groups"
 _LIST = 8  # ranks listed in a note before "…"
@@ -65,12 +66,10 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
     by_rank = _index(views, layout, notes)
     missing = [r for r in range(world_size) if r not in by_rank] if world_size is not None else []
 
-    mismatches: tuple[Mismatch, ...] = ()
-    found: list[Finding] = []
-    waited_on: Iterable[int] = ()
-    unmatched = False
+    mode, causes, mismatches = Mode.LAYOUT_FREE, None, ()
     logged = fold_log(log, layout, coords_of if layout is not None else None) if log and not evidence else None
     if layout is not None or evidence is not None or logged is not None:
+        mode = Mode.GROUPS
         from_stacks = find_mismatches({r: v for r, v in by_rank.items() if r not in fr_only}, layout, coords_of) \
             if layout is not None else []
         split = fr_evidence.merge(from_stacks, evidence.mismatches) if evidence else tuple(from_stacks)
@@ -78,47 +77,35 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
             split = (*split, *logged.mismatches)
         causes = find_causes(split, by_rank, layout, evidence.root_hints if evidence else frozenset())
         mismatches = _ordered_mismatches(causes.mismatches)
-        found += fnd.collective_findings([m for m in mismatches if m.role == "root"], layout)
-        found += fnd.p2p_findings(causes.root_p2p, by_rank, layout)
-        found += fnd.blocked_findings(causes, by_rank, layout)
-        waited_on = causes.blocked_on.keys()
-        unmatched = bool(causes.root_p2p or causes.consequence_p2p)
-        idle = [r for r, v in by_rank.items() if v.state == "stopped" and r not in waited_on]
+        idle = [r for r, v in by_rank.items() if v.state == RankState.STOPPED and r not in causes.blocked_on]
         if idle:
             notes.append(f"rank{'s' if len(idle) > 1 else ''} {_list(idle)} {'are' if len(idle) > 1 else 'is'} "
                          "stopped, but no group waits for them yet")
     if layout is None:
         notes.append(NO_LAYOUT_NOTE)
-        if evidence is None and logged is None:
-            world_splits = _world_op_splits(by_rank, world_size)
-            if world_splits:
-                causes = find_causes(world_splits, by_rank, None)
-                mismatches = _ordered_mismatches(causes.mismatches)
-                found += fnd.collective_findings([m for m in mismatches if m.role == "root"], None)
-            else:
-                found += fnd.layout_free_findings(list(by_rank.values()))
-    if evidence is not None:
-        found += fnd.size_findings(evidence.size_problems, layout)
-    elif logged is not None:
-        found += fnd.size_findings(logged.size_problems, layout)
+        world_splits = _world_op_splits(by_rank, world_size) if evidence is None and logged is None else []
+        if world_splits:
+            mode = Mode.WORLD_OPS
+            causes = find_causes(world_splits, by_rank, None)
+            mismatches = _ordered_mismatches(causes.mismatches)
+    waited_on = set(causes.blocked_on) if causes is not None and mode == Mode.GROUPS else set()
+    missing_is_a_finding = False
     if missing and not snapshot.captures and (evidence is not None or logged is not None):
         notes.append("no stacks: the diagnosis rests on the " + ("Flight Recorder" if evidence else "watchdog log"))
-    elif missing and (layout is None and evidence is None and logged is None or set(missing) & set(waited_on)):
-        found.append(fnd.missing_finding(missing, world_size, waited_on, layout))
+    elif missing and (layout is None and evidence is None and logged is None or set(missing) & waited_on):
+        missing_is_a_finding = True
     elif missing:  # a partial capture (one node of many) is normal: say what it covers
         notes.append(f"{world_size - len(missing)} of {world_size} ranks captured; rank"
                      f"{'s' if len(missing) > 1 else ''} {_list(missing)} not captured, and nothing captured "
                      "waits on them")
-    ranked = list(by_rank.values())
-    if (ranked and not missing and not mismatches and not unmatched and not found
-            and all(v.state == "collective" for v in ranked)
-            and (layout is not None or len({(v.op, v.site) for v in ranked}) == 1)):
-        found.append(fnd.all_waiting_finding(ranked))
-    if evidence is not None and evidence.stuck and not mismatches and not found:
-        found.append(fnd.stuck_groups_finding(evidence.stuck))
-
+    facts = Facts(mode=mode, layout=layout, views=views, by_rank=by_rank, world_size=world_size,
+                  mismatches=mismatches, causes=causes,
+                  size_problems=evidence.size_problems if evidence else logged.size_problems if logged else (),
+                  stuck_groups=evidence.stuck if evidence else (), missing=tuple(missing),
+                  missing_is_a_finding=missing_is_a_finding, fr_found=fr is not None)
+    found = findings.build(facts)
     notes += _capture_notes(snapshot, views)
-    verdict = _verdict(found, views, by_rank, world_size, layout, notes, fr_found=fr is not None)
+    verdict = _verdict(found, by_rank, layout, notes)
     report = Report(
         verdict=verdict,
         world_size=world_size,
@@ -126,7 +113,7 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         ranks=views,
         sites=group_sites(views),
         mismatches=mismatches,
-        findings=fnd.ordered(found),
+        findings=found,
         layout_source=layout_source,
         notes=tuple(notes),
     )
@@ -350,26 +337,20 @@ def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...]) -> list[str]
     return notes
 
 
-def _verdict(found: list[Finding], views: tuple[RankView, ...], by_rank: dict[int, RankView],
-             world_size: int | None, layout: ParallelLayout | None, notes: list[str],
-             fr_found: bool = False) -> str:
-    """``problem`` when a finding names one; ``ok`` only when no rank is stuck; else ``incomplete``, with an
-    ``unexplained-wait`` finding that says what the ranks wait on and what to collect next (appended to
-    ``found``). A single dump cannot prove a hang, so ``ok`` needs every rank seen running its own code."""
-    if any(f.id not in fnd.INCOMPLETE_FINDINGS for f in found):
-        return "problem"
+def _verdict(found: tuple[Finding, ...], by_rank: dict[int, RankView], layout: ParallelLayout | None,
+             notes: list[str]) -> Verdict:
+    """``problem`` when a finding names one; ``ok`` only when no rank is stuck; else ``incomplete`` (then the
+    ``unexplained-wait`` finding says what the ranks wait on and what to collect next). A single dump cannot
+    prove a hang, so ``ok`` needs every rank seen running its own code."""
+    if any(findings.is_problem(f) for f in found):
+        return Verdict.PROBLEM
     if not by_rank:
         notes.append("no capture carries a rank: nothing to diagnose")
-        return "incomplete"
-    waiting = [v for v in by_rank.values() if v.state == "collective"]
+        return Verdict.INCOMPLETE
+    waiting = [v for v in by_rank.values() if v.state == RankState.COLLECTIVE]
     if layout is None and waiting and len({(v.op, v.site) for v in by_rank.values()}) > 1:
         notes.append("ranks wait at different sites; a layout is needed to tell which group is split")
-    stuck = [v for v in views if v.state in ("stopped", "unreadable", "gone") or is_stuck(v.wait)]
-    if stuck:
-        if not any(f.id == "unexplained-wait" for f in found):
-            found.append(fnd.unexplained_wait_finding(stuck, layout is not None, fr_found))
-        return "incomplete"
-    return "ok"
+    return Verdict.INCOMPLETE if found else Verdict.OK
 
 
 def _list(ranks: list[int]) -> str:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from mtpdiag.analysis.flight_recorder.evidence import SizeProblem
 from mtpdiag.analysis.gate import CoordsOf, read_gate
-from mtpdiag.model.watchdog import WatchdogLog
 from mtpdiag.layout import GROUP_KINDS, ParallelLayout
 from mtpdiag.model import Mismatch
+from mtpdiag.model.watchdog import WatchdogLog
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 
 SOURCE = "watchdog-log"

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
-import mtpdiag
 from mtpdiag.capture import procfs, pyspy
 from mtpdiag.capture.discover import find_targets
 from mtpdiag.capture.pyspy import CaptureFailed
 from mtpdiag.errors import NothingCaptured
 from mtpdiag.layout import cmdline
 from mtpdiag.model import STATE_STOPPED, RankCapture, Snapshot, decimal
+import mtpdiag
 
 STATE_GONE = "gone"
 STATE_UNREADABLE = "unreadable"

@@ -22,12 +22,12 @@ from typing import Callable, List, NoReturn, Optional
 
 import typer
 
+from mtpdiag.analysis.stall import StallTracker, stack_signatures
 from mtpdiag.capture import procfs
 from mtpdiag.capture.flight_recorder import LiveProgress
 from mtpdiag.commands import options as o
 from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot
-from mtpdiag.analysis.stall import StallTracker, stack_signatures
 
 
 def watch(

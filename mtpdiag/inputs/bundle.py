@@ -7,9 +7,9 @@ capture named after its file before parsing rather than copied after.
 from __future__ import annotations
 
 from mtpdiag import __version__
-from mtpdiag.inputs.bundles import snapshot_from_data
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.base import FileCaptures, ReadContext, Reader
+from mtpdiag.inputs.bundles import snapshot_from_data
 from mtpdiag.inputs.files import json_start, parse_json
 from mtpdiag.model import BUNDLE_SCHEMA, printable
 

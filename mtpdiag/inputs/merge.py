@@ -6,9 +6,9 @@ The same rank in two files, or two different world sizes, is an input error nami
 from __future__ import annotations
 
 from mtpdiag import __version__
+from mtpdiag.errors import InputError
 from mtpdiag.inputs.base import FileCaptures
 from mtpdiag.inputs.settle import UNKNOWN_HOST
-from mtpdiag.errors import InputError
 from mtpdiag.model import Snapshot, world_sizes
 from mtpdiag.model.flight_recorder import FRDump, FRRankDump
 

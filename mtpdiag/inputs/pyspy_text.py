@@ -17,11 +17,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from mtpdiag.layout.cmdline import layout_hints, merge_hints
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.failed import failure_reason
 from mtpdiag.inputs.lines import Line, clean_lines, command, is_python_file
 from mtpdiag.inputs.settle import captures_of, shared, thread
+from mtpdiag.layout.cmdline import layout_hints, merge_hints
 from mtpdiag.model import Frame, ThreadStack, printable
 from mtpdiag.vocabulary.ops import is_launcher_argv
 from mtpdiag.vocabulary.stacks import display_path, kept_args

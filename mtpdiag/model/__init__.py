@@ -20,7 +20,6 @@ from mtpdiag.model.captures import (
 )
 from mtpdiag.model.fields import SchemaError, decimal, printable
 from mtpdiag.model.frames import Frame, Site
-from mtpdiag.model.sections import FlightRecorderSection, Progress, WatchdogSection
 from mtpdiag.model.report import (
     REPORT_SCHEMA,
     Finding,
@@ -30,10 +29,11 @@ from mtpdiag.model.report import (
     SiteGroup,
     WaitState,
 )
+from mtpdiag.model.sections import FlightRecorderSection, Progress, WatchdogSection
 
 __all__ = [
     "BUNDLE_SCHEMA", "ENV_WHITELIST", "REPORT_SCHEMA", "STATE_DISK", "STATE_RUNNING", "STATE_SLEEPING",
-    "STATE_STOPPED", "STATE_ZOMBIE", "Finding", "FlightRecorderSection", "Frame", "Mismatch", "RankCapture", "RankView", "Report",
-    "Progress", "SchemaError", "Site", "SiteGroup", "Snapshot", "ThreadStack", "WaitState", "WatchdogSection", "decimal", "printable",
-    "who_and_why", "world_sizes",
+    "STATE_STOPPED", "STATE_ZOMBIE", "Finding", "FlightRecorderSection", "Frame", "Mismatch", "Progress",
+    "RankCapture", "RankView", "Report", "SchemaError", "Site", "SiteGroup", "Snapshot", "ThreadStack", "WaitState",
+    "WatchdogSection", "decimal", "printable", "who_and_why", "world_sizes",
 ]

@@ -21,13 +21,13 @@ import os
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
-from mtpdiag.analysis.gate import read_gate
-from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.flight_recorder.correlate import correlate
 from mtpdiag.analysis.flight_recorder.match import Divergence, FRAnalysis, GroupMatch, match_groups
-from mtpdiag.model.flight_recorder import FRDump, FREntry
+from mtpdiag.analysis.gate import read_gate
+from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.layout import GROUP_KINDS, ParallelLayout
 from mtpdiag.model import FlightRecorderSection, Mismatch, RankView, Report, Site, WaitState
+from mtpdiag.model.flight_recorder import FRDump, FREntry
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 from mtpdiag.vocabulary.labels import rank_list
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from mtpdiag.inputs.flight_recorder.calls import Call, group_calls
 from mtpdiag.analysis.flight_recorder.order import BEHIND, SHIFTED, SKIPPED, AbsentWhy, RankIndex, absent_why
 from mtpdiag.analysis.flight_recorder.progress import group_sort_key
-from mtpdiag.model.flight_recorder import FRDump, FREntry
+from mtpdiag.inputs.flight_recorder.calls import Call, group_calls
 from mtpdiag.model import Mismatch, Site
+from mtpdiag.model.flight_recorder import FRDump, FREntry
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 from mtpdiag.vocabulary.ops import UNEVEN_INPUT_OPS, UNEVEN_OUTPUT_OPS
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from mtpdiag.inputs.flight_recorder.calls import Call
-from mtpdiag.model.flight_recorder import FREntry, FRRankDump
 from mtpdiag.model import Site
+from mtpdiag.model.flight_recorder import FREntry, FRRankDump
 
 SKIPPED, SHIFTED, BEHIND, UNKNOWN = "skipped", "shifted", "behind", "unknown"
 

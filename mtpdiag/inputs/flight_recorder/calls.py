@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from mtpdiag.inputs.flight_recorder.names import batch_op, parse_profiling_name
-from mtpdiag.model.flight_recorder import FREntry, FRRankDump
 from mtpdiag.model import Site
+from mtpdiag.model.flight_recorder import FREntry, FRRankDump
 
 
 @dataclass(frozen=True)

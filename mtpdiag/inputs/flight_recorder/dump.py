@@ -19,8 +19,8 @@ from typing import Any, Sequence
 
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder.parse import rank_dump
-from mtpdiag.model.flight_recorder import FRDump, FRRankDump, expected_ranks
 from mtpdiag.inputs.flight_recorder.sites import SourceIndex, plain
+from mtpdiag.model.flight_recorder import FRDump, FRRankDump, expected_ranks
 
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 _RANK_SUFFIX = re.compile(r"^(.*?)(\d{1,9})(\.json)?$")

@@ -16,8 +16,8 @@ from typing import Any
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder.calls import batches
 from mtpdiag.inputs.flight_recorder.names import parse_profiling_name
-from mtpdiag.model.flight_recorder import FREntry, FRGroup, FRGroupStatus, FRRankDump, as_bool, as_int
 from mtpdiag.inputs.flight_recorder.sites import Qualify, call_site, plain, stack_of
+from mtpdiag.model.flight_recorder import FREntry, FRGroup, FRGroupStatus, FRRankDump, as_bool, as_int
 
 KNOWN_MAJOR = 2
 NEWEST_KNOWN_MINOR = 10  # torch 2.13 writes "2.10"

@@ -1,0 +1,158 @@
+"""``straggler`` and ``frozen-rank``: captured ranks that others wait on, because they run or wait on something
+of their own, or are stopped, gone or unreadable. With a layout (or the recorder's groups) the wait-for graph
+says who waits on them; without one, a rank that holds up a world waiting in collectives."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from mtpdiag.analysis.causes import Causes, Waiter, holds_up
+from mtpdiag.analysis.findings.facts import Facts, Mode
+from mtpdiag.analysis.findings.p2p import p2p_call
+from mtpdiag.analysis.findings.words import Words, pids, union
+from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import Finding, Mismatch, RankView, Site
+from mtpdiag.vocabulary.states import FindingId
+from mtpdiag.vocabulary.waits import WAIT_PHRASES
+
+
+def _waiting_phrase(waiters: Sequence[Waiter], mismatches: Sequence[Mismatch], words: Words,
+                    them: str) -> str:
+    """``ranks 0, 1, 2 wait for it in all_reduce at reduce_gradients (…) on the DP×CP group``."""
+    first = waiters[0]
+    if first.mismatch is not None:
+        m = mismatches[first.mismatch]
+        entered = union(mismatches[w.mismatch].entered for w in waiters
+                         if w.mismatch is not None and mismatches[w.mismatch].site == m.site)
+        return (f"{words.ranks(entered)} {words.verb(entered, 'waits', 'wait')} for {them} in {m.op} at "
+                f"{words.where(m.site)} on the {words.group(m.group)} group")
+    w = first.p2p
+    assert w is not None
+    return f"rank {w.rank} waits for {them} in {p2p_call(w)} at {words.where(w.site)}"
+
+
+def stragglers(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+    """Captured ranks that others wait on while they run, or wait on something of their own."""
+    if facts.mode == Mode.LAYOUT_FREE:
+        return [f for f in _layout_free(list(facts.by_rank.values())) if f.id == FindingId.STRAGGLER]
+    if facts.mode != Mode.GROUPS or facts.causes is None:
+        return []
+    return [f for f in _blocked(facts.causes, facts.by_rank, facts.layout) if f.id == FindingId.STRAGGLER]
+
+
+def frozen(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+    """Captured ranks that others wait on while they are stopped, gone or unreadable."""
+    if facts.mode == Mode.LAYOUT_FREE:
+        return [f for f in _layout_free(list(facts.by_rank.values())) if f.id == FindingId.FROZEN_RANK]
+    if facts.mode != Mode.GROUPS or facts.causes is None:
+        return []
+    return [f for f in _blocked(facts.causes, facts.by_rank, facts.layout) if f.id == FindingId.FROZEN_RANK]
+
+
+def _blocked(causes: Causes, views: Mapping[int, RankView], layout: ParallelLayout | None) -> list[Finding]:
+    """``straggler`` and ``frozen-rank`` for captured ranks that others wait on."""
+    words = Words(layout)
+    running: dict[tuple[Site | None, str], list[int]] = {}
+    frozen: dict[str, list[int]] = {}
+    for rank in causes.blocked_on:
+        view = views.get(rank)
+        if view is None:
+            continue  # never captured: missing-rank
+        if view.state in ("running", "waiting"):
+            kind = view.wait.kind if view.wait is not None else "running"
+            running.setdefault((view.site, kind), []).append(rank)
+        else:
+            frozen.setdefault(view.state, []).append(rank)
+    out = []
+    for (site, kind), ranks in running.items():
+        waiters = [w for r in ranks for w in causes.blocked_on[r]]
+        them = words.verb(ranks, "it", "them")
+        out.append(Finding(
+            id=FindingId.STRAGGLER, ranks=tuple(ranks),
+            summary=(f"{words.ranks(ranks, coords=True)} {words.verb(ranks, 'is', 'are')} "
+                     f"{WAIT_PHRASES.get(kind, kind)} in {words.where(site)}, in no collective, while "
+                     f"{_waiting_phrase(waiters, causes.mismatches, words, them)}"),
+            remedy=straggler_remedy(ranks, views, kind),
+            details={"site": site.to_dict() if site else None, "wait": kind,
+                     "waiting": _waiting_details(waiters, causes)},
+        ))
+    for state, ranks in frozen.items():
+        waiters = [w for r in ranks for w in causes.blocked_on[r]]
+        reasons = list(dict.fromkeys(views[r].error or state for r in ranks))
+        them = words.verb(ranks, "it", "them")
+        out.append(Finding(
+            id=FindingId.FROZEN_RANK, ranks=tuple(ranks),
+            summary=(f"{words.ranks(ranks, coords=True)} {words.verb(ranks, 'is', 'are')} {state} "
+                     f"({'; '.join(reasons[:2])}) while {_waiting_phrase(waiters, causes.mismatches, words, them)}"),
+            remedy=frozen_remedy(state, ranks, views),
+            details={"state": state, "waiting": _waiting_details(waiters, causes)},
+        ))
+    return out
+
+
+def _waiting_details(waiters: Sequence[Waiter], causes: Causes) -> list[dict]:
+    out = []
+    for w in waiters[:16]:
+        if w.mismatch is not None:
+            m = causes.mismatches[w.mismatch]
+            out.append({"op": m.op, "site": m.site.to_dict() if m.site else None, "group": m.group,
+                        "entered": list(m.entered)})
+        elif w.p2p is not None:
+            out.append({"op": w.p2p.op, "site": w.p2p.site.to_dict() if w.p2p.site else None,
+                        "rank": w.p2p.rank})
+    return out
+
+
+_STRAGGLER_CAUSES = {
+    "data_loader": "a DataLoader worker that died or stalls (its own stack: py-spy dump --pid on the worker)",
+    "lock": "a lock or queue that nobody releases or fills (look for the other holder: py-spy dump --native)",
+    "io": "a file system or network endpoint that does not answer (dmesg, the mount, the remote end)",
+    "sleep": "a polling loop whose condition never comes true",
+    "unknown": "a C call that blocks (py-spy dump --native shows on what)",
+}
+
+
+def straggler_remedy(ranks: Sequence[int], views: Mapping[int, RankView], kind: str = "running") -> str:
+    cause = _STRAGGLER_CAUSES.get(kind, "a data loader, I/O or a loop that never ends")
+    return ("find out what the straggler is doing (its stack below, or py-spy dump --pid "
+            f"{pids(ranks, views)}): {cause}; the others only wait for it")
+
+
+def frozen_remedy(state: str, ranks: Sequence[int], views: Mapping[int, RankView]) -> str:
+    if state == "stopped":
+        return (f"find what stopped it (a debugger, a job scheduler, a stray Ctrl-Z) and resume it with "
+                f"kill -CONT {pids(ranks, views)}; state D means a filesystem or device driver is stuck")
+    return "the process died or could not be read: check its log, dmesg (OOM killer) and the node"
+
+
+def _layout_free(views: Sequence[RankView]) -> list[Finding]:
+    """Without a layout: stopped ranks while others wait, or ranks that hold up the rest while all others
+    wait in collectives."""
+    ranked = [v for v in views if v.rank is not None]
+    by_rank = {v.rank: v for v in ranked}
+    waiting = [v.rank for v in ranked if v.state == "collective"]
+    out = []
+    frozen: dict[str, list[int]] = {}
+    for v in ranked:
+        if v.state in ("stopped", "gone", "unreadable"):
+            frozen.setdefault(v.state, []).append(v.rank)
+    held = [v.rank for v in ranked if v.state in ("running", "waiting") and holds_up(v)]
+    words = Words(None)
+    if waiting:
+        for state, ranks in frozen.items():
+            out.append(Finding(
+                id=FindingId.FROZEN_RANK, ranks=tuple(ranks), remedy=frozen_remedy(state, ranks, by_rank),
+                summary=(f"{words.ranks(ranks)} {words.verb(ranks, 'is', 'are')} {state} while "
+                         f"{words.ranks(waiting)} {words.verb(waiting, 'waits', 'wait')} in collectives "
+                         "(no layout: groups unknown)"),
+            ))
+    if held and waiting and len(held) + len(waiting) == len(ranked):
+        kinds = list(dict.fromkeys(by_rank[r].wait.kind if by_rank[r].wait else "running" for r in held))
+        what = WAIT_PHRASES.get(kinds[0], kinds[0]) if len(kinds) == 1 else "outside any collective"
+        out.append(Finding(
+            id=FindingId.STRAGGLER, ranks=tuple(held),
+            remedy=straggler_remedy(held, by_rank, kinds[0] if len(kinds) == 1 else "running"),
+            summary=(f"{words.ranks(held)} {words.verb(held, 'is', 'are')} {what} while every other "
+                     "rank waits in a collective (no layout: groups unknown)"),
+        ))
+    return out

@@ -1,0 +1,130 @@
+"""Findings of split collectives (``mtp-cp-gated-reduce``, ``gated-collective``) and of collectives every member
+entered differently (``size-mismatch``, ``dtype-mismatch``). Only root splits get a finding."""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+from mtpdiag.analysis.findings.facts import Facts
+from mtpdiag.analysis.findings.words import (TRACKER_WORDS, Words, doing_phrase, gate_source_phrase, grouped,
+                                             groups_phrase, union)
+from mtpdiag.analysis.gate import describe_gate
+from mtpdiag.analysis.known_sites import is_mtp_site, signature_of, skip_of
+from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import Finding, Mismatch, Site
+from mtpdiag.vocabulary.states import FindingId
+
+
+def mtp_findings(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+    """The verl #5895 signature: the MTP loss reduce on DP×CP, entered only where cp == 0."""
+    return [_finding(*split, facts.layout) for split in _root_splits(facts) if _is_mtp(*split)]
+
+
+def gated_findings(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+    """Every other root split collective (a known metric tracker's, or any gated call)."""
+    return [_finding(*split, facts.layout) for split in _root_splits(facts) if not _is_mtp(*split)]
+
+
+def _root_splits(facts: Facts) -> Iterator[tuple[str, Site | None, str, list[Mismatch]]]:
+    """(op, site, group kind, its split instances) of each root, in the order the roots come."""
+    for (op, site, kind), instances in grouped(facts.roots, lambda m: (m.op, m.site, m.group)).items():
+        yield op, site, kind, instances
+
+
+def _is_mtp(op: str, site: Site | None, kind: str, instances: Sequence[Mismatch]) -> bool:
+    gate = instances[0].gate
+    return is_mtp_site(site) and kind == "dp_cp" and gate is not None and gate.get("cp") == 0
+
+
+def _finding(op: str, site: Site | None, kind: str, instances: list[Mismatch],
+             layout: ParallelLayout | None) -> Finding:
+    """One finding per root (op, site, group): the verl #5895 signature or a gated collective."""
+    words = Words(layout)
+    members = union(m.members for m in instances)
+    entered = union(m.entered for m in instances)
+    absent = union(m.absent for m in instances)
+    gate = instances[0].gate
+    doing_of = {r: d for m in instances for r, d in m.absent_doing.items()}
+    details = {"op": op, "site": site.to_dict() if site else None, "group": kind,
+               "gate": dict(gate) if gate is not None else None, "members": list(members),
+               "entered": list(entered), "absent": list(absent), "instances": len(instances),
+               "group_from": instances[0].group_from, "group_candidates": list(instances[0].group_candidates),
+               "gate_strength": instances[0].gate_strength, "source": instances[0].source}
+    group = groups_phrase(kind, instances, words)
+    never = (f"{words.ranks(absent, coords=True)} never joined ({doing_phrase(absent, doing_of)})")
+    if _is_mtp(op, site, kind, instances):
+        cp = layout.cp if layout is not None else "N"
+        return Finding(
+            id=FindingId.MTP_CP_GATED_REDUCE, ranks=members, details=details,
+            summary=(f"MTP loss {op} on {group} entered only by {describe_gate(gate)} ranks "
+                     f"({words.ranks(entered)}); {never}: verl #5895 deadlock"),
+            remedy=f"mtpdiag check && mtpdiag apply (verl PR #5895), then mtpdiag verify --cp {cp}",
+        )
+    where = f"{site.file}:{site.line}" if site else "its call site"
+    signature = signature_of(site)
+    if signature in TRACKER_WORDS and gate is not None:
+        name, fix = TRACKER_WORDS[signature]
+        details["signature"] = signature
+        return Finding(
+            id=FindingId.GATED_COLLECTIVE, ranks=members, details=details,
+            summary=(f"{name} {op} at {words.where(site)} on {group} entered only by {describe_gate(gate)} "
+                     f"ranks ({words.ranks(entered)}); {never}: {skip_of(site) or 'a tracker skip'}"),
+            remedy=fix)
+    if gate:
+        summary = (f"{op} at {words.where(site)} on {group} entered only by {describe_gate(gate)} ranks "
+                   f"({words.ranks(entered)}){gate_source_phrase(instances[0])}; {never}")
+        remedy = (f"every rank of the {words.group(kind)} group must call {op} at {where}: move it out "
+                  f"of the {describe_gate(gate)} branch, or run it on a group whose members all pass that test")
+        if instances[0].gate_strength == "weak":
+            remedy += ("; if no such branch exists, look for a loop or branch on rank-local data (a count, a "
+                       "length, a flag) that made these ranks skip or repeat it")
+    else:
+        summary = (f"{op} at {words.where(site)} on {group} entered only by {words.ranks(entered)}; "
+                   f"{never}; no single coordinate separates them")
+        remedy = (f"every rank of the {words.group(kind)} group must reach {op} at {where}; "
+                  "compare the absent ranks' stacks with the entered ones to see where they turned off")
+    return Finding(id=FindingId.GATED_COLLECTIVE, ranks=members, summary=summary, remedy=remedy,
+                   details=details)
+
+
+def size_mismatches(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+    """Every member entered one collective with different sizes (Megatron-LM #3400: 14 vs 15 entries)."""
+    return _size_findings([p for p in facts.size_problems if p.problem == "sizes"], facts.layout)
+
+
+def dtype_mismatches(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+    """Every member entered one collective with different dtypes."""
+    return _size_findings([p for p in facts.size_problems if p.problem != "sizes"], facts.layout)
+
+
+def _size_findings(problems: Sequence, layout: ParallelLayout | None) -> list[Finding]:
+    """Every member entered the same collective, with different sizes or dtypes (``fr_evidence.SizeProblem``).
+
+    NCCL does not check: it hangs, or reduces garbage. Megatron-LM #3400: the MoE aux-loss tracker held 14
+    entries on some ranks and 15 on others because the MTP layers were left out of ``force_initialize``. The
+    same picture shows when one rank has gone to validation while the others still train.
+    """
+    words = Words(layout)
+    out = []
+    for p in problems:
+        name = words.group(p.kind) if p.kind else p.desc or p.group
+        values = "; ".join(f"{words.ranks(list(ranks))} with {value}" for value, ranks in p.by_value.items())
+        what = "sizes" if p.problem == "sizes" else "dtypes"
+        known = signature_of(p.site)
+        if known == "moe-aux-loss":
+            remedy = ("the ranks' MoE aux-loss trackers hold different entries: initialise every entry on every "
+                      "rank (megatron's track_moe_metrics(force_initialize=True), and count the MTP layers too: "
+                      "Megatron-LM #3400/#3401)")
+        else:
+            remedy = (f"every member must pass tensors of the same {'size' if what == 'sizes' else 'dtype'} to "
+                      f"{p.op} at {words.where(p.site)}: compare how each rank builds it (a list whose length "
+                      "depends on the layers a stage holds, a rank in another phase such as validation)")
+        out.append(Finding(
+            id=FindingId.SIZE_MISMATCH if what == "sizes" else FindingId.DTYPE_MISMATCH, ranks=p.members, remedy=remedy,
+            summary=(f"{p.op} #{p.seq} at {words.where(p.site)} on the {name} group {words.members(p.members)} "
+                     f"was entered by every member, with different {what}: {values}"),
+            details={"op": p.op, "seq": p.seq, "group": p.kind or p.desc, "fr_group": p.group,
+                     "site": p.site.to_dict() if p.site else None,
+                     "values": {k: list(v) for k, v in p.by_value.items()}, "source": "flight-recorder"},
+        ))
+    return out

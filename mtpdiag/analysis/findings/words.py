@@ -1,0 +1,170 @@
+"""The phrases every finding is written with: ranks with their coordinates, groups and where their kind came
+from, how strong a gate is, and the hints on what to collect next."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Mapping, Sequence
+
+from mtpdiag.analysis.gate import describe_gate
+from mtpdiag.analysis.known_sites import is_mtp_site
+from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import Mismatch, RankView, Site
+from mtpdiag.vocabulary.groups import GROUP_NAMES
+from mtpdiag.vocabulary.labels import rank_list
+
+SHOW = 6  # ranks named in a summary before "…"
+# Megatron's metric trackers other than MTP that hang the same way: what to call them, and the fix.
+TRACKER_WORDS = {
+    "dsa-indexer": ("DeepSeek indexer loss reduce (DSAIndexerLossLoggingHelper, not the MTP loss)",
+                    "every pipeline stage must take part in the indexer's PP all_reduce: take Megatron-LM #4518 "
+                    "(dev), or seed the indexer tracker with zeros on every stage before reduce_loss_in_tracker"),
+    "moe-aux-loss": ("MoE aux-loss tracker reduce",
+                     "every pipeline stage must hold the same tracker entries: call track_moe_metrics with "
+                     "force_initialize=True (and count the MTP layers: Megatron-LM #3400/#3401), or create the "
+                     "entries on stages without MoE layers (NeMo-RL #3419)"),
+}
+
+FR_LAUNCH_ENV = ("TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_ "
+                 "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/fr_pipe_rank_")
+FR_HOW = ("the Flight Recorder dumps ${TORCH_FR_DUMP_TEMP_FILE}<rank> (default ~/.cache/torch/comm_lib_trace_rank_"
+          "<rank>, /tmp/nccl_trace_rank_<rank> before torch 2.6), written on every rank when the NCCL watchdog "
+          "times out (TORCH_NCCL_TIMEOUT, 10 min by default), or now with `mtpdiag inspect --fr-dump` when the "
+          "job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE; then `mtpdiag analyze --fr <prefix>` (with the stacks, or "
+          f"alone). If the job did not record them, relaunch with {FR_LAUNCH_ENV}")
+FLIGHT_RECORDER_HINT = (
+    "look below Python: the network, NCCL or a device (NCCL_DEBUG=INFO, dmesg); compare each rank's last "
+    f"collective in {FR_HOW}"
+)
+
+
+class Words:
+    """Rank and site phrases, with coordinates when a layout is known."""
+
+    def __init__(self, layout: ParallelLayout | None) -> None:
+        self.layout = layout
+
+    def rank(self, rank: int) -> str:
+        if self.layout is not None and 0 <= rank < self.layout.world_size:
+            return f"rank {rank} ({self.layout.describe(rank)})"
+        return f"rank {rank}"
+
+    def ranks(self, ranks: Sequence[int], coords: bool = False) -> str:
+        """``rank 3 (tp0 cp1 pp1)``, ``ranks 0, 2``, ``4096 ranks (0, 2, 4, …)``."""
+        ranks = sorted(ranks)
+        if len(ranks) == 1:
+            return self.rank(ranks[0]) if coords else f"rank {ranks[0]}"
+        if len(ranks) <= 3 and coords and self.layout is not None:
+            return "ranks " + ", ".join(self.rank(r).removeprefix("rank ") for r in ranks)
+        if len(ranks) <= SHOW:
+            return "ranks " + rank_list(ranks)
+        return f"{len(ranks)} ranks ({rank_list(ranks, SHOW)})"
+
+    @staticmethod
+    def members(ranks: Sequence[int]) -> str:
+        return "[" + rank_list(sorted(ranks), 2 * SHOW, show=SHOW, more=", … ({n} ranks)") + "]"
+
+    @staticmethod
+    def where(site: Site | None) -> str:
+        if site is None:
+            return "an unknown site"
+        return f"{site.function.rsplit('.', 1)[-1]} ({os.path.basename(site.file)}:{site.line})"
+
+    @staticmethod
+    def group(kind: str) -> str:
+        return GROUP_NAMES.get(kind, kind)
+
+    @staticmethod
+    def verb(ranks: Sequence[int], one: str, many: str) -> str:
+        return one if len(ranks) == 1 else many
+
+
+def groups_phrase(kind: str, instances: Sequence[Mismatch], words: "Words") -> str:
+    """``the DP×CP group [2, 3]``, ``the TP groups [0, 1] and [2, 3]``, ``4096 CP groups ([0, 1], …)``,
+    followed by where the group kind came from when it was not the known-site table."""
+    name = words.group(kind)
+    lists = [words.members(m.members) for m in instances]
+    if len(lists) == 1:
+        text = f"the {name} group {lists[0]}"
+    elif len(lists) <= 3:
+        text = f"the {name} groups {', '.join(lists[:-1])} and {lists[-1]}"
+    else:
+        text = f"{len(lists)} {name} groups ({', '.join(lists[:2])}, …)"
+    return text + group_source_phrase(instances[0])
+
+
+def group_source_phrase(m: Mismatch) -> str:
+    """`` (group guessed from who waits: TP or TP×DP)``: where a split's group kind came from, when that is
+    not plain (the known-site table and the Flight Recorder's pg_config name it; membership only fits it)."""
+    if m.group_from == "guess":
+        names = " or ".join(GROUP_NAMES.get(k, k) for k in m.group_candidates) or GROUP_NAMES.get(m.group, m.group)
+        return f" (group guessed from which ranks wait: {names} fit)"
+    if m.group_from == "unique-fit":
+        return " (the only group kind whose members fit who waits)"
+    if m.group_from == "world-op":
+        return f" ({m.op} is taken as a world-group call: the stack does not keep its group argument)"
+    return ""
+
+
+SOURCE_WORDS = {"stacks": "the stacks", "flight-recorder": "the Flight Recorder", "watchdog-log": "the watchdog log"}
+GROUP_SOURCES = {
+    "known-site": "the known-site table names the group of this call",
+    "flight-recorder": "the Flight Recorder records the group (its pg_config and description)",
+    "watchdog-log": "the watchdog log names the group",
+    "unique-fit": "the only group kind whose members fit who waits",
+    "world-op": "taken as a world-group call (the stack does not keep the group argument)",
+}
+
+
+def provenance(m: Mismatch) -> str:
+    """Where a split's group kind and gate came from, in one parenthesis for the split's sentence."""
+    if m.group_from == "guess":
+        names = " or ".join(GROUP_NAMES.get(k, k) for k in m.group_candidates) or GROUP_NAMES.get(m.group, m.group)
+        group = f"group guessed from who waits ({names} fit)"
+    else:
+        group = GROUP_SOURCES.get(m.group_from, m.group_from)
+    if m.gate is None or m.role == "consequence":
+        gate = ""
+    elif m.gate_strength == "strong":
+        gate = "; gate read from the coordinates of who entered and who did not"
+        if is_mtp_site(m.site) and m.group == "dp_cp" and m.gate == {"cp": 0}:
+            gate += ": the known verl #5895 signature"
+        else:
+            gate += ", which split cleanly along it (several ranks on each side)"
+    else:
+        gate = "; gate" + gate_source_phrase(m).removeprefix(" (").removesuffix(")").replace("weak:", " weak:", 1)
+    sources = " and ".join(SOURCE_WORDS.get(part, part) for part in m.source.split("+"))
+    return f" [{group}{gate}; from {sources}]"
+
+
+def gate_source_phrase(m: Mismatch) -> str:
+    """What the gate rests on, when it is weak: a rank test fits, and so does data-dependent divergence."""
+    if m.gate is None or m.gate_strength != "weak":
+        return ""
+    others = "".join(f" or {describe_gate(g)}" for g in m.gate_alternatives)
+    if others:
+        return (f" (weak: {describe_gate(m.gate)}{others} separate the ranks equally well; a branch on rank-local "
+                "data fits too)")
+    return (" (weak: too few ranks on one side to tell a rank test from data-dependent divergence, e.g. a loop "
+            "that ran once more on some ranks)")
+
+
+def doing_phrase(ranks: Sequence[int], doing_of: Mapping[int, str]) -> str:
+    values = list(dict.fromkeys(doing_of.get(r, "not captured") for r in sorted(ranks)))
+    return "; ".join(values[:3]) + ("; …" if len(values) > 3 else "")
+
+
+def union(values: Iterable[Sequence[int]]) -> tuple[int, ...]:
+    return tuple(sorted({r for v in values for r in v}))
+
+
+def grouped(items: Iterable, key) -> dict:
+    out: dict = {}
+    for item in items:
+        out.setdefault(key(item), []).append(item)
+    return out
+
+
+def pids(ranks: Sequence[int], views: Mapping[int, RankView]) -> str:
+    pids = [str(views[r].pid) for r in ranks[:SHOW] if r in views and views[r].pid is not None]
+    return " ".join(pids) if pids else "PID"
