@@ -319,3 +319,18 @@ def unfilter(kind: int, line: bytearray, previous: bytearray, bpp: int) -> None:
             line[x] = (line[x] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 255
         else:
             raise ValueError(f"bad PNG filter {kind}")
+
+
+def test_uncaptured_ranks_of_a_moe_layout_with_its_own_expert_tp_show_as_gaps():
+    """tp=2 with etp=1 and ep=4 over 12 ranks: etp*ep*pp divides the world, tp*ep*pp does not. The grid's
+    full layout must be rebuilt with etp, or the ranks missing from the capture vanish from the grid."""
+    from captures import load_scenario, tile
+
+    snapshot, small, _ = load_scenario("tp_broadcast")
+    big = ParallelLayout.for_world(12, tp=2, ep=4, etp=1)
+    tiled = tile(snapshot, small, big)
+    partial = replace(tiled, captures=tuple(c for c in tiled.captures if c.rank not in (5, 6)))
+    page = html_report.render(diagnose(partial, big))
+    for rank in (5, 6):
+        assert f'class=miss title="rank {rank}: not captured"' in page
+    assert page.count("class=miss") == 2

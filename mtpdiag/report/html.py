@@ -1,7 +1,7 @@
 """A single self-contained HTML report: findings first, then a rank grid coloured by call site.
 
 Everything is inline (CSS, JS, data) and a Content-Security-Policy forbids every fetch, so the file
-works offline and can be mailed around. Strings from the report (function names, files, hosts) come
+works offline and can be mailed around. The CSS and the script are package data (``report/assets``). Strings from the report (function names, files, hosts) come
 from target processes: each is escaped here, and the script only ever writes them with ``textContent``.
 Per-cell markup is a few bytes so that a 16k-rank world still renders; stacks live in one JSON blob,
 deduplicated, that the script reads for the cell tooltips and the stack pane (``#rank=N`` opens it).
@@ -12,11 +12,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from functools import lru_cache
 from html import escape
+from importlib import resources
 from typing import Any, Iterable, Mapping
 
 from mtpdiag import __version__
-from mtpdiag.layout import LayoutError, ParallelLayout
+from mtpdiag.layout import DEFAULT_ORDER, LayoutError, ParallelLayout
 from mtpdiag.model import Frame, RankView, Report
 from mtpdiag.report import words
 from mtpdiag.report.console import COLUMN, group_letter
@@ -37,7 +39,7 @@ def render(report: Report) -> str:
     """The whole report as one HTML document."""
     views = {v.rank: v for v in report.ranks if v.rank is not None}
     group_of = {r: i for i, g in enumerate(report.sites) for r in g.ranks}
-    script = _SCRIPT
+    script = asset("report.js")
     csp = (f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
            f"script-src 'sha256-{_sha256(script)}'")
     parts = [
@@ -45,7 +47,7 @@ def render(report: Report) -> str:
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
         '<meta name=viewport content="width=device-width, initial-scale=1">',
         f"<title>mtpdiag: {_e(report.verdict)}</title>",
-        f"<style>{_CSS}{_group_css(len(report.sites))}</style></head><body>",
+        f"<style>{asset('report.css')}{_group_css(len(report.sites))}</style></head><body>",
         _header(report),
         _findings(report),
         _mismatches(report, views),
@@ -321,7 +323,10 @@ def _layout_coords(report: Report) -> dict[int, Mapping[str, int]]:
         return {}
     try:
         sizes = {k: int(layout.get(k, 1) or 1) for k in ("tp", "cp", "pp", "ep")}
-        full = ParallelLayout.for_world(world, order=str(layout.get("order") or "tp-cp-ep-dp-pp"), **sizes)
+        # The expert sizes too: without etp, a MoE layout whose etp*ep*pp divides the world but tp*ep*pp does
+        # not could not be rebuilt, and the ranks missing from the capture vanished from the grid.
+        sizes.update({k: int(layout[k]) for k in ("etp", "vpp") if layout.get(k) is not None})
+        full = ParallelLayout.for_world(world, order=str(layout.get("order") or DEFAULT_ORDER), **sizes)
         return {r: full.coords(r) for r in range(world)}
     except (LayoutError, TypeError, ValueError):
         return {}
@@ -350,147 +355,7 @@ def _sha256(text: str) -> str:
     return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
 
 
-_CSS = """
-:root{--cell:14px;font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1d2330;background:#fafbfc}
-body{margin:0 auto;padding:1rem 1.5rem 3rem;max-width:110rem}
-h1{font-size:1.35rem;margin:.2rem 0 .3rem;padding:.5rem .8rem;border-radius:6px}
-h2{font-size:1.05rem;margin:1.4rem 0 .5rem;border-bottom:1px solid #dde1e6;padding-bottom:.2rem}
-.v-problem{background:#fde8e8;color:#8b1111}.v-incomplete{background:#fff6d6;color:#6b5200}
-.v-ok{background:#e3f6e5;color:#145a1e}
-.dim{color:#69707d}.warn{color:#8a5a00}p{margin:.25rem 0}
-code{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;word-break:break-all}
-.finding{border-left:4px solid #98a1ad;background:#fff;padding:.4rem .8rem;margin:.5rem 0;border-radius:4px;
-box-shadow:0 1px 2px rgba(0,0,0,.06)}
-.finding.first{border-left-color:#b3261e}.fid{font-weight:600}.summary{font-size:1.02rem}
-.remedy{color:#145a1e}
-li.consequence{color:#8b929c}li.root{font-weight:500}ul{padding-left:1.3rem}
-.legend{list-style:none;padding:0;margin:.3rem 0;display:flex;flex-wrap:wrap;gap:.3rem 1.2rem}
-.legend li{cursor:pointer}.legend li.on{text-decoration:underline}
-.sw{display:inline-block;width:.9em;height:.9em;border-radius:2px;vertical-align:-.1em;margin-right:.3em}
-.gridwrap{display:flex;gap:1rem;align-items:flex-start;flex-wrap:wrap}
-#grid{overflow:auto;max-width:100%;max-height:80vh;flex:1 1 30rem}#grid.fit{flex:0 1 auto}
-#grid [data-testid=rank-cell]{cursor:pointer;font-style:normal}
-#grid .sel{outline:3px solid #111;outline-offset:-1px;z-index:1}
-.gx{background-color:#e1e4e8;color:#333}
-.miss{background:#fff;border:1px dashed #98a1ad;color:#98a1ad}
-.s-stopped{background-image:repeating-linear-gradient(45deg,transparent 0 4px,rgba(0,0,0,.3) 4px 6px)}
-.s-gone,.s-unreadable{background-color:#fff;color:#555;border:1px dashed #555}
-.tbl{display:grid;gap:3px;width:max-content}
-.tbl>i{display:block;padding:.25em .5em;border-radius:3px;text-align:center;white-space:nowrap;font-size:13px}
-.colh{font-size:11px;color:#69707d;text-align:center;line-height:1.2;align-self:end}
-.rowh{font-weight:600;padding-right:.5em;align-self:center}
-.list{display:flex;flex-wrap:wrap;gap:3px}
-.list>i{display:block;padding:.25em .5em;border-radius:3px;white-space:nowrap;font-size:13px}
-.stage{display:flex;gap:.5rem;align-items:flex-start;padding:4px 0;border-bottom:1px solid #e6e9ed}
-.stage>.rowh{min-width:2.6em;align-self:flex-start;position:sticky;top:0}.wrap{display:flex;flex-wrap:wrap;gap:5px}
-.blk{display:grid;grid-template-columns:repeat(var(--tp),var(--cell));gap:1px}
-.blk>i{display:block;width:var(--cell);height:var(--cell)}
-.gap{visibility:hidden}
-#pane{flex:0 1 34rem;min-width:20rem;background:#fff;border:1px solid #dde1e6;border-radius:6px;
-padding:.5rem .9rem;position:sticky;top:.5rem;max-height:85vh;overflow:auto}
-#pane h3{margin:.2rem 0;font-size:1rem}#pane ol{padding-left:1.6rem;margin:.4rem 0}
-#pane li{margin:.1rem 0}#pane li .loc{color:#69707d}#pane li.site .fn{font-weight:700}#pane .mark{color:#8b1111;font-weight:600}
-#pane-close{float:right;border:0;background:none;font-size:1.2rem;cursor:pointer}
-table{border-collapse:collapse}td,th{padding:.2rem .7rem;border-bottom:1px solid #e6e9ed;text-align:left;
-vertical-align:top}
-details>summary{cursor:pointer;color:#69707d}
-footer{margin-top:2rem;color:#98a1ad;font-size:12px}
-"""
-
-_SCRIPT = """
-(function () {
-  "use strict";
-  var D = JSON.parse(document.getElementById("mtpdiag-data").textContent);
-  var grid = document.getElementById("grid");
-  var pane = document.getElementById("pane");
-  var byRank = {};
-  D.views.forEach(function (v, i) { if (v[0] !== null) { byRank[v[0]] = i; } });
-  var stackText = {};
-  var MAX_TITLE_FRAMES = 12;
-
-  function frameOf(k) { return D.frames[k]; }
-  function stackOf(v) { return D.stacks[v[6]].map(frameOf); }
-  function where(f) { return f[1] + ":" + f[2]; }
-
-  function titleOf(i) {
-    var v = D.views[i];
-    if (!(v[6] in stackText)) {
-      var fs = stackOf(v);
-      var lines = fs.slice(0, MAX_TITLE_FRAMES).map(function (f) { return "  " + f[0] + "  (" + where(f) + ")"; });
-      if (fs.length > MAX_TITLE_FRAMES) { lines.push("  \\u2026 " + (fs.length - MAX_TITLE_FRAMES) + " more (click)"); }
-      stackText[v[6]] = lines.join("\\n");
-    }
-    return v[1] + ": " + D.texts[v[5]] + "\\n" + stackText[v[6]];
-  }
-
-  var cells = grid.querySelectorAll("[data-i]");
-  for (var c = 0; c < cells.length; c++) { cells[c].title = titleOf(+cells[c].getAttribute("data-i")); }
-
-  function el(tag, text, cls) {
-    var e = document.createElement(tag);
-    if (text !== undefined) { e.textContent = text; }
-    if (cls) { e.className = cls; }
-    return e;
-  }
-
-  function openView(i) {
-    var v = D.views[i];
-    if (!v) { return; }
-    document.getElementById("pane-title").textContent = v[1];
-    document.getElementById("pane-meta").textContent =
-      "host " + D.texts[v[2]] + (v[3] !== null ? ", pid " + v[3] : "") + ", state " + D.texts[v[4]];
-    document.getElementById("pane-doing").textContent = D.texts[v[5]];
-    var ol = document.getElementById("pane-frames");
-    ol.textContent = "";
-    var fs = stackOf(v);
-    if (!fs.length) { ol.appendChild(el("li", "no stack", "dim")); }
-    fs.forEach(function (f, k) {
-      var li = el("li", undefined, k === v[7] ? "site" : "");
-      li.appendChild(el("code", f[0], "fn"));
-      li.appendChild(document.createTextNode(" "));
-      li.appendChild(el("span", "(" + where(f) + ")", "loc"));
-      if (k === v[7]) { li.appendChild(el("span", " \u2190 call site", "mark")); }
-      ol.appendChild(li);
-    });
-    var old = grid.querySelector(".sel");
-    if (old) { old.classList.remove("sel"); }
-    var cell = grid.querySelector('[data-i="' + i + '"]');
-    if (cell) { cell.classList.add("sel"); }
-    pane.hidden = false;
-    pane.setAttribute("data-view", String(i));
-    if (v[0] !== null) { pane.setAttribute("data-rank", String(v[0])); } else { pane.removeAttribute("data-rank"); }
-  }
-
-  function fromHash() {
-    var m = /^#rank=(\\d+)$/.exec(location.hash);
-    if (m && m[1] in byRank) { openView(byRank[m[1]]); }
-  }
-
-  grid.addEventListener("click", function (ev) {
-    var cell = ev.target.closest("[data-i]");
-    if (!cell) { return; }
-    var i = +cell.getAttribute("data-i");
-    openView(i);
-    if (D.views[i][0] !== null) {
-      try { history.replaceState(null, "", "#rank=" + D.views[i][0]); } catch (e) { /* file: quirks */ }
-    }
-  });
-  document.getElementById("pane-close").addEventListener("click", function () {
-    pane.hidden = true;
-    var old = grid.querySelector(".sel");
-    if (old) { old.classList.remove("sel"); }
-  });
-  var legend = document.querySelector("[data-testid=legend]");
-  legend.addEventListener("click", function (ev) {
-    var item = ev.target.closest("[data-g]");
-    if (!item) { return; }
-    var g = item.getAttribute("data-g");
-    var on = grid.getAttribute("data-focus") !== g;
-    if (on) { grid.setAttribute("data-focus", g); } else { grid.removeAttribute("data-focus"); }
-    legend.querySelectorAll("[data-g]").forEach(function (x) { x.classList.toggle("on", on && x === item); });
-  });
-  window.addEventListener("hashchange", fromHash);
-  fromHash();
-  document.documentElement.setAttribute("data-ready", "1");
-})();
-"""
+@lru_cache(maxsize=None)
+def asset(name: str) -> str:
+    """A file of ``report/assets`` (package data: the page's CSS and script), as text."""
+    return resources.files("mtpdiag.report").joinpath("assets", name).read_text(encoding="utf-8")
