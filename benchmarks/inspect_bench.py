@@ -49,8 +49,8 @@ print(sum(len(s) for s in stacks))
 """
 
 # Modules that inspect, capture and analysis load; none of them may pull in torch or megatron.
-INSPECT_MODULES = ("mtpdiag.cli", "mtpdiag.commands.inspect", "mtpdiag.commands.options", "mtpdiag.capture",
-                   "mtpdiag.analysis", "mtpdiag.layout.sources", "mtpdiag.loaders", "mtpdiag.report.json_report",
+INSPECT_MODULES = ("mtpdiag.cli", "mtpdiag.commands.inspect", "mtpdiag.commands.options", "mtpdiag.pipeline",
+                   "mtpdiag.capture", "mtpdiag.analysis", "mtpdiag.layout.sources", "mtpdiag.inputs", "mtpdiag.report.json_report",
                    "mtpdiag.report.console")
 
 
@@ -77,7 +77,7 @@ def _cpu_now() -> float:
 def split_of_one_inspect(agent: int) -> dict[str, tuple[float, float]]:
     """Where one inspect goes, as (wall, cpu) seconds: fixed CLI cost (subprocesses), capture, analysis."""
     from mtpdiag.capture import capture
-    from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot
+    from mtpdiag.pipeline import LayoutOptions, diagnose_snapshot
     from mtpdiag.report import json_report
 
     def child_median(argv: list[str]) -> tuple[float, float]:

@@ -147,7 +147,7 @@ def measure(directory: str, repeat: int, layout_flags: list[str]) -> dict:
 def phase_split(directory: str, layout_flags: dict) -> dict[str, float]:
     """CPU seconds of each step ``analyze --json`` takes, in-process and as analyze runs them (without the
     cyclic GC), next to json.loads of the same files, the start-up, and the floor of the data model."""
-    from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot, paused_gc
+    from mtpdiag.pipeline import LayoutOptions, diagnose_snapshot, paused_gc
     from mtpdiag.inputs import load_paths
     from mtpdiag.report import json_report
 
@@ -233,7 +233,7 @@ def floor_line(steps: dict[str, float], world: int) -> str:
 
 def profile(directory: str, layout_flags: dict, top: int = 25) -> str:
     """cProfile of what ``analyze --json`` does in-process: load, diagnose, render."""
-    from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot, paused_gc
+    from mtpdiag.pipeline import LayoutOptions, diagnose_snapshot, paused_gc
     from mtpdiag.inputs import load_paths
     from mtpdiag.report import json_report
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from captures import CAPTURES, scenarios
 from mtpdiag.analysis.flight_recorder import correlate
-from mtpdiag.commands.options import LayoutOptions, diagnose_snapshot
+from mtpdiag.pipeline import LayoutOptions, diagnose_snapshot
 from mtpdiag.errors import MtpdiagError
 from mtpdiag.errors import InputError
 from mtpdiag.inputs import READERS, ReadContext

@@ -91,7 +91,7 @@ def test_paused_gc_hands_back_an_empty_young_generation_and_frees_cycles():
     import gc
     import weakref
 
-    from mtpdiag.commands.options import paused_gc
+    from mtpdiag.pipeline import paused_gc
 
     class Node:
         pass

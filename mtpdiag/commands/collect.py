@@ -10,6 +10,7 @@ from typing import List, Optional
 
 import typer
 
+from mtpdiag import pipeline
 from mtpdiag.commands import options as o
 
 
@@ -34,7 +35,7 @@ def collect(
     snapshot = capture(pids, scan_all=all_ or not pids, native=native,
                        native_timeout=native_timeout, nonblocking=nonblocking,
                        timeout=timeout, progress=True, host=host)
-    snapshot = o.with_flight_recorder(snapshot, request=fr_dump)
+    snapshot = pipeline.with_flight_recorder(snapshot, request=fr_dump)
     written = save_bundle(snapshot, out)
     captured = sum(1 for c in snapshot.captures if c.threads)
     missing = len(snapshot.captures) - captured

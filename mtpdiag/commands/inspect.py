@@ -30,26 +30,29 @@ def inspect(
     fr_dump: bool = typer.Option(False, "--fr-dump", help="Ask every rank for a fresh Flight Recorder dump "
                                  "through the job's TORCH_NCCL_DEBUG_INFO_PIPE_FILE (the job keeps running)."),
     fr_wait: float = typer.Option(10.0, "--fr-wait", min=0.1, help="Seconds to wait for the dumps --fr-dump asks for."),
+    fmt: Optional[o.Format] = o.FORMAT,
     as_json: bool = o.JSON,
     markdown: bool = o.MARKDOWN,
     html: Optional[Path] = o.HTML,
 ) -> None:
     """Capture every rank (py-spy, in parallel) and say which collective only part of a group entered."""
+    from mtpdiag import pipeline
     from mtpdiag.capture import capture
+    from mtpdiag.report import emit
 
     if not pid and not all_:
         raise InputError("give --pid PID (a worker or its torchrun agent) or --all")
-    o.check_formats(as_json, markdown)
+    output = o.output_format(fmt, as_json, markdown)  # before any rank is paused
     snapshot = capture(list(pid or []), scan_all=all_, native=native,
                        native_timeout=native_timeout, nonblocking=nonblocking,
                        timeout=timeout, progress=True)
-    snapshot = o.with_flight_recorder(snapshot, request=fr_dump, wait_s=fr_wait)
-    layout_options = o.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
-                                     config=config, overrides=tuple(override or ()))
-    report = o.diagnose_snapshot(snapshot, layout_options, fr=snapshot.flight_recorder)
-    o.emit(report, as_json, markdown, html)
-    o.warn_incomplete(snapshot)
-    raise typer.Exit(o.exit_code(report))
+    snapshot = pipeline.with_flight_recorder(snapshot, request=fr_dump, wait_s=fr_wait)
+    layout_options = pipeline.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
+                                            config=config, overrides=tuple(override or ()))
+    report = pipeline.diagnose_snapshot(snapshot, layout_options, fr=snapshot.flight_recorder)
+    emit(report, output, html)
+    pipeline.warn_incomplete(snapshot)
+    raise typer.Exit(pipeline.exit_code(report))
 
 
 def register(app: typer.Typer) -> None:

@@ -158,7 +158,7 @@ def _job_layout(pid: int, given: dict, config: str | None,
                 overrides: list[str]) -> tuple[ParallelLayout, str]:
     """Capture the hung job once and resolve its layout as ``inspect`` does."""
     from mtpdiag.capture import capture
-    from mtpdiag.commands.options import world_size_of
+    from mtpdiag.pipeline import world_size_of
     from mtpdiag.layout.sources import resolve_layout
 
     snapshot = capture(pids=[pid])
@@ -302,9 +302,9 @@ def _layout_label(layout: ParallelLayout) -> str:
 
 
 def _render(report) -> str:
-    from mtpdiag.report import console
+    from mtpdiag.report import render, terminal_width
 
-    return console.render(report, color=sys.stdout.isatty(), width=o._width()).rstrip("\n")
+    return render(report, "console", color=sys.stdout.isatty(), width=terminal_width()).rstrip("\n")
 
 
 def _indent(text: str) -> str:

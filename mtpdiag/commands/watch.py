@@ -25,9 +25,11 @@ import typer
 from mtpdiag.analysis.stall import StallTracker, stack_signatures
 from mtpdiag.capture import procfs
 from mtpdiag.capture.flight_recorder import LiveProgress
+from mtpdiag import pipeline
 from mtpdiag.commands import options as o
 from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot
+from mtpdiag.report import emit
 
 
 def watch(
@@ -55,21 +57,22 @@ def watch(
     order: Optional[str] = o.ORDER,
     config: Optional[str] = o.CONFIG,
     override: Optional[List[str]] = o.OVERRIDE,
+    fmt: Optional[o.Format] = o.FORMAT,
     as_json: bool = o.JSON,
     markdown: bool = o.MARKDOWN,
     html: Optional[Path] = o.HTML,
 ) -> None:
     """Tell a hang from slow progress: sample until nothing moves for --stall seconds."""
-    from mtpdiag.inputs.bundles import check_destination, save_bundle
     from mtpdiag.capture import capture, find_targets
+    from mtpdiag.inputs.bundles import check_destination, save_bundle
 
     if not pid and not all_:
         raise InputError("give --pid PID (a worker or its torchrun agent) or --all")
+    output = o.output_format(fmt, as_json, markdown)  # before the first sample, not after a long watch
     if out is not None:
-        check_destination(str(out))  # before the first sample, not after a long watch
-    layout_options = o.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
-                                     config=config, overrides=tuple(override or ()))
-    o.check_formats(as_json, markdown)
+        check_destination(str(out))
+    layout_options = pipeline.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
+                                            config=config, overrides=tuple(override or ()))
     status = _Status()
     fr_progress = LiveProgress()
     start = time.monotonic()
@@ -106,13 +109,13 @@ def watch(
         if tracker.is_hang(now, stall) and last is not None:
             status.done()
             # The dumps the last samples asked for (or the watchdog wrote) are fresh: no new request, no wait.
-            last = o.with_flight_recorder(last)
-            report = _hang_report(o.diagnose_snapshot(last, layout_options, fr=last.flight_recorder), tracker, now,
-                                  interval, stall)
+            last = pipeline.with_flight_recorder(last)
+            report = _hang_report(pipeline.diagnose_snapshot(last, layout_options, fr=last.flight_recorder),
+                                  tracker, now, interval, stall)
             path = save_bundle(last, _bundle_path(out, last))
             print(f"mtpdiag watch: hang after {tracker.stalled_for(now):.1f} s without progress; "
                   f"bundle written to {path}", file=sys.stderr)
-            o.emit(report, as_json, markdown, html)
+            emit(report, output, html)
             raise typer.Exit(EXIT_PROBLEM)
         time.sleep(max(0.0, interval - (time.monotonic() - now)))
 
@@ -125,8 +128,8 @@ def watch(
     snapshot = take_stacks(targets)  # one more pause, so the report shows where the ranks are now
     if snapshot is None:
         _ended(status, tracker, end - start)
-    report = _progress_report(o.diagnose_snapshot(snapshot, layout_options), tracker, end, interval, stall)
-    o.emit(report, as_json, markdown, html)
+    report = _progress_report(pipeline.diagnose_snapshot(snapshot, layout_options), tracker, end, interval, stall)
+    emit(report, output, html)
     raise typer.Exit(EXIT_OK)
 
 

@@ -91,6 +91,18 @@ def load_watchdog_log(path: str) -> WatchdogLog:
     return parse_watchdog_log(data.decode("utf-8", "replace"))
 
 
+def load_watchdog_logs(paths: list[str]) -> WatchdogLog:
+    """The watchdog lines of every log, as one ``WatchdogLog`` (a one-line InputError for an unreadable file,
+    and for logs that hold no watchdog line at all: a wrong file should not pass for "no timeout")."""
+    logs = [load_watchdog_log(p) for p in paths]
+    if not any(log.timeouts or log.statuses for log in logs):
+        raise InputError(f"no NCCL watchdog line (\"Watchdog caught collective operation timeout\") in "
+                         f"{', '.join(paths)}")
+    return WatchdogLog(timeouts=tuple(t for log in logs for t in log.timeouts),
+                       statuses=tuple(s for log in logs for s in log.statuses),
+                       desync=tuple(d for log in logs for d in log.desync))
+
+
 def _timeout(line: str, number: int) -> WatchdogTimeout | None:
     m = _TIMEOUT.search(line)
     if m is None:

@@ -1,0 +1,68 @@
+"""The report's output formats, one module each, behind one registry: ``render(report, "json")``.
+
+* ``console``: findings first in plain words, then the split collectives, the site groups and a rank grid;
+* ``json_report``: the ``mtpdiag.report/1`` document (docs/design.md), what automation reads;
+* ``markdown``: for pasting into an incident ticket;
+* ``html``: one self-contained page with the rank grid and every stack (``report/assets``).
+
+A format's module is imported only when it is used: ``--json`` never loads rich.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from mtpdiag.model import Report
+
+
+@dataclass(frozen=True)
+class Renderer:
+    name: str
+    module: str  # under mtpdiag.report; its ``render(report) -> str``
+    terminal: bool = False  # takes the terminal's colour and width (console)
+
+
+RENDERERS: dict[str, Renderer] = {r.name: r for r in (
+    Renderer("console", "console", terminal=True),
+    Renderer("json", "json_report"),
+    Renderer("markdown", "markdown"),
+    Renderer("html", "html"),
+)}
+FORMATS = tuple(RENDERERS)
+
+
+def render(report: Report, fmt: str, *, color: bool = False, width: int = 120) -> str:
+    """The report in format ``fmt`` (one of ``FORMATS``), as the text a command prints."""
+    renderer = RENDERERS[fmt]
+    module = importlib.import_module(f"mtpdiag.report.{renderer.module}")
+    if renderer.terminal:
+        return module.render(report, color=color, width=width)
+    text = module.render(report)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def emit(report: Report, fmt: str = "console", html: Path | None = None) -> None:
+    """Print the report to stdout in ``fmt``, and also write the HTML page to ``html`` when asked."""
+    if html is not None:
+        write_page(report, html)
+    sys.stdout.write(render(report, fmt, color=sys.stdout.isatty(), width=terminal_width()))
+    sys.stdout.flush()
+
+
+def write_page(report: Report, path: Path) -> None:
+    """The HTML report as a file (atomically, readable by all: a report is for sharing)."""
+    from mtpdiag.atomic import shared_mode, write_atomic
+    from mtpdiag.errors import InputError
+
+    try:
+        write_atomic(path, render(report, "html"), mode=shared_mode())
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def terminal_width() -> int:
+    return max(100, min(shutil.get_terminal_size((140, 40)).columns, 200))

@@ -1,0 +1,159 @@
+"""The stages wired together, as every command runs them: capture or read → resolve the layout → diagnose →
+report. What each stage does lives in its package; this module only connects them, and says on stderr what
+the report would otherwise leave a script to find.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, InputError
+from mtpdiag.model import Report, Snapshot, who_and_why
+from mtpdiag.vocabulary.states import Verdict
+
+# The largest world mtpdiag diagnoses; the analysis and the reports are linear in it.
+MAX_WORLD_SIZE = 1 << 18
+
+
+@dataclass(frozen=True)
+class LayoutOptions:
+    tp: Optional[int] = None
+    cp: Optional[int] = None
+    pp: Optional[int] = None
+    ep: Optional[int] = None
+    etp: Optional[int] = None
+    vpp: Optional[int] = None
+    order: Optional[str] = None
+    config: Optional[str] = None
+    overrides: tuple[str, ...] = ()
+    world_size: Optional[int] = None
+
+    def flags(self) -> dict:
+        out = {k: getattr(self, k) for k in ("tp", "cp", "pp", "ep", "etp", "vpp")}
+        if self.order:
+            out["order"] = self.order
+        return out
+
+
+def world_size_of(snapshot: Snapshot) -> int | None:
+    """The largest WORLD_SIZE the captures carry (diagnose() notes any disagreement)."""
+    sizes = snapshot.world_sizes
+    return sizes[-1] if sizes else None
+
+
+def with_flight_recorder(snapshot: Snapshot, request: bool = False, wait_s: float = 10.0) -> Snapshot:
+    """The snapshot with the Flight Recorder dumps its ranks wrote (or, with ``request``, write now through the
+    job's debug-info pipe); what could not be had is said on stderr."""
+    from mtpdiag.capture.flight_recorder import find_dumps
+
+    found = find_dumps(snapshot.captures, request=request, wait_s=wait_s)
+    if found.dumps is None:
+        if request:
+            for note in found.notes:
+                print(f"mtpdiag: note: {_one_printable_line(note)}", file=sys.stderr)
+        return snapshot
+    dumps = replace(found.dumps, notes=(*found.dumps.notes, *found.notes))
+    return replace(snapshot, flight_recorder=dumps)
+
+
+def with_world_size(snapshot: Snapshot, world_size: int) -> Snapshot:
+    """Give every capture that lacks WORLD_SIZE the one from --world-size."""
+    captures = tuple(
+        c if c.world_size else replace(c, env=tuple(sorted(dict(c.env, WORLD_SIZE=str(world_size)).items())))
+        for c in snapshot.captures
+    )
+    return replace(snapshot, captures=captures)
+
+
+def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions, fr=None, log=None) -> Report:
+    """Resolve the layout (flags, config, target command lines) and diagnose the snapshot.
+
+    The world size is the captures' WORLD_SIZE (``analyze --world-size`` fills it in), else the config's;
+    failing both, the layout of the smallest world the sizes fit that holds every captured rank is assumed,
+    and said so. Never the number of files: one node's dumps of a 1,000-rank job are 8 of 1,000 ranks.
+    """
+    from mtpdiag.analysis import diagnose
+    from mtpdiag.layout.sources import resolve_layout
+
+    # The distinct hints only, in capture order: the ranks of one job mostly carry the same ones.
+    hints = [dict(h) for h in dict.fromkeys(c.layout_hints for c in snapshot.captures if c.layout_hints)]
+    world_size = world_size_of(snapshot) or layout_options.world_size
+    if world_size is None and fr is not None:
+        from mtpdiag.analysis.flight_recorder.evidence import world_size as recorded_world
+
+        world_size = recorded_world(fr)
+    _check_world_size(world_size, "WORLD_SIZE of the inputs")
+    ranks = [c.rank for c in snapshot.captures if c.rank is not None]
+    ranks += [d.rank for d in fr.ranks] if fr is not None else []
+    ranks += [t.rank for t in log.timeouts if t.rank is not None] if log is not None else []
+    _check_world_size(max(ranks) + 1 if ranks else None, "the highest rank in the inputs")
+    layout, source = resolve_layout(world_size, flags=layout_options.flags(),
+                                    config=layout_options.config, overrides=list(layout_options.overrides),
+                                    hints=hints, holds_rank=max(ranks) if ranks and world_size is None else None)
+    _check_world_size(layout.world_size if layout else None, "the config's trainer.nnodes * n_gpus_per_node")
+    return diagnose(snapshot, layout, source, fr=fr, log=log)
+
+
+def _check_world_size(world_size: int | None, source: str) -> None:
+    """A corrupt or hostile WORLD_SIZE (10**12) would have the analysis walk every rank for ever."""
+    if world_size is not None and world_size > MAX_WORLD_SIZE:
+        raise InputError(f"world size {world_size} (from {source}) is more than mtpdiag handles "
+                         f"({MAX_WORLD_SIZE} ranks)")
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Run a one-shot read → diagnose → report without Python's cyclic garbage collector.
+
+    Parsing 2,048 bundles creates millions of acyclic containers, and each full collection walks all
+    of them again: at 16k ranks that was a third of ``analyze``'s time. Nothing made here forms a
+    cycle that must be freed before the command exits (reference counting frees the rest).
+
+    On the way out, what was made is moved to the oldest generation (``freeze`` then ``unfreeze``)
+    rather than left young: otherwise the first allocation after ``enable`` runs a young collection
+    over everything made here (0.1 s at 16k ranks, after the report is written).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
+
+
+def warn_incomplete(snapshot: Snapshot) -> None:
+    """One stderr line when part of the input could not be read: the report says so too, but a script that
+    parses --json, or a person skimming the grid, should not have to look for it."""
+    missed = [c for c in snapshot.captures if not c.threads]
+    parts = []
+    if missed:
+        parts.append(f"{len(missed)} of {len(snapshot.captures)} ranks not captured "
+                     f"(first: {who_and_why(missed[0])})")
+    if snapshot.errors:
+        parts.append(f"{len(snapshot.errors)} input(s) skipped (first: {snapshot.errors[0]})")
+    if parts:
+        print(f"mtpdiag: warning: {_one_printable_line('; '.join(parts))}; the report covers the rest",
+              file=sys.stderr)
+
+
+def _one_printable_line(text: str, limit: int = 400) -> str:
+    """Text from targets or files, safe for a terminal: no control characters, one line, bounded."""
+    text = " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def exit_code(report: Report) -> int:
+    """1 for a problem, 4 when ranks are stuck but the evidence cannot say why, 0 only when no rank is."""
+    if report.verdict == Verdict.PROBLEM:
+        return EXIT_PROBLEM
+    if report.verdict == Verdict.INCOMPLETE:
+        return EXIT_INCOMPLETE
+    return EXIT_OK
