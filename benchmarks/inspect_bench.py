@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from mtpdiag.jobs import start_torchrun
+from mtpdiag.fix.verify.launch import start_torchrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "examples", "mtp_cp_deadlock", "worker.py")

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from mtpdiag.jobs import start_torchrun
+from mtpdiag.fix.verify.launch import start_torchrun
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "mtp_cp_deadlock", "worker.py")

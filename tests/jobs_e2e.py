@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import pytest
 
 from mtpdiag.capture import procfs
-from mtpdiag.jobs import Job, start_torchrun
+from mtpdiag.fix.verify.launch import Job, start_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MTP_WORKER = os.path.join(ROOT, "examples", "mtp_cp_deadlock", "worker.py")

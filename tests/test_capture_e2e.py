@@ -22,7 +22,7 @@ import pytest
 from mtpdiag.capture import capture, find_targets, procfs, pyspy
 from mtpdiag.inputs import load_paths, parse_text_dump
 from mtpdiag.inputs.bundles import load_bundle
-from mtpdiag.jobs import start_torchrun
+from mtpdiag.fix.verify.launch import start_torchrun
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "examples" / "mtp_cp_deadlock" / "worker.py"

@@ -20,7 +20,7 @@ import pytest
 from mtpdiag.analysis.flight_recorder import correlate, group_progress
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder import load_fr_dumps, op_name
-from mtpdiag.jobs import start_torchrun
+from mtpdiag.fix.verify.launch import start_torchrun
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Report
 from mtpdiag.model.flight_recorder import FRDump

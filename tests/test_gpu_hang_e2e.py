@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from jobs_e2e import MTP_WORKER, run_cli
 
-from mtpdiag.jobs import start_torchrun
+from mtpdiag.fix.verify.launch import start_torchrun
 
 pytestmark = pytest.mark.e2e
 

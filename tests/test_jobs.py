@@ -1,4 +1,4 @@
-"""``mtpdiag.jobs`` on real processes (the helpers that the demo, ``verify`` and the e2e tests start jobs with)."""
+"""``mtpdiag.fix.verify.launch`` on real processes (the helpers that the demo, ``verify`` and the e2e tests start jobs with)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import time
 
 from mtpdiag.capture import procfs
-from mtpdiag.jobs import Job
+from mtpdiag.fix.verify.launch import Job
 
 # An "agent" with a node RANK, as in a Kubeflow pod: it starts two workers with their own RANK (rank 1
 # first, so pid order is not rank order) and forks one child that never execs, which therefore keeps

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mtpdiag.jobs import start_torchrun
+from mtpdiag.fix.verify.launch import start_torchrun
 from mtpdiag.layout import ParallelLayout
 
 pytestmark = pytest.mark.e2e

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mtpdiag.capture import procfs
-from mtpdiag.jobs import start_torchrun
+from mtpdiag.fix.verify.launch import start_torchrun
 
 _spec = importlib.util.spec_from_file_location("fixture_recorder", Path(__file__).parent / "fixtures" / "record.py")
 record = importlib.util.module_from_spec(_spec)

@@ -21,7 +21,10 @@ import pytest
 
 from jobs_e2e import ROOT, by_rank, require_private_network, run_cli
 from mtpdiag.capture import procfs
-from mtpdiag.jobs import Job
+from mtpdiag.fix.verify.launch import Job
+
+sys.path.insert(0, os.path.join(ROOT, "examples", "network_loss"))
+from launch import cut_network  # noqa: E402  (the reproducer's own)
 
 LAUNCHER = os.path.join(ROOT, "examples", "network_loss", "launch.py")
 STARTED = re.compile(r"^started: torchrun agent pid (\d+)", re.MULTILINE)
@@ -178,7 +181,7 @@ def test_cutting_the_network_refuses_a_process_in_our_own_namespace():
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
         with pytest.raises(RuntimeError, match="refusing"):
-            Job(proc=sleeper, nproc=0).cut_network()
+            cut_network(Job(proc=sleeper, nproc=0))
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -24,7 +24,7 @@ import pytest
 
 import playbook_runner as pr
 from jobs_e2e import GATED_WORKER, ROOT, worker_pids
-from mtpdiag.jobs import Job, start_torchrun
+from mtpdiag.fix.verify.launch import Job, start_torchrun
 
 PLAYBOOKS_DIR = Path(ROOT) / "playbooks"
 PLAYBOOKS = ("hang-triage.md", "mtp-cp-deadlock.md", "multi-node.md")  # the order they run in

@@ -99,7 +99,9 @@ def test_wheel_holds_the_package_only_and_needs_no_torch(built):
         names = wheel.namelist()
         metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert {n.split("/", 1)[0] for n in names} == {"mtpdiag", built.wheel.name.split("-py3")[0] + ".dist-info"}
-    assert "mtpdiag/commands/inspect.py" in names and "mtpdiag/verify/worker.py" in names
+    assert "mtpdiag/commands/inspect.py" in names and "mtpdiag/fix/verify/worker.py" in names
+    # the HTML report's stylesheet and script are package data, read at run time
+    assert {"mtpdiag/report/assets/report.css", "mtpdiag/report/assets/report.js"} <= set(names)
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     heavy = [line for line in requires if line.split()[1].startswith(("torch", "megatron"))]
     assert heavy and all('extra == "verify"' in line for line in heavy), requires

@@ -19,7 +19,7 @@ import pytest
 
 from jobs_e2e import require_private_network
 from mtpdiag.capture import procfs
-from mtpdiag.jobs import start_torchrun
+from mtpdiag.fix.verify.launch import start_torchrun
 from mtpdiag.layout import ParallelLayout
 
 _spec = importlib.util.spec_from_file_location("fixture_recorder", Path(__file__).parent / "fixtures" / "record.py")

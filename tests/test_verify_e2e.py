@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.verify import MetricWrite, check_metric, expected_outcome, metric_group, rank_loss, src_ranks
-from mtpdiag.verify.runner import WORKER_SCRIPT
+from mtpdiag.fix.verify import MetricWrite, check_metric, expected_outcome, metric_group, rank_loss, src_ranks
+from mtpdiag.fix.verify.runner import WORKER_SCRIPT
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -27,9 +27,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from mtpdiag.jobs import Job, start_torchrun  # noqa: E402
+from mtpdiag.fix.verify.launch import Job, start_torchrun  # noqa: E402
 
 WORKER = REPO / "examples" / "gated_collectives" / "worker.py"
+# Prefix that runs a command in a new network namespace with its own loopback up: a job started so has a
+# private network that ``cut_network`` can take away without touching the host's (``unshare`` and ``sh`` exec
+# into torchrun, so the job's pid is still the agent's).
+PRIVATE_NETWORK = ("unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh")
 TRAINING = re.compile(r"^rank (\d+) step (\d+) ok$", re.MULTILINE)
 
 
@@ -69,14 +73,32 @@ def start_and_cut(log_path: str, nproc: int = 4, steps: int = 20, on_start=None)
     wait until every worker's main thread is quiet. ``on_start(job)`` is called once the job exists,
     so that a caller can kill it even if this raises."""
     job = start_torchrun(str(WORKER), ["--scenario", "healthy", "--steps", "0", "--log-every", str(steps)],
-                         nproc, log_path=log_path, private_network=True)
+                         nproc, log_path=log_path, prefix=PRIVATE_NETWORK)
     if on_start:
         on_start(job)
     job.wait_for_workers(timeout=120)
     wait_until_training(job, log_path, steps)
-    job.cut_network()
+    cut_network(job)
     job.wait_until_stuck(quiet_s=3.0, timeout=120.0)
     return job
+
+
+def cut_network(job: Job) -> None:
+    """Take down the loopback of the job's private network namespace (started with ``prefix=PRIVATE_NETWORK``):
+    established connections then stop delivering while sends still succeed, so every rank blocks in its next
+    collective below Python, as on a lost network."""
+    own = os.readlink("/proc/self/ns/net")
+    try:
+        theirs = os.readlink(f"/proc/{job.pid}/ns/net")
+    except OSError as exc:
+        raise RuntimeError(f"cannot read the network namespace of pid {job.pid}: {exc}") from exc
+    if theirs == own:
+        raise RuntimeError(f"pid {job.pid} shares this process's network namespace; refusing to take "
+                           "its loopback down (start the job with prefix=PRIVATE_NETWORK)")
+    done = subprocess.run(["nsenter", f"--net=/proc/{job.pid}/ns/net", "ip", "link", "set", "lo", "down"],
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise RuntimeError(f"could not cut the job's network: {done.stderr.strip()}")
 
 
 def _tail(log_path: str, lines: int = 5) -> str:

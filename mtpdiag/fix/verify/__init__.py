@@ -1,7 +1,7 @@
 """``mtpdiag verify``: run a verl engine's MTP-loss gate on real megatron-core and judge the outcome.
 
-``worker.py`` is the rank program (torch + megatron-core, gloo); ``runner.py`` launches and watches its
-worlds. This module holds what both sides agree on and the pure judgement: which ranks must write the
+``worker.py`` is the rank program (torch + megatron-core, gloo); ``runner.py`` launches (``launch``) and
+watches its worlds; ``plan`` reads the layout and the engine to verify, ``render`` says what happened. This module holds what both sides agree on and the pure judgement: which ranks must write the
 metric, what value it must have, which outcome each gate must reach on a layout, and whether the run
 proves the engine safe. It imports neither torch nor megatron.
 """
@@ -13,14 +13,15 @@ from typing import Any, Mapping
 
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Report
+from mtpdiag.vocabulary.states import FindingId, Outcome
 
 VERIFY_SCHEMA = "mtpdiag.verify/1"
 GATES = ("buggy", "fixed")
-OUTCOME_COMPLETED = "completed"
-OUTCOME_DEADLOCK = "deadlock"
-OUTCOME_ERROR = "error"
+OUTCOME_COMPLETED = Outcome.COMPLETED
+OUTCOME_DEADLOCK = Outcome.DEADLOCK
+OUTCOME_ERROR = Outcome.ERROR
 METRIC_NAME = "mtp_1 loss"  # the key MTPLossLoggingHelper.track_mtp_metrics writes for MTP layer 0
-FINDING_ID = "mtp-cp-gated-reduce"
+FINDING_ID = FindingId.MTP_CP_GATED_REDUCE
 MAX_WORLD = 16  # CPU processes one verify world may start; each one imports torch and megatron-core
 _TOLERANCE = 1e-6
 
@@ -45,7 +46,7 @@ def metric_group(layout: ParallelLayout) -> tuple[int, ...]:
     return tuple(layout.group_of("dp_cp", src_ranks(layout)[0]))
 
 
-def expected_outcome(gate: str, layout: ParallelLayout) -> str:
+def expected_outcome(gate: str, layout: ParallelLayout) -> Outcome:
     """The buggy gate leaves the cp > 0 ranks out of a DP x CP all_reduce, so it hangs iff cp > 1."""
     return OUTCOME_DEADLOCK if gate == "buggy" and layout.cp > 1 else OUTCOME_COMPLETED
 
@@ -119,7 +120,7 @@ class RunResult:
 
     engine: str
     gate: str
-    outcome: str
+    outcome: Outcome
     seconds: float
     metric: MetricCheck
     report: Report | None = None

@@ -1,7 +1,8 @@
-"""Start, watch and end local torchrun jobs: used by the demo, ``verify`` and the tests.
+"""Start, watch and end local torchrun jobs: ``verify``'s worlds, the README's demo, the examples and the tests.
 
-Ending a job walks its descendants by pid and SIGKILLs each one: torchrun may give workers their own
-process groups, and a SIGSTOPped worker ignores SIGTERM, so killing a process group is not enough.
+Ending a job walks its descendants by pid and SIGKILLs each one (``kill_pids``): torchrun may give workers
+their own process groups, and a SIGSTOPped worker ignores SIGTERM, so killing a process group is not enough.
+Whether a job has gone quiet is read with the stall detector's test of main-thread CPU (``analysis.stall``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from mtpdiag.analysis.stall import cpu_moved
 from mtpdiag.capture import procfs
 
-# Prefix that runs a command in a new network namespace with its own loopback up: a job started so
-# has a private network that ``Job.cut_network`` can take away without touching the host's.
-PRIVATE_NETWORK = ("unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh")
+# A tick of /proc's CPU times in ns: a main thread whose ticks did not change used no CPU to speak of.
+TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -73,30 +74,13 @@ class Job:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the job finished (exit {self.proc.returncode}) instead of hanging"
                                    f"{self._log_tail()}")
-            ticks = {p: procfs.main_thread_ticks(p) for p in pids}
-            if ticks != last:
-                last, since = ticks, time.monotonic()
+            cpu = main_thread_cpu(pids)
+            if cpu_moved(last, cpu, TICK_NS):
+                last, since = cpu, time.monotonic()
             elif time.monotonic() - since >= quiet_s:
                 return pids
             time.sleep(0.25)
         raise TimeoutError(f"the job did not go quiet within {timeout}s")
-
-    def cut_network(self) -> None:
-        """Take down the loopback of the job's private network namespace (``start_torchrun(...,
-        private_network=True)``): established connections then stop delivering while sends still
-        succeed, so every rank blocks in its next collective below Python, as on a lost network."""
-        own = os.readlink("/proc/self/ns/net")
-        try:
-            theirs = os.readlink(f"/proc/{self.pid}/ns/net")
-        except OSError as exc:
-            raise RuntimeError(f"cannot read the network namespace of pid {self.pid}: {exc}") from exc
-        if theirs == own:
-            raise RuntimeError(f"pid {self.pid} shares this process's network namespace; refusing to take "
-                               "its loopback down (start the job with private_network=True)")
-        done = subprocess.run(["nsenter", f"--net=/proc/{self.pid}/ns/net", "ip", "link", "set", "lo", "down"],
-                              capture_output=True, text=True, timeout=30)
-        if done.returncode != 0:
-            raise RuntimeError(f"could not cut the job's network: {done.stderr.strip()}")
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -107,19 +91,12 @@ class Job:
     def kill(self) -> None:
         """SIGKILL the agent and every descendant it ever had, by pid."""
         pids = set(self._known) | set(procfs.descendants(self.pid))
-        for pid in [self.pid, *pids]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_pids([self.pid], wait_s=0)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(procfs.read_stat(p) and procfs.read_stat(p).state != "Z"
-                                                   for p in pids):
-            time.sleep(0.05)
+        kill_pids(pids)
 
     def _log_tail(self) -> str:
         if not self.log_path:
@@ -138,16 +115,14 @@ class Job:
 
 
 def start_torchrun(script: str, args: list[str], nproc: int, env: dict[str, str] | None = None,
-                   log_path: str | None = None, private_network: bool = False) -> Job:
+                   log_path: str | None = None, prefix: tuple[str, ...] = ()) -> Job:
     """Launch ``torchrun --standalone --nproc-per-node N script args`` in the background.
 
-    ``private_network`` runs it in its own network namespace (needs root; see ``PRIVATE_NETWORK``);
-    ``unshare`` and ``sh`` exec into torchrun, so ``Job.pid`` is still the agent's.
+    ``prefix`` runs it under another command that must exec into torchrun (so ``Job.pid`` is still the
+    agent's): ``examples/network_loss`` gives the job a network namespace of its own that way.
     """
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    cmd = [*prefix, sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            script, *args]
-    if private_network:
-        cmd = [*PRIVATE_NETWORK, *cmd]
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env or {})
@@ -159,3 +134,27 @@ def start_torchrun(script: str, args: list[str], nproc: int, env: dict[str, str]
         if log_path:
             out.close()
     return Job(proc=proc, nproc=nproc, log_path=log_path)
+
+
+def main_thread_cpu(pids: list[int]) -> dict[int, int | None]:
+    """Each main thread's CPU time, in ns at the resolution of /proc's ticks (None when unreadable)."""
+    out: dict[int, int | None] = {}
+    for pid in pids:
+        ticks = procfs.main_thread_ticks(pid)
+        out[pid] = None if ticks is None else ticks * TICK_NS
+    return out
+
+
+def kill_pids(pids, wait_s: float = 10.0) -> None:
+    """SIGKILL every pid (gone or foreign ones are skipped), then wait up to ``wait_s`` until none is left but
+    zombies. A pid is only ever killed on the strength of a listing made just before: a reaped pid may
+    already belong to someone else."""
+    pids = list(pids)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any((stat := procfs.read_stat(p)) and stat.state != "Z" for p in pids):
+        time.sleep(0.05)

@@ -1,6 +1,6 @@
 """One rank of ``mtpdiag verify``: real megatron-core on gloo, collecting the MTP loss behind a gate.
 
-Started by torchrun (see ``mtpdiag.verify.runner``). It imports torch and megatron-core; nothing in
+Started by torchrun (see ``mtpdiag.fix.verify.runner``). It imports torch and megatron-core; nothing in
 ``mtpdiag`` imports this file. Each rank exits by itself if the runner dies, and otherwise:
 
 1. initialises megatron-core model parallelism (``initialize_model_parallel``) and writes
@@ -95,7 +95,7 @@ def is_mp_src_rank_with_outputs() -> bool:
 def save_mtp_loss() -> torch.distributed.ProcessGroup:
     """What GPTModel does on the last stage: add this rank's MTP loss, averaged over DP x CP.
 
-    The loss is ``rank + 1`` (``mtpdiag.verify.rank_loss``): distinct per rank, so a mean over the
+    The loss is ``rank + 1`` (``mtpdiag.fix.verify.rank_loss``): distinct per rank, so a mean over the
     wrong group shows.
     """
     avg_group = mpu.get_data_parallel_group(with_context_parallel=True)

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from mtpdiag.capture import procfs
-from mtpdiag.jobs import Job, start_torchrun
+from mtpdiag.analysis.stall import cpu_moved
+from mtpdiag.fix.verify.launch import TICK_NS, Job, kill_pids, main_thread_cpu, start_torchrun
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Report, Snapshot
-from mtpdiag.verify import (
+from mtpdiag.fix.verify import (
     OUTCOME_COMPLETED,
     OUTCOME_DEADLOCK,
     OUTCOME_ERROR,
@@ -141,8 +142,8 @@ class _WatchedRun:
             elif now - self.all_exited >= self.settings.agent_grace_s:
                 return self._finished(None, now)
             return None
-        ticks = {pid: procfs.main_thread_ticks(pid) for pid in live}
-        if ticks != self.ticks or not _all_blocked(live):
+        ticks = main_thread_cpu(live)
+        if cpu_moved(self.ticks, ticks, TICK_NS) or not _all_blocked(live):
             # A runnable main thread with flat CPU time is starved (a busy machine), not blocked.
             self.ticks, self.flat_since, self.looked = ticks, now, False
             return None
@@ -154,7 +155,7 @@ class _WatchedRun:
             began = time.monotonic()
             second, error = self._capture(live)
             self.phases["capture"] = time.monotonic() - began
-            still = {pid: procfs.main_thread_ticks(pid) for pid in live} == ticks and _all_blocked(live)
+            still = not cpu_moved(ticks, main_thread_cpu(live), TICK_NS) and _all_blocked(live)
             # Stacks that cannot be read at all (no ptrace here) leave the CPU evidence to decide.
             if second is not None and self.first_look is not None:
                 same = _stacks(second) == _stacks(self.first_look)
@@ -185,12 +186,7 @@ class _WatchedRun:
                       if WORKER_SCRIPT in (argv := procfs.read_cmdline(pid) or []) and self.out_dir in argv]
             if not strays:
                 return
-            for pid in strays:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            time.sleep(0.1)
+            kill_pids(strays, wait_s=0.1)
 
     # -------------------------------------------------------------- outcomes
 
