@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from megatron_wheels import RELEASES, megatron_root
+from mtpdiag import lint
 from mtpdiag.analysis.known_sites import TRACKER_ROWS, Collective, KnownSite
-from mtpdiag.fix import lint
 from mtpdiag.layout import GROUP_KINDS
 from verl_wheels import VERSIONS as VERL_VERSIONS
 from verl_wheels import verl_root

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mtpdiag.fix.engine import check_engine
-from mtpdiag.fix.lint import lint_paths, lint_source
+from mtpdiag.lint import lint_paths, lint_source
 from jobs_e2e import run_cli_here as mtpdiag_here
 from megatron_wheels import megatron_root
 from verl_wheels import verl_engine_file

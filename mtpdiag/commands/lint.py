@@ -18,7 +18,7 @@ def lint(
 
     A pipeline-stage test around a DP×CP collective is not flagged: every member of that group is on the
     same stage. Exit 0: clean; 1: findings; 2: bad input."""
-    from mtpdiag.fix.lint import lint_paths
+    from mtpdiag.lint import lint_paths
 
     result = lint_paths(paths)
     for skipped in result.skipped:

@@ -22,10 +22,10 @@ from typing import Callable, List, NoReturn, Optional
 
 import typer
 
+from mtpdiag import pipeline
 from mtpdiag.analysis.stall import StallTracker, stack_signatures
 from mtpdiag.capture import procfs
 from mtpdiag.capture.flight_recorder import LiveProgress
-from mtpdiag import pipeline
 from mtpdiag.commands import options as o
 from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mtpdiag import lint
 from mtpdiag.analysis import known_sites
 from mtpdiag.errors import InputError
-from mtpdiag.fix import lint
 
 ENGINE_PARTS = tuple(known_sites.engine_row().file_suffix.split("/"))
 ENGINE_FUNCTION = known_sites.engine_row().short_name

@@ -33,8 +33,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from mtpdiag import atomic
+from mtpdiag import lint
 from mtpdiag.errors import InputError
-from mtpdiag.fix import engine, lint
+from mtpdiag.fix import engine
 
 SRC_RANK_TEST = "is_mp_src_rank_with_outputs"
 STAGE_TEST = "mpu.is_pipeline_last_stage(ignore_virtual=True)"

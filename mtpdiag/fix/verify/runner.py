@@ -21,11 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from mtpdiag.capture import procfs
 from mtpdiag.analysis.stall import cpu_moved
-from mtpdiag.fix.verify.launch import TICK_NS, Job, kill_pids, main_thread_cpu, start_torchrun
-from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Report, Snapshot
+from mtpdiag.capture import procfs
 from mtpdiag.fix.verify import (
     OUTCOME_COMPLETED,
     OUTCOME_DEADLOCK,
@@ -34,6 +31,9 @@ from mtpdiag.fix.verify import (
     RunResult,
     check_metric,
 )
+from mtpdiag.fix.verify.launch import TICK_NS, Job, kill_pids, main_thread_cpu, start_torchrun
+from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import Report, Snapshot
 
 WORKER_SCRIPT = str(Path(__file__).with_name("worker.py"))
 CONCURRENT_WORKERS = 8  # run several worlds at once only while their workers fit this many processes
