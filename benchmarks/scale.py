@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 
 from captures import load_scenario, tile
 
-from mtpdiag.inputs.bundles import bundle_path
+from mtpdiag.inputs.bundle import bundle_path
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Snapshot
 

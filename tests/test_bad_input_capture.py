@@ -10,7 +10,7 @@ import pytest
 
 from mtpdiag.capture import capture, procfs, pyspy
 from mtpdiag.errors import InputError, NothingCaptured
-from mtpdiag.inputs.bundles import save_bundle
+from mtpdiag.inputs.bundle import save_bundle
 from mtpdiag.model import Snapshot
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ import pytest
 
 from mtpdiag.capture import capture, find_targets, procfs, pyspy
 from mtpdiag.inputs import load_paths, parse_text_dump
-from mtpdiag.inputs.bundles import load_bundle
+from mtpdiag.inputs.bundle import load_bundle
 from mtpdiag.fix.verify.launch import start_torchrun
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ from mtpdiag.errors import MtpdiagError
 from mtpdiag.errors import InputError
 from mtpdiag.inputs import READERS, ReadContext
 from mtpdiag.inputs import load_paths, parse_text_dump
-from mtpdiag.inputs.bundles import load_bundle, snapshot_from_data
+from mtpdiag.inputs.bundle import load_bundle, snapshot_from_data
 from mtpdiag.inputs.flight_recorder import load_fr_dumps
 from mtpdiag.inputs.pyspy_json import threads_from_json
 from mtpdiag.layout.sources import read_verl_config

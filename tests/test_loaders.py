@@ -17,7 +17,7 @@ import pytest
 
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.inputs import load_paths, rank_from_name
-from mtpdiag.inputs.bundles import load_bundle, save_bundle
+from mtpdiag.inputs.bundle import load_bundle, save_bundle
 
 SCENARIO = Path(__file__).parent / "fixtures" / "captures" / "mtp_cp_pp"
 RANKS = (0, 1, 2, 3)

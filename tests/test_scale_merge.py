@@ -18,7 +18,7 @@ from captures import load_scenario, tile
 from mtpdiag.analysis import diagnose
 from mtpdiag.errors import InputError
 from mtpdiag.inputs import load_paths
-from mtpdiag.inputs.bundles import save_bundle
+from mtpdiag.inputs.bundle import save_bundle
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Snapshot
 

@@ -13,7 +13,7 @@ import pytest
 
 from captures import CAPTURES
 from mtpdiag.analysis.stall import MIN_PROGRESS_NS, StallTracker, cpu_moved, stack_signatures
-from mtpdiag.inputs.bundles import load_bundle
+from mtpdiag.inputs.bundle import load_bundle
 
 NS_PER_TICK = 10_000_000
 # The largest main-thread CPU cost of one blocking py-spy pause seen on a hung gloo job (ns).

@@ -27,7 +27,7 @@ from mtpdiag.analysis.stall import StallTracker, stack_signatures
 from mtpdiag.capture import capture, procfs
 from mtpdiag.capture.procfs import main_thread_cpu_ns
 from mtpdiag.commands.watch import sample_once
-from mtpdiag.inputs.bundles import load_bundle
+from mtpdiag.inputs.bundle import load_bundle
 from mtpdiag.fix.verify.launch import start_torchrun
 
 pytestmark = pytest.mark.e2e

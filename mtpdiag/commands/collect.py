@@ -27,7 +27,7 @@ def collect(
                                  "the job's TORCH_NCCL_DEBUG_INFO_PIPE_FILE, and put it in the bundle."),
 ) -> None:
     """Capture every rank (py-spy, in parallel) and write one bundle; without --pid, like --all."""
-    from mtpdiag.inputs.bundles import check_destination, save_bundle
+    from mtpdiag.inputs.bundle import check_destination, save_bundle
     from mtpdiag.capture import capture
 
     check_destination(out)  # before any process is paused

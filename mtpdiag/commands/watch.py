@@ -64,7 +64,7 @@ def watch(
 ) -> None:
     """Tell a hang from slow progress: sample until nothing moves for --stall seconds."""
     from mtpdiag.capture import capture, find_targets
-    from mtpdiag.inputs.bundles import check_destination, save_bundle
+    from mtpdiag.inputs.bundle import check_destination, save_bundle
 
     if not pid and not all_:
         raise InputError("give --pid PID (a worker or its torchrun agent) or --all")

@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from mtpdiag.analysis.flight_recorder.correlate import correlate
-from mtpdiag.analysis.flight_recorder.match import Divergence, FRAnalysis, GroupMatch, match_groups
+from mtpdiag.analysis.flight_recorder.match import match_groups
+from mtpdiag.analysis.flight_recorder.results import Divergence, FRAnalysis, GroupMatch
 from mtpdiag.analysis.gate import read_gate
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.layout import GROUP_KINDS, ParallelLayout
