@@ -27,9 +27,10 @@ from mtpdiag.analysis.mismatch import is_point_to_point
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
 from mtpdiag.vocabulary.ops import BARRIER_OPS, RECV_OPS, SEND_OPS
+from mtpdiag.vocabulary.states import FROZEN_STATES, RankState, Role
 from mtpdiag.vocabulary.waits import SELF_INFLICTED
 
-PROBLEM_STATES = ("running", "stopped", "gone", "unreadable")
+PROBLEM_STATES = (RankState.RUNNING, *FROZEN_STATES)
 
 
 def holds_up(view: RankView | None) -> bool:
@@ -38,7 +39,7 @@ def holds_up(view: RankView | None) -> bool:
     sync waits on the device, which waits on a collective: not one of these."""
     if view is None or view.state in PROBLEM_STATES:
         return True
-    return view.state == "waiting" and view.wait is not None and view.wait.kind in SELF_INFLICTED
+    return view.state == RankState.WAITING and view.wait is not None and view.wait.kind in SELF_INFLICTED
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,10 @@ def unmatched_p2p(views: Mapping[int, RankView]) -> list[P2PWait]:
     """Ranks in a send/recv with a known peer that is not in the matching op (or not waiting at all)."""
     out = []
     for rank, view in views.items():
-        if view.state != "collective" or view.peer is None or not is_point_to_point(view):
+        if view.state != RankState.COLLECTIVE or view.peer is None or not is_point_to_point(view):
             continue
         other = views.get(view.peer)
-        if other is not None and other.state == "collective" and is_point_to_point(other):
+        if other is not None and other.state == RankState.COLLECTIVE and is_point_to_point(other):
             mine, theirs = _direction(view), _direction(other)
             complementary = mine == "both" or theirs == "both" or mine != theirs
             if complementary and other.peer in (rank, None):
@@ -227,7 +228,7 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
             root = root_keys.get(comp[node]) == _mismatch_key(m)
         else:
             root = node not in downstream
-        role = "root" if root else "consequence"
+        role = Role.ROOT if root else Role.CONSEQUENCE
         roles.append(m if m.role == role else m.with_role(role))
     root_p2p, consequence_p2p = [], []
     for w in p2p:
@@ -269,7 +270,7 @@ def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views:
 
     def in_barrier(rank: int) -> bool:
         view = views.get(rank)
-        return view is not None and view.state == "collective" and view.op in BARRIER_OPS
+        return view is not None and view.state == RankState.COLLECTIVE and view.op in BARRIER_OPS
 
     for i, m in enumerate(mismatches):
         c = comp[graph.mismatch_nodes[i]]

@@ -28,7 +28,8 @@ from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.model.watchdog import WatchdogLog
 from mtpdiag.vocabulary.labels import rank_list
 from mtpdiag.vocabulary.ops import WORLD_OPS
-from mtpdiag.vocabulary.states import RankState, Verdict
+from mtpdiag.vocabulary.states import RankState, Role, Verdict
+from mtpdiag.vocabulary.waits import WaitKind
 
 NO_LAYOUT_NOTE = "no parallel layout: pass --tp/--cp/--pp or --config to find split groups"
 _LIST = 8  # ranks listed in a note before "…"
@@ -175,7 +176,7 @@ class _StackReader:
 
     def state(self, capture: RankCapture, classified: Classified, wait: WaitState | None) -> StateReading:
         """``rank_state``, shared by the ranks whose state, error and stack kind agree."""
-        waiting = wait is not None and wait.kind != "running"
+        waiting = wait is not None and wait.kind != WaitKind.RUNNING
         key = (capture.state, capture.error, capture.main_thread is None, classified.op is None, waiting)
         found = self._states.get(key)
         if found is None:
@@ -315,12 +316,12 @@ def _usable_layout(layout: ParallelLayout | None, world_size: int | None,
 
 
 def _ordered_mismatches(mismatches: tuple[Mismatch, ...]) -> tuple[Mismatch, ...]:
-    return tuple(sorted(mismatches, key=lambda m: (m.role != "root", m.members[0], m.op)))
+    return tuple(sorted(mismatches, key=lambda m: (m.role != Role.ROOT, m.members[0], m.op)))
 
 
 def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...]) -> list[str]:
     notes = []
-    bad = [v for v in views if v.state in ("unreadable", "gone")]
+    bad = [v for v in views if v.state in (RankState.UNREADABLE, RankState.GONE)]
     if bad:
         notes.append(f"{len(bad)} rank{'s' if len(bad) > 1 else ''} could not be read "
                      f"(first: {who_and_why(bad[0])})")
@@ -329,7 +330,7 @@ def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...]) -> list[str]
         notes.append(f"not captured: {snapshot.errors[0]}{more}")
     if any(c.state == "unknown" for c in snapshot.captures):
         notes.append("process states unknown (dumps read from files): a stopped rank looks like a waiting one")
-    unknown_peers = [v.rank for v in views if v.rank is not None and v.state == "collective"
+    unknown_peers = [v.rank for v in views if v.rank is not None and v.state == RankState.COLLECTIVE
                      and is_point_to_point(v) and v.peer is None]
     if unknown_peers:
         notes.append(f"the peer of rank{'s' if len(unknown_peers) > 1 else ''} {_list(unknown_peers)}'s "

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
 
 from mtpdiag.vocabulary.groups import COORDINATES
+from mtpdiag.vocabulary.states import GateStrength
 
 
 CoordsOf = Callable[[int], Mapping[str, int]]
@@ -42,7 +43,7 @@ class GateReading(NamedTuple):
     """A gate and how much it can be trusted (see ``read_gate``)."""
 
     gate: dict[str, int] | None
-    strength: str | None  # strong | weak | None (no gate)
+    strength: GateStrength | None  # None: no gate
     alternatives: tuple[dict[str, int], ...]
 
 
@@ -60,7 +61,7 @@ def read_gate(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> GateRe
         gate, alternatives = dict([first]), tuple({k: v} for k, v in rest)
     entered = sum(len(m.entered) for m in instances)
     absent = sum(len(m.absent) for m in instances)
-    strength = "strong" if entered >= 2 and absent >= 2 and not alternatives else "weak"
+    strength = GateStrength.STRONG if entered >= 2 and absent >= 2 and not alternatives else GateStrength.WEAK
     return GateReading(gate, strength, alternatives)
 
 

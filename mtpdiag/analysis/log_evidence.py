@@ -17,8 +17,8 @@ from mtpdiag.layout import GROUP_KINDS, ParallelLayout
 from mtpdiag.model import Mismatch
 from mtpdiag.model.watchdog import WatchdogLog
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
+from mtpdiag.vocabulary.states import GroupFrom, Source
 
-SOURCE = "watchdog-log"
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,10 @@ def fold_log(log: WatchdogLog, layout: ParallelLayout | None, coords_of: CoordsO
             mismatches.append(Mismatch(
                 op=op, site=None, group=kind or desc or name, members=members, entered=tuple(entered),
                 absent=absent, gate=gate.gate if gate else None, absent_doing=doing,
-                group_from=SOURCE if kind else "guess", group_candidates=(kind,) if kind else (),
+                group_from=GroupFrom.WATCHDOG_LOG if kind else GroupFrom.GUESS,
+                group_candidates=(kind,) if kind else (),
                 gate_strength=gate.strength if gate else None, gate_alternatives=gate.alternatives if gate else (),
-                source=SOURCE, seq=seq))
+                source=Source.WATCHDOG_LOG, seq=seq))
     lines = tuple(f"rank {t.rank}: {t.op} #{t.seq} in {t.group.desc or t.group.name} timed out after "
                   f"{t.ran_for_ms} ms (NumelIn={t.numel_in}; last enqueued {t.last_enqueued}, last completed "
                   f"{t.last_completed})" for t in log.timeouts)

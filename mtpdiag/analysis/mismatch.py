@@ -21,6 +21,7 @@ from mtpdiag.analysis.known_sites import is_mtp_site, kinds_of, lookup
 from mtpdiag.layout import GROUP_KINDS, INFERENCE_ORDER, ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
 from mtpdiag.vocabulary.ops import BATCH_P2P_OP, P2P_OPS, WAIT_OP, WORLD_OPS
+from mtpdiag.vocabulary.states import FROZEN_STATES, GateStrength, GroupFrom, RankState
 from mtpdiag.vocabulary.waits import WAIT_PHRASES
 
 _EXPERT_KINDS = frozenset(k for k, (generator, _) in GROUP_KINDS.items() if generator == "expert")
@@ -51,12 +52,12 @@ def doing(view: RankView | None) -> str:
     """What a rank is doing, in a few words: ``all_gather in ring_attention``, ``stopped``, ..."""
     if view is None:
         return "not captured"
-    if view.state in ("stopped", "gone", "unreadable"):
+    if view.state in FROZEN_STATES:
         return view.state
     where = view.site.function if view.site is not None else None
     if view.op is not None:
         return f"{view.op} in {where}" if where else view.op
-    what = WAIT_PHRASES.get(view.wait.kind, "running") if view.state == "waiting" and view.wait else "running"
+    what = WAIT_PHRASES.get(view.wait.kind, "running") if view.state == RankState.WAITING and view.wait else "running"
     return f"{what} in {where}" if where else what
 
 
@@ -80,7 +81,7 @@ class KindReading(NamedTuple):
     """The group kind of a site, where it came from (known-site | unique-fit | guess) and every kind that fit."""
 
     kind: str
-    source: str
+    source: GroupFrom
     candidates: tuple[str, ...]
 
 
@@ -96,16 +97,16 @@ def read_kind(op: str, site: Site | None, entered: Sequence[int], layout: Parall
     kind = choose_kind(entered, kinds, layout)
     known = lookup(site)
     if known is not None and not known.p2p:
-        return KindReading(kind, "known-site", (kind,))
+        return KindReading(kind, GroupFrom.KNOWN_SITE, (kind,))
     if op in WORLD_OPS and kind == "world":
-        return KindReading(kind, "world-op", (kind,))
+        return KindReading(kind, GroupFrom.WORLD_OP, (kind,))
     fits = [k for k in kinds if _all_split(entered, k, layout)]
     if not fits:
-        return KindReading(kind, "guess", (kind,))
+        return KindReading(kind, GroupFrom.GUESS, (kind,))
     distinct: dict[tuple, str] = {}  # membership -> the first (smallest) kind that has it
     for k in fits:
         distinct.setdefault(tuple(sorted({layout.group_of(k, r) for r in entered})), k)
-    source = "unique-fit" if len(distinct) == 1 else "guess"
+    source = GroupFrom.UNIQUE_FIT if len(distinct) == 1 else GroupFrom.GUESS
     return KindReading(kind, source, tuple(distinct.values()))
 
 
@@ -158,7 +159,7 @@ def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
     """
     waiting: dict[tuple[str, Site | None], list[int]] = {}
     for rank, view in views.items():
-        if view.state == "collective" and view.op is not None:
+        if view.state == RankState.COLLECTIVE and view.op is not None:
             waiting.setdefault((view.op, view.site), []).append(rank)
     by_site = {key: ranks for key, ranks in waiting.items() if not is_p2p_op(*key)}
     out: list[Mismatch] = []
@@ -180,8 +181,8 @@ def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
             splits.append(_Split(members=members, entered=tuple([m for m in members if m in entered_set]),
                                  absent=tuple([m for m in members if m not in entered_set])))
         gate = read_gate(splits, coords_of)
-        if gate.strength == "weak" and is_mtp_site(site) and kind == "dp_cp" and gate.gate == {"cp": 0}:
-            gate = gate._replace(strength="strong")  # the known verl #5895 signature, however few the ranks
+        if gate.strength == GateStrength.WEAK and is_mtp_site(site) and kind == "dp_cp" and gate.gate == {"cp": 0}:
+            gate = gate._replace(strength=GateStrength.STRONG)  # the known verl #5895 signature, however few the ranks
         out += [Mismatch(op=op, site=site, group=kind, members=s.members, entered=s.entered, absent=s.absent,
                          gate=gate.gate, absent_doing={a: doing(views.get(a)) for a in s.absent},
                          group_from=reading.source, group_candidates=reading.candidates,

@@ -26,31 +26,31 @@ from typing import Sequence
 from mtpdiag.model import STATE_DISK, Frame, RankCapture, ThreadStack, WaitState
 from mtpdiag.vocabulary.ops import COMM_INIT_OPS
 from mtpdiag.vocabulary.stacks import is_plumbing, short_name, slash_path
-from mtpdiag.vocabulary.waits import CALL_KINDS
+from mtpdiag.vocabulary.waits import CALL_KINDS, Confidence, WaitKind
 
 # Python functions (by file suffix and function name) that are the wait itself.
 _PY_WAITS: tuple[tuple[str, frozenset[str], str], ...] = (
-    ("torch/cuda/__init__.py", frozenset({"synchronize"}), "host_sync"),
+    ("torch/cuda/__init__.py", frozenset({"synchronize"}), WaitKind.HOST_SYNC),
     ("torch/cuda/streams.py", frozenset({"synchronize", "Stream.synchronize", "Event.synchronize", "query"}),
-     "host_sync"),
+     WaitKind.HOST_SYNC),
     ("torch/distributed/distributed_c10d.py",
      frozenset({"_store_based_barrier", "_new_process_group_helper", "_create_process_group_wrapper"}),
-     "comm_init"),
-    ("torch/distributed/rendezvous.py", frozenset(), "comm_init"),
+     WaitKind.COMM_INIT),
+    ("torch/distributed/rendezvous.py", frozenset(), WaitKind.COMM_INIT),
     ("threading.py", frozenset({"wait", "acquire", "join", "_wait_for_tstate_lock", "Condition.wait",
-                                "Event.wait", "Semaphore.acquire", "Thread.join", "Barrier.wait"}), "lock"),
-    ("queue.py", frozenset({"get", "put", "Queue.get", "Queue.put"}), "lock"),
-    ("concurrent/futures/_base.py", frozenset({"result", "wait", "Future.result"}), "lock"),
-    ("multiprocessing/synchronize.py", frozenset(), "lock"),
-    ("multiprocessing/queues.py", frozenset({"get", "Queue.get", "put", "Queue.put"}), "lock"),
-    ("multiprocessing/connection.py", frozenset(), "io"),
-    ("socket.py", frozenset(), "io"),
-    ("ssl.py", frozenset(), "io"),
-    ("selectors.py", frozenset(), "io"),
+                                "Event.wait", "Semaphore.acquire", "Thread.join", "Barrier.wait"}), WaitKind.LOCK),
+    ("queue.py", frozenset({"get", "put", "Queue.get", "Queue.put"}), WaitKind.LOCK),
+    ("concurrent/futures/_base.py", frozenset({"result", "wait", "Future.result"}), WaitKind.LOCK),
+    ("multiprocessing/synchronize.py", frozenset(), WaitKind.LOCK),
+    ("multiprocessing/queues.py", frozenset({"get", "Queue.get", "put", "Queue.put"}), WaitKind.LOCK),
+    ("multiprocessing/connection.py", frozenset(), WaitKind.IO),
+    ("socket.py", frozenset(), WaitKind.IO),
+    ("ssl.py", frozenset(), WaitKind.IO),
+    ("selectors.py", frozenset(), WaitKind.IO),
     ("subprocess.py", frozenset({"wait", "_wait", "communicate", "Popen.wait", "Popen._wait",
-                                 "Popen.communicate", "_try_wait", "Popen._try_wait"}), "io"),
-    ("http/client.py", frozenset(), "io"),
-    ("asyncio/base_events.py", frozenset({"_run_once", "BaseEventLoop._run_once"}), "io"),
+                                 "Popen.communicate", "_try_wait", "Popen._try_wait"}), WaitKind.IO),
+    ("http/client.py", frozenset(), WaitKind.IO),
+    ("asyncio/base_events.py", frozenset({"_run_once", "BaseEventLoop._run_once"}), WaitKind.IO),
 )
 # A DataLoader frame anywhere above a wait means the rank waits for a batch.
 _DATALOADER = "torch/utils/data/dataloader.py"
@@ -62,25 +62,25 @@ _DATALOADER_WAITS = frozenset({"_get_data", "_try_get_data", "_next_data", "__ne
 # Native symbols (C/C++), innermost first wins. Patterns are searched in the function name and the module.
 _NATIVE_WAITS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), kind) for p, kind in (
     (r"cu(da)?(Stream|Event|Device|Ctx)Synchronize|cuMemcpyDtoH|cudaMemcpy(?!Async)|_local_scalar_dense|"
-     r"cudaStreamQuery|cuStreamQuery|c10::cuda::.*(synchronize|memcpy)", "host_sync"),
-    (r"ncclCommInit|ncclCommSplit|getNCCLComm|initNCCLComm|ncclGetUniqueId", "comm_init"),
+     r"cudaStreamQuery|cuStreamQuery|c10::cuda::.*(synchronize|memcpy)", WaitKind.HOST_SYNC),
+    (r"ncclCommInit|ncclCommSplit|getNCCLComm|initNCCLComm|ncclGetUniqueId", WaitKind.COMM_INIT),
     (r"c10d::.*(Work|Gloo|NCCL).*::(wait|synchronize)|gloo::.*(allreduce|allgather|broadcast|barrier|"
-     r"reduce_scatter|alltoall)", "collective"),
-    (r"nanosleep|usleep|\bpysleep|time_sleep", "sleep"),
+     r"reduce_scatter|alltoall)", WaitKind.COLLECTIVE),
+    (r"nanosleep|usleep|\bpysleep|time_sleep", WaitKind.SLEEP),
     (r"epoll_wait|\bpoll\b|\bselect\b|recv|accept|connect|sock_|__libc_read|\bread\b|\bwrite\b|__libc_write|"
-     r"fsync|fdatasync|pwrite|pread", "io"),
+     r"fsync|fdatasync|pwrite|pread", WaitKind.IO),
     (r"PyThread_acquire_lock|pthread_cond_(timed)?wait|pthread_mutex_lock|sem_(timed)?wait|__lll_lock_wait|"
-     r"futex|std::condition_variable", "lock"),
+     r"futex|std::condition_variable", WaitKind.LOCK),
 ))
 
 # What a syscall the main thread sits in says (from /proc/PID/syscall), and how sure it makes us.
 _SYSCALL_KINDS = {
-    "futex": "lock", "clock_nanosleep": "sleep", "nanosleep": "sleep",
-    "epoll_wait": "io", "epoll_pwait": "io", "epoll_pwait2": "io", "poll": "io", "ppoll": "io", "select": "io",
-    "pselect6": "io", "read": "io", "pread64": "io", "readv": "io", "recvfrom": "io", "recvmsg": "io",
-    "write": "io", "pwrite64": "io", "writev": "io", "sendto": "io", "sendmsg": "io", "fsync": "io",
-    "fdatasync": "io", "openat": "io", "accept": "io", "accept4": "io", "connect": "io", "wait4": "io",
-    "waitid": "io", "ioctl": "io",
+    **dict.fromkeys(("futex",), WaitKind.LOCK),
+    **dict.fromkeys(("clock_nanosleep", "nanosleep"), WaitKind.SLEEP),
+    **dict.fromkeys(("epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select", "pselect6",
+                     "read", "pread64", "readv", "recvfrom", "recvmsg", "write", "pwrite64", "writev",
+                     "sendto", "sendmsg", "fsync", "fdatasync", "openat", "accept", "accept4", "connect",
+                     "wait4", "waitid", "ioctl"), WaitKind.IO),
 }
 # Lines that call these and block are NCCL's (or a DDP bucket's) CPU-side waits for a collective.
 _WORK_WAITS = frozenset({"wait"})
@@ -99,12 +99,13 @@ def _python_wait(frames: Sequence[Frame]) -> tuple[str, str] | None:
         path = slash_path(frame.file)
         if path.endswith("/" + _DATALOADER) and (frame.function in _DATALOADER_WAITS
                                                    or short_name(frame.function) in _DATALOADER_WAITS):
-            return "data_loader", f"DataLoader {short_name(frame.function)} frame"
+            return WaitKind.DATA_LOADER, f"DataLoader {short_name(frame.function)} frame"
         for suffix, functions, kind in _PY_WAITS:
             if path.endswith("/" + suffix) and (not functions or frame.function in functions
                                                   or short_name(frame.function) in functions):
-                if kind in ("lock", "io") and any(slash_path(f.file).endswith("/" + _DATALOADER) for f in frames[i:]):
-                    return "data_loader", f"{short_name(frame.function)} under a DataLoader frame"
+                if kind in (WaitKind.LOCK, WaitKind.IO) and \
+                        any(slash_path(f.file).endswith("/" + _DATALOADER) for f in frames[i:]):
+                    return WaitKind.DATA_LOADER, f"{short_name(frame.function)} under a DataLoader frame"
                 return kind, f"{short_name(frame.function)} in {suffix.rsplit('/', 1)[-1]}"
         if not is_plumbing(path):
             return None  # the innermost user frame: whatever waits below it is a C call
@@ -124,10 +125,10 @@ def _native_wait(frames: Sequence[Frame]) -> tuple[str, str] | None:
 
 def _call_wait(calls: Sequence[str]) -> tuple[str, str] | None:
     kinds = [(k, c) for c in calls if (k := CALL_KINDS.get(c))]
-    for wanted in ("host_sync", "lock", "sleep", "io"):
+    for wanted in (WaitKind.HOST_SYNC, WaitKind.LOCK, WaitKind.SLEEP, WaitKind.IO):
         for kind, call in kinds:
             if kind == wanted:
-                return kind, f"the line calls .{call}()" if kind == "host_sync" else f"the line calls {call}()"
+                return kind, f"the line calls .{call}()" if kind == WaitKind.HOST_SYNC else f"the line calls {call}()"
     return None
 
 
@@ -136,11 +137,11 @@ def wait_state(capture: RankCapture, thread: ThreadStack | None, op: str | None,
     """What ``capture``'s rank waits on. ``op`` is its collective (from ``thread``, or from the side thread
     named ``side_thread``), None when it is in none. None when nothing could be read."""
     if op is not None:
-        kind = "comm_init" if op in COMM_INIT_OPS else "collective"
+        kind = WaitKind.COMM_INIT if op in COMM_INIT_OPS else WaitKind.COLLECTIVE
         evidence = [f"torch.distributed {op} frame" + (f" on thread {side_thread!r}" if side_thread else "")]
         if thread is not None:
             evidence += _quiet_or_busy(capture, thread)
-        return WaitState(kind, "certain", tuple(evidence), side_thread)
+        return WaitState(kind, Confidence.CERTAIN, tuple(evidence), side_thread)
     if thread is None:
         return None
     evidence: list[str] = []
@@ -151,45 +152,45 @@ def wait_state(capture: RankCapture, thread: ThreadStack | None, op: str | None,
     calls = _call_wait(thread.calls)
     syscall = capture.main_syscall if _is_main(capture, thread) else None
 
-    if native is not None and (found is None or native[0] == "host_sync" or found[0] == native[0]):
+    if native is not None and (found is None or native[0] == WaitKind.HOST_SYNC or found[0] == native[0]):
         kind, why = native
         evidence.append(why)
         if calls is not None and calls[0] == kind:
             evidence.append(calls[1])
-        return WaitState(kind, "certain", tuple(evidence + _quiet_or_busy(capture, thread)))
+        return WaitState(kind, Confidence.CERTAIN, tuple(evidence + _quiet_or_busy(capture, thread)))
     if found is not None:
         kind, why = found
-        return WaitState(kind, "certain", (why, *_quiet_or_busy(capture, thread)))
+        return WaitState(kind, Confidence.CERTAIN, (why, *_quiet_or_busy(capture, thread)))
     if state == STATE_DISK:
-        return WaitState("io", "certain", ("state D: uninterruptible sleep in the kernel (a file system or a "
-                                            "device)",))
+        return WaitState(WaitKind.IO, Confidence.CERTAIN,
+                         ("state D: uninterruptible sleep in the kernel (a file system or a device)",))
     if calls is not None:
         kind, why = calls
         evidence.append(why)
-        if kind == "host_sync" and capture.cuda:
+        if kind == WaitKind.HOST_SYNC and capture.cuda:
             evidence.append("the process maps CUDA")
         if syscall is not None:
             evidence.append(_syscall_words(syscall))
-        confidence = "likely"
-        if kind != "host_sync" and syscall is not None and _SYSCALL_KINDS.get(syscall) not in (kind, None):
-            confidence = "possible"
+        confidence = Confidence.LIKELY
+        if kind != WaitKind.HOST_SYNC and syscall is not None and _SYSCALL_KINDS.get(syscall) not in (kind, None):
+            confidence = Confidence.POSSIBLE
         return WaitState(kind, confidence, tuple(evidence + _flag(thread)))
     if syscall is not None and syscall != "running":
-        kind = _SYSCALL_KINDS.get(syscall, "unknown")
-        return WaitState(kind, "likely" if kind != "unknown" else "possible",
+        kind = _SYSCALL_KINDS.get(syscall, WaitKind.UNKNOWN)
+        return WaitState(kind, Confidence.LIKELY if kind != WaitKind.UNKNOWN else Confidence.POSSIBLE,
                          (_syscall_words(syscall), *_flag(thread)))
     if capture.cuda and thread.active is not False and not _in_library(python):
-        return WaitState("host_sync", "possible", (
+        return WaitState(WaitKind.HOST_SYNC, Confidence.POSSIBLE, (
             "on the CPU at a line of its own in a process that maps CUDA: CUDA spins while it waits for the "
             "device", *_flag(thread)))
     if thread.active is False:
-        return WaitState("unknown", "likely", ("idle in a C call (py-spy): blocked, on what the Python stack "
-                                               "does not say",))
+        return WaitState(WaitKind.UNKNOWN, Confidence.LIKELY,
+                         ("idle in a C call (py-spy): blocked, on what the Python stack does not say",))
     if thread.active is True:
-        sure = "likely" if syscall == "running" else "possible"
-        return WaitState("running", sure, tuple(["on the CPU (py-spy active)"]
+        sure = Confidence.LIKELY if syscall == "running" else Confidence.POSSIBLE
+        return WaitState(WaitKind.RUNNING, sure, tuple(["on the CPU (py-spy active)"]
                                                + ([_syscall_words(syscall)] if syscall else [])))
-    return WaitState("unknown", "possible", ("no idle/active flag and no system call in the capture",))
+    return WaitState(WaitKind.UNKNOWN, Confidence.POSSIBLE, ("no idle/active flag and no system call in the capture",))
 
 
 def _is_main(capture: RankCapture, thread: ThreadStack) -> bool:
@@ -221,4 +222,4 @@ def _syscall_words(syscall: str) -> str:
 
 def is_stuck(wait: WaitState | None) -> bool:
     """Whether the evidence shows a rank that waits rather than one that runs user code."""
-    return wait is not None and not (wait.kind == "running" and wait.confidence != "possible")
+    return wait is not None and not (wait.kind == WaitKind.RUNNING and wait.confidence != Confidence.POSSIBLE)

@@ -70,5 +70,6 @@ def merged_flight_recorder(parts: list[FRDump]) -> FRDump | None:
     dumped = set(ranks)
     missing = sorted({r for p in parts for r in p.missing} - dumped)
     notes = tuple(dict.fromkeys(n for p in parts for n in p.notes if not n.startswith("no Flight Recorder dump")))
-    return FRDump(source=", ".join(dict.fromkeys(p.source for p in parts)), ranks=tuple(ranks[r] for r in sorted(ranks)),
+    return FRDump(source=", ".join(dict.fromkeys(p.source for p in parts)),
+                  ranks=tuple(ranks[r] for r in sorted(ranks)),
                   missing=tuple(missing), notes=notes)

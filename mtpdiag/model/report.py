@@ -8,6 +8,8 @@ from typing import Any
 
 from mtpdiag.model.frames import Frame, Site
 from mtpdiag.model.sections import FlightRecorderSection, Progress, WatchdogSection
+from mtpdiag.vocabulary.states import GateStrength, GroupFrom, RankState, Role, Source, Verdict
+from mtpdiag.vocabulary.waits import Confidence, WaitKind
 
 REPORT_SCHEMA = "mtpdiag.report/1"
 
@@ -21,8 +23,8 @@ class WaitState:
     each. ``thread`` names the thread that shows it when that is not the main thread.
     """
 
-    kind: str
-    confidence: str
+    kind: WaitKind
+    confidence: Confidence
     evidence: tuple[str, ...] = ()
     thread: str | None = None
 
@@ -39,7 +41,7 @@ class RankView:
     rank: int | None
     pid: int | None
     host: str
-    state: str
+    state: RankState
     coords: Mapping[str, int] | None
     op: str | None
     site: Site | None
@@ -98,19 +100,19 @@ class Mismatch:
     absent: tuple[int, ...]
     gate: Mapping[str, int] | None
     absent_doing: Mapping[int, str] = field(default_factory=dict)  # rank -> "all_gather in ring_attention"
-    role: str = "root"  # root | consequence
+    role: Role = Role.ROOT
     # How the group kind was found: known-site | flight-recorder | unique-fit | guess; every kind that fit.
-    group_from: str = "unique-fit"
+    group_from: GroupFrom = GroupFrom.UNIQUE_FIT
     group_candidates: tuple[str, ...] = ()
     # strong: several ranks on each side split cleanly along the gate; weak: one rank alone, or other
     # coordinate conditions separate the sides as well (``gate_alternatives``): data-dependent divergence
     # (a loop that ran once more on some ranks) fits just as well.
-    gate_strength: str | None = None
+    gate_strength: GateStrength | None = None
     gate_alternatives: tuple[Mapping[str, int], ...] = ()
-    source: str = "stacks"  # stacks | flight-recorder | stacks+flight-recorder
+    source: Source = Source.STACKS
     seq: int | None = None  # the Flight Recorder's collective sequence number in the group, when known
 
-    def with_role(self, role: str) -> "Mismatch":
+    def with_role(self, role: Role) -> "Mismatch":
         """``replace(self, role=role)`` without its per-call field introspection (8k instances at 16k ranks);
         tests compare the two, so a new field cannot be dropped here unnoticed."""
         return Mismatch(op=self.op, site=self.site, group=self.group, members=self.members, entered=self.entered,
@@ -161,7 +163,7 @@ class Finding:
 class Report:
     """The diagnosis. ``verdict``: ok | problem | incomplete."""
 
-    verdict: str
+    verdict: Verdict
     world_size: int | None
     layout: Mapping[str, Any] | None
     ranks: tuple[RankView, ...]

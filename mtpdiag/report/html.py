@@ -1,8 +1,9 @@
 """A single self-contained HTML report: findings first, then a rank grid coloured by call site.
 
 Everything is inline (CSS, JS, data) and a Content-Security-Policy forbids every fetch, so the file
-works offline and can be mailed around. The CSS and the script are package data (``report/assets``). Strings from the report (function names, files, hosts) come
-from target processes: each is escaped here, and the script only ever writes them with ``textContent``.
+works offline and can be mailed around; the CSS and the script are package data (``report/assets``).
+Strings from the report (function names, files, hosts) come from target processes: each is escaped here,
+and the script only ever writes them with ``textContent``.
 Per-cell markup is a few bytes so that a 16k-rank world still renders; stacks live in one JSON blob,
 deduplicated, that the script reads for the cell tooltips and the stack pane (``#rank=N`` opens it).
 """

@@ -33,20 +33,22 @@ def _waiting_phrase(waiters: Sequence[Waiter], mismatches: Sequence[Mismatch], w
 
 def stragglers(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
     """Captured ranks that others wait on while they run, or wait on something of their own."""
-    if facts.mode == Mode.LAYOUT_FREE:
-        return [f for f in _layout_free(list(facts.by_rank.values())) if f.id == FindingId.STRAGGLER]
-    if facts.mode != Mode.GROUPS or facts.causes is None:
-        return []
-    return [f for f in _blocked(facts.causes, facts.by_rank, facts.layout) if f.id == FindingId.STRAGGLER]
+    return _held_up_by(facts, FindingId.STRAGGLER)
 
 
 def frozen(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
     """Captured ranks that others wait on while they are stopped, gone or unreadable."""
+    return _held_up_by(facts, FindingId.FROZEN_RANK)
+
+
+def _held_up_by(facts: Facts, wanted: FindingId) -> list[Finding]:
     if facts.mode == Mode.LAYOUT_FREE:
-        return [f for f in _layout_free(list(facts.by_rank.values())) if f.id == FindingId.FROZEN_RANK]
-    if facts.mode != Mode.GROUPS or facts.causes is None:
+        made = _layout_free(list(facts.by_rank.values()))
+    elif facts.mode == Mode.GROUPS and facts.causes is not None:
+        made = _blocked(facts.causes, facts.by_rank, facts.layout)
+    else:
         return []
-    return [f for f in _blocked(facts.causes, facts.by_rank, facts.layout) if f.id == FindingId.FROZEN_RANK]
+    return [f for f in made if f.id == wanted]
 
 
 def _blocked(causes: Causes, views: Mapping[int, RankView], layout: ParallelLayout | None) -> list[Finding]:

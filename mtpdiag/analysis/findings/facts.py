@@ -46,7 +46,9 @@ class Facts:
     @property
     def waited_on(self) -> frozenset[int]:
         """Ranks something waits on that wait on nothing themselves (Mode.GROUPS only)."""
-        return frozenset(self.causes.blocked_on) if self.causes is not None and self.mode == Mode.GROUPS else frozenset()
+        if self.causes is None or self.mode != Mode.GROUPS:
+            return frozenset()
+        return frozenset(self.causes.blocked_on)
 
     @property
     def unmatched_p2p(self) -> bool:

@@ -31,8 +31,9 @@ from mtpdiag.model import FlightRecorderSection, Mismatch, RankView, Report, Sit
 from mtpdiag.model.flight_recorder import FRDump, FREntry
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 from mtpdiag.vocabulary.labels import rank_list
+from mtpdiag.vocabulary.states import GateStrength, GroupFrom, RankState, Role, Source
+from mtpdiag.vocabulary.waits import Confidence, WaitKind
 
-SOURCE = "flight-recorder"
 CoordsOf = Callable[[int], Mapping[str, int]]
 
 
@@ -78,7 +79,7 @@ def section(report: Report, fr: FRDump, evidence: FREvidence) -> FlightRecorderS
     each group's first divergence, and the lines the console shows."""
     # Hold the recorder against what the stacks alone said: splits it found itself agree by construction,
     # and ranks known only from their dumps have no stack to compare.
-    stacks_only = replace(report, mismatches=tuple(m for m in report.mismatches if m.source == "stacks"),
+    stacks_only = replace(report, mismatches=tuple(m for m in report.mismatches if m.source == Source.STACKS),
                           ranks=tuple(v for v in report.ranks if v.stack))
     out = correlate(stacks_only, fr)
     lines = list(out.lines[:1])
@@ -143,16 +144,17 @@ def fold(fr: FRDump, layout: ParallelLayout | None, coords_of: CoordsOf | None) 
             gate = read_gate([_Split(d.members, call.entered, call.absent)], coords_of) if coords_of else None
             reading = gate if gate is not None and gate.gate is not None else None
             strength = reading.strength if reading else None
-            if reading and strength == "weak" and is_mtp_site(call.site) and kind == "dp_cp" \
+            if reading and strength == GateStrength.WEAK and is_mtp_site(call.site) and kind == "dp_cp" \
                     and reading.gate == {"cp": 0}:
-                strength = "strong"  # the known verl #5895 signature
+                strength = GateStrength.STRONG  # the known verl #5895 signature
             m = Mismatch(op=call.op, site=call.site, group=kind, members=d.members, entered=call.entered,
                          absent=call.absent, gate=reading.gate if reading else None,
-                         absent_doing=dict(call.absent_doing), role="root",
+                         absent_doing=dict(call.absent_doing), role=Role.ROOT,
                          group_from=group_from, group_candidates=candidates, gate_strength=strength,
-                         gate_alternatives=reading.alternatives if reading else (), source=SOURCE, seq=d.seq)
+                         gate_alternatives=reading.alternatives if reading else (), source=Source.FLIGHT_RECORDER,
+                         seq=d.seq)
             mismatches.append(m)
-            if call.role == "root":
+            if call.role == Role.ROOT:
                 hints.add(mismatch_key(m))
         if not splits and d.calls and ({"sizes", "dtypes"} & set(d.problems)):
             sizes += _size_problems(d, kind)
@@ -178,7 +180,7 @@ def merge(stack_mismatches: Sequence[Mismatch], fr_mismatches: Sequence[Mismatch
             out.append(m)
         else:
             out.append(replace(fr, absent_doing={**fr.absent_doing, **m.absent_doing},
-                               source="stacks+" + SOURCE))
+                               source=Source.STACKS_AND_FLIGHT_RECORDER))
     out += by_key.values()
     return tuple(out)
 
@@ -188,10 +190,10 @@ def view_without_stack(rank: int, fr: FRDump, pending: Mapping[int, str]) -> Ran
     entry = _oldest_pending(fr, rank)
     op, site = (entry.op, entry.site) if entry is not None else (None, None)
     text = pending.get(rank)
-    wait = WaitState("collective" if op else "unknown", "likely",
+    wait = WaitState(WaitKind.COLLECTIVE if op else WaitKind.UNKNOWN, Confidence.LIKELY,
                      (f"Flight Recorder: {text}" if text else "Flight Recorder: nothing pending",))
-    return RankView(rank=rank, pid=None, host="unknown", state="collective" if op else "waiting", coords=None,
-                    op=op, site=site, stack=(), wait=wait)
+    return RankView(rank=rank, pid=None, host="unknown", state=RankState.COLLECTIVE if op else RankState.WAITING,
+                    coords=None, op=op, site=site, stack=(), wait=wait)
 
 
 def with_pending(view: RankView, pending: Mapping[int, str]) -> RankView:
@@ -203,8 +205,9 @@ def with_pending(view: RankView, pending: Mapping[int, str]) -> RankView:
     if view.rank is None or view.rank not in pending or view.wait is None or view.op is not None:
         return view
     evidence = (*view.wait.evidence, f"Flight Recorder: {pending[view.rank]}")
-    if view.wait.kind in ("running", "unknown"):
-        return replace(view, state="waiting", wait=replace(view.wait, kind="host_sync", confidence="likely",
+    if view.wait.kind in (WaitKind.RUNNING, WaitKind.UNKNOWN):
+        return replace(view, state=RankState.WAITING, wait=replace(view.wait, kind=WaitKind.HOST_SYNC,
+                                                                   confidence=Confidence.LIKELY,
                                                            evidence=evidence))
     return replace(view, wait=replace(view.wait, evidence=evidence))
 
@@ -219,16 +222,16 @@ class _Split:
     absent: tuple[int, ...]
 
 
-def _kind_of(d: Divergence, layout: ParallelLayout | None) -> tuple[str, str, tuple[str, ...]]:
+def _kind_of(d: Divergence, layout: ParallelLayout | None) -> tuple[str, GroupFrom, tuple[str, ...]]:
     """The layout kind of a recorded group: megatron's description names it; else the one kind whose
     instance has exactly these members; else the recorder's own name for the group."""
     if d.kind is not None:
-        return d.kind, SOURCE, (d.kind,)
+        return d.kind, GroupFrom.FLIGHT_RECORDER, (d.kind,)
     if layout is not None and d.members and max(d.members) < layout.world_size:
         fits = [k for k in GROUP_KINDS if tuple(sorted(layout.group_of(k, d.members[0]))) == d.members]
         if fits:
-            return fits[0], SOURCE, tuple(fits)
-    return d.desc or d.group, SOURCE, ()
+            return fits[0], GroupFrom.FLIGHT_RECORDER, tuple(fits)
+    return d.desc or d.group, GroupFrom.FLIGHT_RECORDER, ()
 
 
 def _size_problems(d: Divergence, kind: str | None) -> list[SizeProblem]:

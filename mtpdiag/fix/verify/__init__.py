@@ -1,9 +1,9 @@
 """``mtpdiag verify``: run a verl engine's MTP-loss gate on real megatron-core and judge the outcome.
 
 ``worker.py`` is the rank program (torch + megatron-core, gloo); ``runner.py`` launches (``launch``) and
-watches its worlds; ``plan`` reads the layout and the engine to verify, ``render`` says what happened. This module holds what both sides agree on and the pure judgement: which ranks must write the
-metric, what value it must have, which outcome each gate must reach on a layout, and whether the run
-proves the engine safe. It imports neither torch nor megatron.
+watches its worlds; ``plan`` reads the layout and the engine to verify, ``render`` says what happened. This
+module holds what both sides agree on and the pure judgement: which ranks must write the metric, what value
+it must have, which outcome each gate must reach on a layout, and whether the run proves the engine safe. It imports neither torch nor megatron.
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ def resolve_verify_layout(flags: dict, *, dp: int | None, order: str | None, con
         dp = dp or fewest_dp(sizes)
         world = dp * int(sizes.get("tp") or 1) * int(sizes.get("cp") or 1) * int(sizes.get("pp") or 1)
         resolve_layout(world, flags=given, config=config, overrides=overrides)  # flag-vs-config conflicts
-        return build_layout(sizes, dp=dp, order=order), f"verl config {config}" + (f" + {len(overrides)} override(s)" if overrides else "")
+        with_overrides = f" + {len(overrides)} override(s)" if overrides else ""
+        return build_layout(sizes, dp=dp, order=order), f"verl config {config}{with_overrides}"
     if overrides:
         raise InputError("--override needs --config")
     return build_layout(given, dp=dp, order=order), "flags"
