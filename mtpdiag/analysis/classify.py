@@ -15,7 +15,8 @@ from functools import lru_cache
 from typing import Sequence
 
 from mtpdiag.analysis.known_sites import lookup
-from mtpdiag.model import STATE_DISK, STATE_STOPPED, STATE_ZOMBIE, Frame, RankCapture, Site, ThreadStack
+from mtpdiag.model import (STATE_DISK, STATE_GONE, STATE_STOPPED, STATE_UNREADABLE, STATE_ZOMBIE, Frame, RankCapture,
+                           Site, ThreadStack)
 from mtpdiag.vocabulary.ops import KNOWN_OPS, RECV_OPS, SEND_OPS, WAIT_OP
 from mtpdiag.vocabulary.stacks import call_site_frame, is_torch_distributed, short_name, torch_block_end
 from mtpdiag.vocabulary.states import RankState
@@ -117,13 +118,13 @@ def rank_state(capture: RankCapture, classified: Classified, waiting: bool = Fal
     """Map the /proc state and the reading onto the report's state words (``waiting``: the wait state
     says the rank is blocked outside any collective)."""
     letter = (capture.state or "").strip()
-    if letter == "gone" or letter == STATE_ZOMBIE:
+    if letter == STATE_GONE or letter == STATE_ZOMBIE:
         return StateReading(RankState.GONE, capture.error or ("zombie process" if letter == STATE_ZOMBIE else None))
     if letter.upper() == STATE_STOPPED:
         return StateReading(RankState.STOPPED, capture.error or f"state {letter}")
     if letter == STATE_DISK:
         return StateReading(RankState.STOPPED, capture.error or "state D, uninterruptible sleep")
-    if letter == "unreadable" or capture.main_thread is None:
+    if letter == STATE_UNREADABLE or capture.main_thread is None:
         return StateReading(RankState.UNREADABLE, capture.error or "no stack could be read")
     if classified.op is not None:
         return StateReading(RankState.COLLECTIVE, capture.error)

@@ -22,7 +22,7 @@ from mtpdiag.analysis.mismatch import find_mismatches, is_p2p_op, is_point_to_po
 from mtpdiag.analysis.sites import group_sites
 from mtpdiag.analysis.wait import wait_state
 from mtpdiag.layout import LayoutError, ParallelLayout
-from mtpdiag.model import (Finding, Mismatch, RankCapture, RankView, Report, Snapshot, ThreadStack, WaitState,
+from mtpdiag.model import (STATE_UNKNOWN, Finding, Mismatch, RankCapture, RankView, Report, Snapshot, ThreadStack, WaitState,
                            WatchdogSection, who_and_why)
 from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.model.watchdog import WatchdogLog
@@ -328,7 +328,7 @@ def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...]) -> list[str]
     if snapshot.errors:
         more = f" (and {len(snapshot.errors) - 1} more)" if len(snapshot.errors) > 1 else ""
         notes.append(f"not captured: {snapshot.errors[0]}{more}")
-    if any(c.state == "unknown" for c in snapshot.captures):
+    if any(c.state == STATE_UNKNOWN for c in snapshot.captures):
         notes.append("process states unknown (dumps read from files): a stopped rank looks like a waiting one")
     unknown_peers = [v.rank for v in views if v.rank is not None and v.state == RankState.COLLECTIVE
                      and is_point_to_point(v) and v.peer is None]

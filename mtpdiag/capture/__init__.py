@@ -19,11 +19,9 @@ from mtpdiag.capture.discover import find_targets
 from mtpdiag.capture.pyspy import CaptureFailed
 from mtpdiag.errors import NothingCaptured
 from mtpdiag.layout import cmdline
-from mtpdiag.model import STATE_STOPPED, RankCapture, Snapshot, decimal
+from mtpdiag.model import STATE_GONE, STATE_STOPPED, STATE_UNREADABLE, RankCapture, Snapshot, decimal
 import mtpdiag
 
-STATE_GONE = "gone"
-STATE_UNREADABLE = "unreadable"
 _STOPPED = (STATE_STOPPED, "t")  # job-control stop, tracing stop
 _MAX_PARALLEL = 32
 

@@ -28,8 +28,7 @@ from mtpdiag.inputs.merge import check_duplicate_ranks, check_world_sizes, merge
 from mtpdiag.inputs.pyspy_text import TextProcess, parse_text_dump
 from mtpdiag.inputs.registry import READERS
 from mtpdiag.inputs.registry import read_text as read_captures
-from mtpdiag.inputs.settle import STATE_UNKNOWN, STATE_UNREADABLE
-from mtpdiag.model import Snapshot, who_and_why
+from mtpdiag.model import STATE_UNKNOWN, STATE_UNREADABLE, Snapshot, who_and_why
 
 __all__ = ["DUMP_SUFFIXES", "READERS", "STATE_UNKNOWN", "STATE_UNREADABLE", "Dumped", "FileCaptures", "Inputs",
            "ReadContext", "Reader", "TextProcess", "load_file", "load_paths", "parse_text_dump", "rank_from_name",

@@ -8,8 +8,7 @@ from __future__ import annotations
 from mtpdiag import __version__
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.base import FileCaptures
-from mtpdiag.inputs.settle import UNKNOWN_HOST
-from mtpdiag.model import Snapshot, world_sizes
+from mtpdiag.model import UNKNOWN_HOST, Snapshot, world_sizes
 from mtpdiag.model.flight_recorder import FRDump, FRRankDump
 
 

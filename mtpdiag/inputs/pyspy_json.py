@@ -14,8 +14,8 @@ from mtpdiag.inputs.base import FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.files import json_start, parse_json
 from mtpdiag.inputs.identity import rank_from_name
 from mtpdiag.inputs.lines import is_python_file
-from mtpdiag.inputs.settle import STATE_UNKNOWN, STATE_UNREADABLE, UNKNOWN_HOST
-from mtpdiag.model import Frame, RankCapture, ThreadStack, decimal, printable
+from mtpdiag.model import (STATE_UNKNOWN, STATE_UNREADABLE, UNKNOWN_HOST, Frame, RankCapture, ThreadStack, decimal,
+                           printable)
 from mtpdiag.vocabulary.stacks import display_path, kept_args
 
 FORM = "py-spy JSON"

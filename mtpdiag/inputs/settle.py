@@ -17,11 +17,8 @@ from mtpdiag.errors import InputError
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext
 from mtpdiag.inputs.identity import rank_of
 from mtpdiag.inputs.lines import JOB_KEYS, Line, env_lines
-from mtpdiag.model import Frame, RankCapture, ThreadStack
+from mtpdiag.model import STATE_UNKNOWN, STATE_UNREADABLE, UNKNOWN_HOST, Frame, RankCapture, ThreadStack
 
-STATE_UNKNOWN = "unknown"  # py-spy and the others do not record the process state
-STATE_UNREADABLE = "unreadable"
-UNKNOWN_HOST = "unknown"
 
 
 def captures_of(path: str, form: str, dumps: list[Dumped], lines: list[Line], context: ReadContext,

@@ -8,10 +8,14 @@ from mtpdiag.model.captures import (
     BUNDLE_SCHEMA,
     ENV_WHITELIST,
     STATE_DISK,
+    STATE_GONE,
     STATE_RUNNING,
     STATE_SLEEPING,
     STATE_STOPPED,
+    STATE_UNKNOWN,
+    STATE_UNREADABLE,
     STATE_ZOMBIE,
+    UNKNOWN_HOST,
     RankCapture,
     Snapshot,
     ThreadStack,
@@ -33,7 +37,7 @@ from mtpdiag.model.sections import FlightRecorderSection, Progress, WatchdogSect
 
 __all__ = [
     "BUNDLE_SCHEMA", "ENV_WHITELIST", "REPORT_SCHEMA", "STATE_DISK", "STATE_RUNNING", "STATE_SLEEPING",
-    "STATE_STOPPED", "STATE_ZOMBIE", "Finding", "FlightRecorderSection", "Frame", "Mismatch", "Progress",
+    "STATE_GONE", "STATE_STOPPED", "STATE_UNKNOWN", "STATE_UNREADABLE", "STATE_ZOMBIE", "UNKNOWN_HOST", "Finding", "FlightRecorderSection", "Frame", "Mismatch", "Progress",
     "RankCapture", "RankView", "Report", "SchemaError", "Site", "SiteGroup", "Snapshot", "ThreadStack", "WaitState",
     "WatchdogSection", "decimal", "printable", "who_and_why", "world_sizes",
 ]

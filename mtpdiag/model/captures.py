@@ -43,6 +43,11 @@ STATE_SLEEPING = "S"
 STATE_DISK = "D"
 STATE_STOPPED = "T"
 STATE_ZOMBIE = "Z"
+# How a capture went when there is no /proc letter to give.
+STATE_GONE = "gone"  # the process exited before or during the capture
+STATE_UNREADABLE = "unreadable"  # no stack could be read
+STATE_UNKNOWN = "unknown"  # read from a file: py-spy and the others do not record the process state
+UNKNOWN_HOST = "unknown"
 
 
 # Every rank of a job carries the same WORLD_SIZE text: parse each distinct text once.
