@@ -22,8 +22,8 @@ from mtpdiag.analysis.mismatch import find_mismatches, is_p2p_op, is_point_to_po
 from mtpdiag.analysis.sites import group_sites
 from mtpdiag.analysis.wait import wait_state
 from mtpdiag.layout import LayoutError, ParallelLayout
-from mtpdiag.model import (STATE_UNKNOWN, Finding, Mismatch, RankCapture, RankView, Report, Snapshot, ThreadStack, WaitState,
-                           WatchdogSection, who_and_why)
+from mtpdiag.model import (STATE_UNKNOWN, Finding, Mismatch, RankCapture, RankView, Report, Snapshot, ThreadStack,
+                           WaitState, WatchdogSection, who_and_why)
 from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.model.watchdog import WatchdogLog
 from mtpdiag.vocabulary.labels import rank_list
