@@ -34,7 +34,8 @@ _spec.loader.exec_module(record)
 WORKER = record.LOOKALIKES_WORKER
 GLOO = ("lookalike_dsa_indexer_gloo", "lookalike_moe_lazy_tracker_gloo")
 NCCL = ("lookalike_dsa_indexer_nccl", "lookalike_moe_lazy_tracker_nccl", "lookalike_aux_loss_sizes_nccl")
-PP, DP_CP, WORLD = "PIPELINE_MODEL_PARALLEL_GROUP", "DATA_PARALLEL_GROUP_WITH_CP", "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"
+PP, DP_CP = "PIPELINE_MODEL_PARALLEL_GROUP", "DATA_PARALLEL_GROUP_WITH_CP"
+WORLD = "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"  # megatron-core 0.16.1's grad-stats group: the world
 # scenario -> (the tracker function that issues the pipeline all_reduce, as py-spy names it; its file)
 SITES = {
     "dsa_indexer": ("DSAIndexerLossLoggingHelper.reduce_loss_in_tracker",

@@ -13,7 +13,7 @@ scenario a metric tracker's collective on the *pipeline* group hangs, never one 
 * ``moe-lazy-tracker`` (Megatron-LM #1444/#2418, NeMo-RL #3419): only the last stage holds MoE layers;
   the aux-loss tracker is created lazily by the router, and ``track_moe_metrics`` without
   ``force_initialize`` reduces only the names a rank's own tracker holds: the first stage issues no
-  pipeline all_reduce, the last stage waits in ``reduce_aux_losses_tracker_across_ranks``'.
+  pipeline all_reduce, the last stage waits in ``reduce_aux_losses_tracker_across_ranks``.
 * ``aux-loss-sizes`` (Megatron-LM #3400/#3401; NCCL-behaviour mode only): MTP + MoE + PP. The router
   sizes the tracker ``num_layers + mtp_num_layers`` (15) on the stage with MoE layers;
   ``track_moe_metrics(force_initialize=True)`` sizes it ``num_layers`` (14) on the stage without.
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -311,17 +310,18 @@ def training_log(scenario: str, model: Model, args: argparse.Namespace, device, 
 
 def init(args: argparse.Namespace):
     """The process group (gloo, or ncclcpu with its watchdog), megatron's groups, and the device."""
+    timeouts = {}
     if args.mode == "nccl":
         watchdog.ABORT = not args.no_abort
         device = current_stream(args.sync)
         process_group.register()
         dist.init_process_group(process_group.BACKEND, timeout=timedelta(seconds=args.timeout_s))
-    else:
+        timeouts["distributed_timeout_minutes"] = args.timeout_s / 60.0
+    else:  # gloo's and megatron's 30 minutes: the hang stays until then
         device = HostDevice()
         dist.init_process_group("gloo")
     mpu.initialize_model_parallel(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
-                                  context_parallel_size=args.cp,
-                                  distributed_timeout_minutes=args.timeout_s / 60.0)
+                                  context_parallel_size=args.cp, **timeouts)
     dist.barrier()  # the world communicator exists on every rank before the first iteration
     return device
 
