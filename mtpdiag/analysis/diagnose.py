@@ -100,8 +100,11 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         found += fnd.size_findings(logged.size_problems, layout)
     if missing and not snapshot.captures and (evidence is not None or logged is not None):
         notes.append("no stacks: the diagnosis rests on the " + ("Flight Recorder" if evidence else "watchdog log"))
-    elif missing and (layout is None and evidence is None and logged is None or set(missing) & set(waited_on)):
-        found.append(fnd.missing_finding(missing, world_size, waited_on, layout))
+    elif missing and (layout is None and evidence is None and logged is None
+                      or set(missing) & (set(waited_on) | (evidence.waited_on_undumped if evidence else set()))):
+        found.append(fnd.missing_finding(missing, world_size,
+                                         set(waited_on) | (evidence.waited_on_undumped if evidence else set()),
+                                         layout))
     elif missing:  # a partial capture (one node of many) is normal: say what it covers
         notes.append(f"{world_size - len(missing)} of {world_size} ranks captured; rank"
                      f"{'s' if len(missing) > 1 else ''} {_list(missing)} not captured, and nothing captured "

@@ -80,6 +80,7 @@ _NATIVE_WAITS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), k
 
 # What a syscall the main thread sits in says (from /proc/PID/syscall), and how sure it makes us.
 _SYSCALL_KINDS = {
+    "restart_syscall": "sleep",  # a sleep (or wait) resumed after a signal, such as an earlier py-spy attach
     "futex": "lock", "clock_nanosleep": "sleep", "nanosleep": "sleep",
     "epoll_wait": "io", "epoll_pwait": "io", "epoll_pwait2": "io", "poll": "io", "ppoll": "io", "select": "io",
     "pselect6": "io", "read": "io", "pread64": "io", "readv": "io", "recvfrom": "io", "recvmsg": "io",

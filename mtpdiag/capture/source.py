@@ -20,6 +20,7 @@ WAIT_CALLS = frozenset({
     "read", "write", "flush", "fsync", "recv", "send", "accept", "readline", "open",
 })
 _CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(")
+_WITH_LOCK = re.compile(r"\s*(?:async\s+)?with\s+[\w.]*(?:lock|mutex|LOCK|MUTEX|Lock)\w*\s*[:,]")
 _MAX_LINE = 4096
 _MAX_FILE = 8 * 1024 * 1024
 
@@ -32,10 +33,16 @@ def line_calls(pid: int, path: str, line: int) -> tuple[str, ...]:
 
 
 def calls_in(text: str) -> tuple[str, ...]:
-    """The ``WAIT_CALLS`` names a line of source calls, in order (pystack prints the line under its frame)."""
+    """The ``WAIT_CALLS`` names a line of source calls, in order (pystack prints the line under its frame).
+    ``with METRICS_LOCK:`` acquires a lock without a call in the text: a ``with`` on a name that says lock
+    counts as ``acquire``."""
     if not text:
         return ()
-    return tuple(dict.fromkeys(name for name in _CALL.findall(text[:_MAX_LINE]) if name in WAIT_CALLS))
+    text = text[:_MAX_LINE]
+    names = [name for name in _CALL.findall(text) if name in WAIT_CALLS]
+    if _WITH_LOCK.match(text):
+        names.append("acquire")
+    return tuple(dict.fromkeys(names))
 
 
 @lru_cache(maxsize=512)
