@@ -28,7 +28,9 @@ def recorded(request):
 
 
 def test_the_gated_all_reduce_is_the_root_and_the_optimizer_follows(recorded):
-    _, fr = recorded
+    directory, fr = recorded
+    if not directory.parent.name.startswith("nccl_mtp_"):
+        pytest.skip("the verl MTP/CP bug's fixtures only (the look-alikes have their own test)")
     analysis = match_groups(fr)
     [d] = [d for d in analysis.divergences if d.desc == DP_CP]
     assert "op_type" in d.problems
@@ -71,11 +73,15 @@ def test_the_watchdog_log_and_the_dumps_tell_the_same_timeouts(recorded):
     assert log.timeouts
     for t in log.timeouts:
         dump = fr.rank(t.rank)
-        [entry] = [e for e in dump.entries if e.group == t.group.name and not e.is_p2p
-                   and e.collective_seq_id == t.seq and not e.in_batch]
+        p2p = t.op_type in ("COALESCED", "SEND", "RECV")  # a p2p work carries its p2p sequence number
+        [entry] = [e for e in dump.entries if e.group == t.group.name and e.is_p2p == p2p and not e.in_batch
+                   and (e.p2p_seq_id if p2p else e.collective_seq_id) == t.seq]
         assert (entry.op, entry.input_numel, entry.output_numel, entry.timeout_ms) == \
             (t.op, t.numel_in, t.numel_out, t.timeout_ms)
-        assert not entry.done and t.last_enqueued is not None and t.last_completed < t.seq
+        assert not entry.done and t.last_enqueued is not None
+        if not any(e.is_p2p for e in dump.entries if e.group == t.group.name):
+            # A group that carries p2p too (a pipeline group) counts its p2p works in pg_status as well.
+            assert t.last_completed < t.seq
         assert dump.group(t.group.name).desc == t.group.desc
 
 

@@ -425,3 +425,12 @@ def test_apply_refuses_an_unreadable_file(engine_071):
                            prefix=without_cap("dac_override", "dac_read_search")), 2, "not readable")
     assert engine_071.read_bytes() == original
     assert [p.name for p in engine_071.parent.iterdir()] == [engine_071.name]
+
+
+def test_a_bundle_with_unknown_layout_hints_is_an_input_error(tmp_path):
+    """Found by the fuzzer: layout hints {"a": 1} in a handed-over bundle raised a ValueError (internal error)."""
+    data = json.loads((MTP / "bundle.json").read_text())
+    data["captures"][0]["layout_hints"] = {"a": 1}
+    path = tmp_path / "foreign.mtpdiag.json"
+    path.write_text(json.dumps(data))
+    one_error_line(mtpdiag("analyze", str(path)), 2, "unknown keys ['a']")

@@ -199,7 +199,7 @@ class TestHang:
         report = json.loads(result.stdout)
         assert report["progress"]["hang"] is True and report["progress"]["interval_s"] == 0.5
         assert "mtp-cp-gated-reduce" in [f["id"] for f in report["findings"]]
-        written = list(tmp_path.glob("*.mtpdiag.json"))
+        written = list(tmp_path.glob("mtpdiag-hang-*.json"))  # a new file per hang in a --out directory
         assert len(written) == 1
         assert all(c.nonblocking for c in load_bundle(str(written[0])).captures)
         # A blocking dump wakes each blocked main thread; --nonblocking reads memory and wakes none.

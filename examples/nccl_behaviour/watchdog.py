@@ -50,8 +50,9 @@ def log(level: str, rank: int, message: str) -> None:
     without the source line number."""
     now = _dt.datetime.now()
     stamp = f"{level}{now:%m%d %H:%M:%S}.{now.microsecond:06d}000"
-    print(f"[rank{rank}]:[{stamp} {threading.get_native_id()} ProcessGroupNCCL.cpp] {message}", file=sys.stderr,
-          flush=True)
+    line = f"[rank{rank}]:[{stamp} {threading.get_native_id()} ProcessGroupNCCL.cpp] {message}\n"
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), line.encode())  # one write per line, as glog: ranks share the job's log
 
 
 class Monitor:
@@ -119,16 +120,18 @@ class Monitor:
                 self._retire_timed_out()
 
     def _check_timeouts(self) -> None:
+        """Every pending work is checked, as ProcessGroupNCCL's watchdog walks its whole work list: a job that
+        lives on (no abort) times out, and later retires, each of them; one that aborts ends after the first."""
         for group in list(GROUPS):
-            if group in self.failed:
-                continue  # a group's watchdog reports its first timed-out work; the process ends soon after
+            if group in self.failed and self.abort:
+                continue  # the process is torn down after the dumps: the first timeout is the one logged
             with group.works_lock:
-                head = next((w for w in group.works if not w.done and not w.timed_out), None)
-            if head is None:
-                continue
-            ran_ms = int((time.monotonic() - head.started) * 1000)
-            if ran_ms > head.timeout_ms:
-                self._caught(group, head, ran_ms)
+                pending = [w for w in group.works if not w.done and not w.timed_out]
+            now = time.monotonic()
+            for work in pending:
+                ran_ms = int((now - work.started) * 1000)
+                if ran_ms > work.timeout_ms:
+                    self._caught(group, work, ran_ms)
 
     def _caught(self, group: ProcessGroupNCCLOnCPU, work: WorkNCCL, ran_ms: int) -> None:
         self.failed.add(group)

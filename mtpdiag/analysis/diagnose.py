@@ -90,6 +90,8 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
             causes = find_causes(world_splits, by_rank, None)
             mismatches = _ordered_mismatches(causes.mismatches)
     waited_on = set(causes.blocked_on) if causes is not None and mode == Mode.GROUPS else set()
+    if evidence is not None:  # members of a group a dumped member waits in, that have no dump
+        waited_on |= evidence.waited_on_undumped
     missing_is_a_finding = False
     if missing and not snapshot.captures and (evidence is not None or logged is not None):
         notes.append("no stacks: the diagnosis rests on the " + ("Flight Recorder" if evidence else "watchdog log"))
@@ -103,7 +105,8 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
                   mismatches=mismatches, causes=causes,
                   size_problems=evidence.size_problems if evidence else logged.size_problems if logged else (),
                   stuck_groups=evidence.stuck if evidence else (), missing=tuple(missing),
-                  missing_is_a_finding=missing_is_a_finding, fr_found=fr is not None)
+                  missing_is_a_finding=missing_is_a_finding, fr_found=fr is not None,
+                  waited_on_undumped=evidence.waited_on_undumped if evidence else frozenset())
     found = findings.build(facts)
     notes += _capture_notes(snapshot, views)
     verdict = _verdict(found, by_rank, layout, notes)

@@ -76,7 +76,8 @@ _NATIVE_WAITS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), k
 # What a syscall the main thread sits in says (from /proc/PID/syscall), and how sure it makes us.
 _SYSCALL_KINDS = {
     **dict.fromkeys(("futex",), WaitKind.LOCK),
-    **dict.fromkeys(("clock_nanosleep", "nanosleep"), WaitKind.SLEEP),
+    # restart_syscall: a sleep (or wait) resumed after a signal, such as an earlier py-spy attach
+    **dict.fromkeys(("restart_syscall", "clock_nanosleep", "nanosleep"), WaitKind.SLEEP),
     **dict.fromkeys(("epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select", "pselect6",
                      "read", "pread64", "readv", "recvfrom", "recvmsg", "write", "pwrite64", "writev",
                      "sendto", "sendmsg", "fsync", "fdatasync", "openat", "accept", "accept4", "connect",

@@ -113,9 +113,9 @@ def _capture_one(pid: int, facts: _ProcFacts, host: str, *, native: bool, nonblo
         now = procfs.read_stat(pid)
         if now is None or now.state == "Z":
             return RankCapture(state=STATE_GONE, error="the process exited during the capture", **base)
-        if not use_nonblocking and exc.timed_out:
-            # Pausing a rank that spins on a busy machine can take longer than the timeout: read its memory
-            # without pausing it instead (the stack may then be torn, which the note says).
+        if not use_nonblocking and (exc.timed_out or "Failed to suspend process" in str(exc)):
+            # Pausing a rank that spins on a busy machine can take longer than the timeout, and one that another
+            # tracer holds cannot be paused at all: read its memory without pausing it instead.
             try:
                 threads = pyspy.dump(pid, nonblocking=True, timeout=timeout)
             except CaptureFailed as exc2:

@@ -169,13 +169,13 @@ def ancestors(pid: int) -> list[int]:
 # System calls a blocked thread sits in that say something about what it waits on, by machine: the
 # numbers of x86_64's table, and of the generic table that aarch64 and riscv64 use.
 _SYSCALLS = {
-    "x86_64": {0: "read", 1: "write", 7: "poll", 17: "pread64", 18: "pwrite64", 19: "readv", 20: "writev",
+    "x86_64": {219: "restart_syscall", 0: "read", 1: "write", 7: "poll", 17: "pread64", 18: "pwrite64", 19: "readv", 20: "writev",
                23: "select", 24: "sched_yield", 35: "nanosleep", 42: "connect", 43: "accept", 44: "sendto",
                45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 61: "wait4", 74: "fsync", 75: "fdatasync",
                16: "ioctl", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait", 257: "openat",
                270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 288: "accept4", 247: "waitid",
                441: "epoll_pwait2"},
-    "generic": {63: "read", 64: "write", 65: "readv", 66: "writev", 67: "pread64", 68: "pwrite64",
+    "generic": {128: "restart_syscall", 63: "read", 64: "write", 65: "readv", 66: "writev", 67: "pread64", 68: "pwrite64",
                 72: "pselect6", 73: "ppoll", 82: "fsync", 83: "fdatasync", 29: "ioctl", 98: "futex",
                 101: "nanosleep", 115: "clock_nanosleep", 124: "sched_yield", 22: "epoll_pwait", 56: "openat",
                 202: "accept", 203: "connect", 206: "sendto", 207: "recvfrom", 211: "sendmsg",

@@ -94,7 +94,17 @@ def _resume_if_left_stopped(pid: int, before: procfs.ProcStat | None) -> str:
 
 
 def one_line(text: str) -> str:
-    """py-spy's stderr reduced to one line: its ``Error:`` lines first, blank lines dropped."""
+    """py-spy's stderr reduced to one line: its ``Error:`` lines, then their causes (``Caused by: 0: Failed to
+    suspend process 1: EPERM``), blank lines dropped."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if line.lower().startswith("error")]
-    return "; ".join(errors or lines)[:300]
+    causes, in_causes = [], False
+    for line in lines:
+        if line == "Caused by:":
+            in_causes = True
+        elif in_causes and re.match(r"[0-9]{1,3}: ", line):
+            causes.append(line.split(":", 1)[1].strip())
+        else:
+            in_causes = False  # a backtrace's numbered lines are not causes
+    return ": ".join(errors + causes if errors else lines)[:300]
+

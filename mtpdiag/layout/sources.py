@@ -123,6 +123,9 @@ def _hint_source(hints: Iterable[Mapping[str, int | str]]) -> _Source | None:
     """Merge per-process hints; processes of one job that disagree mean the targets are not one job."""
     merged: dict[str, int | str] = {}
     for hint in hints:
+        unknown = sorted(set(hint) - set(SOURCE_KEYS))
+        if unknown:  # hints come from files too: a damaged or foreign bundle is bad input, not a bug
+            raise InputError(f"a capture's layout hints hold unknown keys {unknown[:3]} (expected {', '.join(SOURCE_KEYS)})")
         for key, value in _checked(hint, "hints").items():
             if key in merged and merged[key] != value:
                 raise InputError(

@@ -56,12 +56,18 @@ CALL_KINDS = {
 }
 WAIT_CALLS = frozenset(CALL_KINDS)
 _CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(")
+_WITH_LOCK = re.compile(r"\s*(?:async\s+)?with\s+[\w.]*(?:lock|mutex|LOCK|MUTEX|Lock)\w*\s*[:,]")
 MAX_SOURCE_LINE = 4096
 
 
 def calls_in(text: str) -> tuple[str, ...]:
     """The ``WAIT_CALLS`` names a line of source calls, in order (pystack prints the line under its frame;
-    a live capture reads it from the target's file)."""
+    a live capture reads it from the target's file). ``with METRICS_LOCK:`` acquires a lock without a call in
+    the text: a ``with`` on a name that says lock counts as ``acquire``."""
     if not text:
         return ()
-    return tuple(dict.fromkeys(name for name in _CALL.findall(text[:MAX_SOURCE_LINE]) if name in WAIT_CALLS))
+    text = text[:MAX_SOURCE_LINE]
+    names = [name for name in _CALL.findall(text) if name in WAIT_CALLS]
+    if _WITH_LOCK.match(text):
+        names.append("acquire")
+    return tuple(dict.fromkeys(names))

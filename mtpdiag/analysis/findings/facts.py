@@ -38,6 +38,8 @@ class Facts:
     missing: tuple[int, ...] = ()
     missing_is_a_finding: bool = False  # else a note says what a partial capture covers
     fr_found: bool = False  # Flight Recorder dumps came with the capture
+    # Members without a dump of a group in which a dumped member waits: others wait for them.
+    waited_on_undumped: frozenset[int] = frozenset()
 
     @property
     def roots(self) -> list[Mismatch]:

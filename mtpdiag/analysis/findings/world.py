@@ -18,7 +18,8 @@ def missing(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
     """Ranks of the world nobody captured, when something waits on them or nothing else can tell."""
     if not facts.missing_is_a_finding or facts.world_size is None:
         return []
-    return [missing_finding(facts.missing, facts.world_size, facts.waited_on, facts.layout)]
+    return [missing_finding(facts.missing, facts.world_size, facts.waited_on | facts.waited_on_undumped,
+                            facts.layout)]
 
 
 def all_waiting(facts: Facts, found: Sequence[Finding]) -> list[Finding]:

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 from mtpdiag.analysis.flight_recorder.correlate import correlate
 from mtpdiag.analysis.flight_recorder.match import match_groups
-from mtpdiag.analysis.flight_recorder.results import Divergence, FRAnalysis, GroupMatch
+from mtpdiag.analysis.flight_recorder.results import Divergence, FRAnalysis, FRCallSplit, GroupMatch
 from mtpdiag.analysis.gate import read_gate
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.layout import GROUP_KINDS, ParallelLayout
@@ -72,6 +72,9 @@ class FREvidence:
     size_problems: tuple[SizeProblem, ...]
     stuck: tuple[StuckGroup, ...]
     pending: Mapping[int, str]  # rank -> its oldest pending op, in words
+    # Members without a dump of a group in which a dumped member waits: the capture lacks them, and others
+    # wait for them (what ``missing-rank`` is for).
+    waited_on_undumped: frozenset[int] = frozenset()
 
 
 def section(report: Report, fr: FRDump, evidence: FREvidence) -> FlightRecorderSection:
@@ -134,20 +137,30 @@ def layout_members(fr: FRDump, layout: ParallelLayout | None) -> dict[str, tuple
 def fold(fr: FRDump, layout: ParallelLayout | None, coords_of: CoordsOf | None) -> FREvidence:
     """The recorder's splits, size problems, stuck groups and pending ops, ready for ``diagnose``."""
     analysis = match_groups(fr, layout_members(fr, layout))
-    mismatches: list[Mismatch] = []
     hints: set[tuple] = set()
     sizes: list[SizeProblem] = []
+    # Splits of one call (op and site) in several instances of a group kind share one gate, read over all of
+    # them, as the stacks' analysis does: two pipeline groups with one rank on each side are two and two.
+    by_call: dict[tuple, list[tuple[Divergence, FRCallSplit, str, GroupFrom, tuple[str, ...]]]] = {}
     for d in analysis.divergences:
         kind, group_from, candidates = _kind_of(d, layout)
         splits = [c for c in d.calls if c.absent]
         for call in splits:
-            gate = read_gate([_Split(d.members, call.entered, call.absent)], coords_of) if coords_of else None
-            reading = gate if gate is not None and gate.gate is not None else None
-            strength = reading.strength if reading else None
-            if reading and strength == GateStrength.WEAK and is_mtp_site(call.site) and kind == "dp_cp" \
-                    and reading.gate == {"cp": 0}:
-                strength = GateStrength.STRONG  # the known verl #5895 signature
-            m = Mismatch(op=call.op, site=call.site, group=kind, members=d.members, entered=call.entered,
+            by_call.setdefault((call.op, call.site, kind), []).append((d, call, kind, group_from, candidates))
+        if not splits and d.calls and ({"sizes", "dtypes"} & set(d.problems)):
+            sizes += _size_problems(d, kind)
+    mismatches: list[Mismatch] = []
+    for (op, site, kind), items in by_call.items():
+        reading = read_gate([_Split(d.members, c.entered, c.absent) for d, c, *_ in items], coords_of) \
+            if coords_of else None
+        if reading is not None and reading.gate is None:
+            reading = None
+        strength = reading.strength if reading else None
+        if reading and strength == GateStrength.WEAK and is_mtp_site(site) and kind == "dp_cp" \
+                and reading.gate == {"cp": 0}:
+            strength = GateStrength.STRONG  # the known verl #5895 signature
+        for d, call, _, group_from, candidates in items:
+            m = Mismatch(op=op, site=site, group=kind, members=d.members, entered=call.entered,
                          absent=call.absent, gate=reading.gate if reading else None,
                          absent_doing=dict(call.absent_doing), role=Role.ROOT,
                          group_from=group_from, group_candidates=candidates, gate_strength=strength,
@@ -156,11 +169,12 @@ def fold(fr: FRDump, layout: ParallelLayout | None, coords_of: CoordsOf | None) 
             mismatches.append(m)
             if call.role == Role.ROOT:
                 hints.add(mismatch_key(m))
-        if not splits and d.calls and ({"sizes", "dtypes"} & set(d.problems)):
-            sizes += _size_problems(d, kind)
     stuck = tuple(_stuck(g, fr) for g in analysis.groups if g.stuck is not None and g.divergence is None)
+    waited = frozenset(r for g in analysis.groups if g.no_dump
+                       and any(g.last_entered.get(m, 0) > g.last_completed.get(m, 0) for m in g.members)
+                       for r in g.no_dump)
     return FREvidence(analysis=analysis, mismatches=tuple(mismatches), root_hints=frozenset(hints),
-                      size_problems=tuple(sizes), stuck=stuck, pending=_pending(fr))
+                      size_problems=tuple(sizes), stuck=stuck, pending=_pending(fr), waited_on_undumped=waited)
 
 
 def mismatch_key(m: Mismatch) -> tuple:
