@@ -88,3 +88,17 @@ def test_every_stage_is_on_the_map_and_no_file_is_long():
     assert {stage(n) for n in modules()} <= set(LAYERS)
     long = {n: len(source_of(n).read_text(encoding="utf-8").splitlines()) for n in modules()}
     assert not {n: k for n, k in long.items() if k > MAX_LINES}
+
+
+def test_no_module_pulls_in_torch_or_megatron():
+    """inspect runs while a job hangs, and the wheel installs without torch: only verify's worker script,
+    which torchrun starts, may import them."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, sys\n"
+            f"for name in {modules()!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'verl'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
