@@ -1,20 +1,27 @@
 """The stages wired together, as every command runs them: capture or read → resolve the layout → diagnose →
-report. What each stage does lives in its package; this module only connects them, and says on stderr what
+report (and, for ``watch``, the samples that tell a hang from slow progress). What each stage does lives in its package; this module only connects them, and says on stderr what
 the report would otherwise leave a script to find.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Optional
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
 from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, InputError
 from mtpdiag.model import Report, Snapshot, who_and_why
 from mtpdiag.vocabulary.states import Verdict
+
+if TYPE_CHECKING:  # watch's parts, imported where they run
+    from mtpdiag.analysis.stall import StallTracker
+    from mtpdiag.capture.flight_recorder import LiveProgress
 
 # The largest world mtpdiag diagnoses; the analysis and the reports are linear in it.
 MAX_WORLD_SIZE = 1 << 18
@@ -157,3 +164,71 @@ def exit_code(report: Report) -> int:
     if report.verdict == Verdict.INCOMPLETE:
         return EXIT_INCOMPLETE
     return EXIT_OK
+
+
+# ---------------------------------------------------------------- watch: samples until a hang
+
+
+def sample_once(tracker: StallTracker, targets: list[int], now: float,
+                take_stacks: Callable[[list[int], bool], Snapshot | None],
+                fr_progress: LiveProgress | None = None) -> tuple[StallTracker, Snapshot | None]:
+    """One sample: main-thread CPU first, then the stacks. ``take_stacks(targets, nonblocking)``.
+
+    When no main thread moved, the stacks are a blocking dump (one short pause per rank) and the CPU read
+    after it is the next baseline. When one moved, they are read without pausing anyone (``--nonblocking``):
+    a rank that burns CPU may be working, or spinning at a host sync; only its stack can tell.
+    Returns the updated tracker and the snapshot (None at the first sample, which is the CPU baseline).
+    With ``fr_progress`` (the job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE), a collective completed since the last
+    sample is progress too.
+    """
+    from mtpdiag.analysis.stall import stack_signatures
+    from mtpdiag.capture import procfs
+
+    cpu = {p: procfs.main_thread_cpu_ns(p) for p in targets}
+    if not tracker.samples:
+        return tracker.observe(now, cpu, None), None
+    busy = tracker.cpu_moved(cpu)
+    snapshot = take_stacks(targets, busy)
+    if snapshot is None:  # the ranks changed under the dump: that is progress of a kind (a job ending)
+        return tracker.observe(now, cpu, None), None
+    fr_moved = fr_progress.poll(snapshot.captures) if fr_progress is not None else False
+    tracker = tracker.observe(now, cpu, stack_signatures(snapshot), fr_moved=fr_moved)
+    if busy:
+        return tracker, snapshot
+    return tracker.after_pause(now, {p: procfs.main_thread_cpu_ns(p) for p in targets}), snapshot
+
+
+def hang_report(report: Report, tracker: StallTracker, now: float, interval: float, stall: float) -> Report:
+    """The diagnosis of the last sample; a hang is a problem even when the stacks explain nothing."""
+    stalled = (f"no rank's stack changed and no collective completed for {tracker.stalled_for(now):.1f} s "
+               f"({tracker.stack_samples_while_quiet} stack samples)")
+    return replace(report, verdict="problem", notes=(*report.notes, stalled),
+                   progress=tracker.progress(now, interval, stall))
+
+
+def progress_report(report: Report, tracker: StallTracker, now: float, interval: float,
+                     stall: float) -> Report:
+    """The job kept moving: a momentary stack sample is not a diagnosis, so no findings are claimed."""
+    note = (f"the job made progress: in {tracker.samples} samples over {now - tracker.started:.1f} s, "
+            f"no {stall:g} s window passed without a stack changing or a collective completing")
+    return replace(report, verdict="ok", findings=(), mismatches=(), notes=(note,),
+                   progress=tracker.progress(now, interval, stall))
+
+
+def hang_bundle_path(out: Optional[Path], snapshot: Snapshot) -> str:
+    """``--out FILE`` as given; in a directory (``--out DIR``, or the current one) a new file per hang, named
+    for the host and the time, so that the bundle of an earlier hang is never overwritten."""
+    directory = str(out) if out is not None and os.path.isdir(out) else None
+    if out is not None and directory is None:
+        return str(out)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = os.path.join(directory or os.getcwd(), f"mtpdiag-hang-{_safe(snapshot.host)}-{stamp}")
+    path, n = base + ".json", 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}.json"
+    return path
+
+
+def _safe(host: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in host) or "unknown"

@@ -26,9 +26,9 @@ from jobs_e2e import GATED_WORKER, MTP_WORKER, ROOT, _wait_for_log, run_cli
 from mtpdiag.analysis.stall import StallTracker, stack_signatures
 from mtpdiag.capture import capture, procfs
 from mtpdiag.capture.procfs import main_thread_cpu_ns
-from mtpdiag.commands.watch import sample_once
-from mtpdiag.inputs.bundle import load_bundle
 from mtpdiag.fix.verify.launch import start_torchrun
+from mtpdiag.inputs.bundle import load_bundle
+from mtpdiag.pipeline import sample_once
 
 pytestmark = pytest.mark.e2e
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -30,7 +29,8 @@ def check(
     """Say whether verl's engine gates the MTP loss collection so that cp > 0 ranks skip it (verl #5895).
 
     Exit 0: fixed or not applicable; 1: affected; 2: unknown shape or a file that cannot be read."""
-    from mtpdiag.fix.engine import ENGINE_PARTS, EngineCheck, check_engine, installed_verl_dirs, verl_version
+    from mtpdiag.fix.engine import (ENGINE_PARTS, EngineCheck, check_engine, check_text, installed_verl_dirs,
+                                    verl_version)
 
     target = engine_path(path)
     if target is None:  # verl is installed but has no Megatron engine
@@ -43,25 +43,8 @@ def check(
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
-        typer.echo(render(result, explicit_path=path is not None))
+        typer.echo(check_text(result, explicit_path=path is not None))
     raise typer.Exit(EXIT_BY_STATUS[result.status])
-
-
-def render(result, explicit_path: bool) -> str:
-    """A few plain lines: what was checked, the verdict, and the next step."""
-    version = f"verl {result.verl_version}" if result.verl_version else "verl (version unknown)"
-    where = f" (lines {result.lines[0]}-{result.lines[1]})" if result.lines else ""
-    headline = {
-        "affected": "AFFECTED: the MTP loss collection deadlocks with context parallelism",
-        "fixed": "fixed: the MTP loss collection is safe with context parallelism",
-        "not-applicable": "not applicable: no MTP loss collection to fix",
-        "unknown": "unknown: mtpdiag does not recognise this engine's MTP block",
-    }[result.status]
-    lines = [f"{version}: {result.path}", f"{headline}{where}", f"  {result.reason}"]
-    if result.status == "affected":
-        flag = f" --path {shlex.quote(str(result.path))}" if explicit_path else ""
-        lines.append(f"next step: mtpdiag apply{flag}   (preview with --dry-run; undo with --revert)")
-    return "\n".join(lines)
 
 
 def register(app: typer.Typer) -> None:

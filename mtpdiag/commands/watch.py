@@ -12,23 +12,19 @@ longer ones.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
-from typing import Callable, List, NoReturn, Optional
+from typing import List, NoReturn, Optional
 
 import typer
 
 from mtpdiag import pipeline
-from mtpdiag.analysis.stall import StallTracker, stack_signatures
-from mtpdiag.capture import procfs
+from mtpdiag.analysis.stall import StallTracker
 from mtpdiag.capture.flight_recorder import LiveProgress
 from mtpdiag.commands import options as o
 from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
-from mtpdiag.model import Report, Snapshot
+from mtpdiag.model import Snapshot
 from mtpdiag.report import emit
 
 
@@ -102,7 +98,7 @@ def watch(
             if tracker.samples == 0:
                 raise
             _ended(status, tracker, now - start)
-        tracker, snapshot = sample_once(tracker, targets, now, take_stacks, fr_progress)
+        tracker, snapshot = pipeline.sample_once(tracker, targets, now, take_stacks, fr_progress)
         last = snapshot or last
         status.show(f"watching {len(targets)} ranks: sample {tracker.samples}, "
                     f"no progress for {tracker.stalled_for(now):.1f} s")
@@ -110,9 +106,9 @@ def watch(
             status.done()
             # The dumps the last samples asked for (or the watchdog wrote) are fresh: no new request, no wait.
             last = pipeline.with_flight_recorder(last)
-            report = _hang_report(pipeline.diagnose_snapshot(last, layout_options, fr=last.flight_recorder),
+            report = pipeline.hang_report(pipeline.diagnose_snapshot(last, layout_options, fr=last.flight_recorder),
                                   tracker, now, interval, stall)
-            path = save_bundle(last, _bundle_path(out, last))
+            path = save_bundle(last, pipeline.hang_bundle_path(out, last))
             print(f"mtpdiag watch: hang after {tracker.stalled_for(now):.1f} s without progress; "
                   f"bundle written to {path}", file=sys.stderr)
             emit(report, output, html)
@@ -128,35 +124,9 @@ def watch(
     snapshot = take_stacks(targets)  # one more pause, so the report shows where the ranks are now
     if snapshot is None:
         _ended(status, tracker, end - start)
-    report = _progress_report(pipeline.diagnose_snapshot(snapshot, layout_options), tracker, end, interval, stall)
+    report = pipeline.progress_report(pipeline.diagnose_snapshot(snapshot, layout_options), tracker, end, interval, stall)
     emit(report, output, html)
     raise typer.Exit(EXIT_OK)
-
-
-def sample_once(tracker: StallTracker, targets: list[int], now: float,
-                take_stacks: Callable[[list[int], bool], Snapshot | None],
-                fr_progress: LiveProgress | None = None) -> tuple[StallTracker, Snapshot | None]:
-    """One sample: main-thread CPU first, then the stacks. ``take_stacks(targets, nonblocking)``.
-
-    When no main thread moved, the stacks are a blocking dump (one short pause per rank) and the CPU read
-    after it is the next baseline. When one moved, they are read without pausing anyone (``--nonblocking``):
-    a rank that burns CPU may be working, or spinning at a host sync; only its stack can tell.
-    Returns the updated tracker and the snapshot (None at the first sample, which is the CPU baseline).
-    With ``fr_progress`` (the job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE), a collective completed since the last
-    sample is progress too.
-    """
-    cpu = {p: procfs.main_thread_cpu_ns(p) for p in targets}
-    if not tracker.samples:
-        return tracker.observe(now, cpu, None), None
-    busy = tracker.cpu_moved(cpu)
-    snapshot = take_stacks(targets, busy)
-    if snapshot is None:  # the ranks changed under the dump: that is progress of a kind (a job ending)
-        return tracker.observe(now, cpu, None), None
-    fr_moved = fr_progress.poll(snapshot.captures) if fr_progress is not None else False
-    tracker = tracker.observe(now, cpu, stack_signatures(snapshot), fr_moved=fr_moved)
-    if busy:
-        return tracker, snapshot
-    return tracker.after_pause(now, {p: procfs.main_thread_cpu_ns(p) for p in targets}), snapshot
 
 
 def _targets_now(pid: Optional[List[int]], all_: bool) -> list[int] | None:
@@ -175,42 +145,6 @@ def _ended(status: "_Status", tracker: StallTracker, elapsed: float) -> NoReturn
     print(f"mtpdiag watch: the job ended after {elapsed:.1f} s of watching ({tracker.samples} samples) "
           "without a hang", file=sys.stderr)
     raise typer.Exit(EXIT_OK)
-
-
-def _hang_report(report: Report, tracker: StallTracker, now: float, interval: float, stall: float) -> Report:
-    """The diagnosis of the last sample; a hang is a problem even when the stacks explain nothing."""
-    stalled = (f"no rank's stack changed and no collective completed for {tracker.stalled_for(now):.1f} s "
-               f"({tracker.stack_samples_while_quiet} stack samples)")
-    return replace(report, verdict="problem", notes=(*report.notes, stalled),
-                   progress=tracker.progress(now, interval, stall))
-
-
-def _progress_report(report: Report, tracker: StallTracker, now: float, interval: float,
-                     stall: float) -> Report:
-    """The job kept moving: a momentary stack sample is not a diagnosis, so no findings are claimed."""
-    note = (f"the job made progress: in {tracker.samples} samples over {now - tracker.started:.1f} s, "
-            f"no {stall:g} s window passed without a stack changing or a collective completing")
-    return replace(report, verdict="ok", findings=(), mismatches=(), notes=(note,),
-                   progress=tracker.progress(now, interval, stall))
-
-
-def _bundle_path(out: Optional[Path], snapshot: Snapshot) -> str:
-    """``--out FILE`` as given; in a directory (``--out DIR``, or the current one) a new file per hang, named
-    for the host and the time, so that the bundle of an earlier hang is never overwritten."""
-    directory = str(out) if out is not None and os.path.isdir(out) else None
-    if out is not None and directory is None:
-        return str(out)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = os.path.join(directory or os.getcwd(), f"mtpdiag-hang-{_safe(snapshot.host)}-{stamp}")
-    path, n = base + ".json", 1
-    while os.path.exists(path):
-        n += 1
-        path = f"{base}-{n}.json"
-    return path
-
-
-def _safe(host: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in host) or "unknown"
 
 
 class _Status:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -62,6 +63,23 @@ class Verdict:
     gate: Gate | None = None
     collection: lint.GuardedCall | None = None
     block: ast.stmt | None = None
+
+
+def check_text(result: EngineCheck, explicit_path: bool) -> str:
+    """A few plain lines: what was checked, the verdict, and the next step."""
+    version = f"verl {result.verl_version}" if result.verl_version else "verl (version unknown)"
+    where = f" (lines {result.lines[0]}-{result.lines[1]})" if result.lines else ""
+    headline = {
+        "affected": "AFFECTED: the MTP loss collection deadlocks with context parallelism",
+        "fixed": "fixed: the MTP loss collection is safe with context parallelism",
+        "not-applicable": "not applicable: no MTP loss collection to fix",
+        "unknown": "unknown: mtpdiag does not recognise this engine's MTP block",
+    }[result.status]
+    lines = [f"{version}: {result.path}", f"{headline}{where}", f"  {result.reason}"]
+    if result.status == "affected":
+        flag = f" --path {shlex.quote(str(result.path))}" if explicit_path else ""
+        lines.append(f"next step: mtpdiag apply{flag}   (preview with --dry-run; undo with --revert)")
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------ locating verl
