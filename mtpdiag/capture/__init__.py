@@ -1,7 +1,9 @@
 """Live capture: find the workers, read /proc, dump every worker's stacks with py-spy in parallel.
 
 The only package of mtpdiag that touches other processes. ``capture()`` returns a ``Snapshot``.
-``py-spy dump --json`` ignores ``--subprocesses``, so ``discover`` finds the workers itself.
+``py-spy dump --json`` ignores ``--subprocesses``, so ``discover`` finds the workers itself; ``procfs`` reads
+/proc, ``pyspy`` runs py-spy (``inputs.pyspy_json`` parses what it prints), ``source`` reads the blocked line's
+calls, and ``flight_recorder``/``fr_locate`` pick up a live job's Flight Recorder dumps.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Read captures from files: bundles, py-spy (JSON and text), faulthandler, pystack, bare frame lines,
-and the error output of a capture that failed.
+and the error output of a capture that failed; and the Flight Recorder's dumps (``flight_recorder``) and the
+NCCL watchdog's log lines (``watchdog_log``) of the same hang. Bundles are also saved here (``bundle``).
 
 Rules (the same for every command that reads files):
 
