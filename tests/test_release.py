@@ -60,8 +60,10 @@ def venv(built, tmp_path_factory) -> Venv:
     root = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", str(root / "env")], check=True, timeout=300)
     python = root / "env" / "bin" / "python"
+    # no PYTHONPATH: a source tree on it (with its egg-info) would make pip think mtpdiag is already installed
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     done = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                           str(built.wheel)], capture_output=True, text=True, timeout=900)
+                           str(built.wheel)], capture_output=True, text=True, timeout=900, env=clean)
     if done.returncode != 0:
         _unavailable("pip could not install the wheel with its dependencies", done)
     home = root / "home"
