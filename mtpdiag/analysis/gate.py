@@ -102,8 +102,14 @@ def _admits_any(gate: Mapping[str, int], ranks: Sequence[int], coords_of: Coords
     return any(all(coords_of(r)[k] == v for k, v in gate.items()) for r in ranks)
 
 
+def gate_terms(gate: Mapping[str, int]) -> list[tuple[str, int]]:
+    """A gate's (coordinate, value) pairs in coordinate order, so one gate always reads the same way."""
+    order = {k: i for i, k in enumerate(COORDINATES)}
+    return sorted(gate.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
+
+
 def describe_gate(gate: Mapping[str, int] | None) -> str:
-    """``{"tp": 0, "cp": 0}`` -> ``tp == 0 and cp == 0``."""
+    """``{"cp": 0, "tp": 0}`` -> ``tp == 0 and cp == 0``."""
     if not gate:
         return "no coordinate"
-    return " and ".join(f"{k} == {v}" for k, v in gate.items())
+    return " and ".join(f"{k} == {v}" for k, v in gate_terms(gate))

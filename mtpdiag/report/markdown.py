@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mtpdiag.model import Report
 from mtpdiag.report import words
+from mtpdiag.vocabulary.groups import COORDINATES
 from mtpdiag.vocabulary.labels import rank_list
 
 
@@ -12,7 +13,7 @@ def render(report: Report) -> str:
     layout = report.layout
     out = [f"## mtpdiag: {report.verdict}", "", f"**{words.headline(report)}**", ""]
     if layout:
-        sizes = ", ".join(f"{k}={layout[k]}" for k in ("tp", "cp", "ep", "dp", "pp") if k in layout)
+        sizes = ", ".join(f"{k}={layout[k]}" for k in COORDINATES if k in layout)
         source = f" (from {report.layout_source})" if report.layout_source else ""
         out += [f"Layout: {sizes}{source}. World size: {report.world_size}.", ""]
     if report.findings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from mtpdiag.analysis.findings import provenance
-from mtpdiag.analysis.gate import describe_gate
+from mtpdiag.analysis.gate import describe_gate, gate_terms
 from mtpdiag.model import Mismatch, RankView, Report, Site
 from mtpdiag.vocabulary.groups import COORDINATES, GROUP_NAMES
 from mtpdiag.vocabulary.labels import coords_label, rank_list
@@ -75,7 +75,7 @@ def gate_phrase(gate: Mapping[str, int] | None) -> str:
     if not gate:
         return "no single coordinate separates the ranks that entered from those that did not"
     where = describe_gate(gate)
-    excluded = " or ".join(f"{k} > 0" if v == 0 else f"{k} != {v}" for k, v in gate.items())
+    excluded = " or ".join(f"{k} > 0" if v == 0 else f"{k} != {v}" for k, v in gate_terms(gate))
     return f"entered only where {where}: a condition that excludes {excluded} gates this collective"
 
 

@@ -13,7 +13,7 @@ from mtpdiag.analysis.flight_recorder.progress import (
 )
 from mtpdiag.model import FlightRecorderSection, Mismatch, Report, Site
 from mtpdiag.model.flight_recorder import FRDump, FREntry, FRGroup
-from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
+from mtpdiag.vocabulary.groups import COORDINATES, MEGATRON_GROUP_KINDS
 from mtpdiag.vocabulary.labels import rank_list
 from mtpdiag.vocabulary.ops import P2P_CALLS, RECORDED_FOR
 
@@ -114,7 +114,7 @@ def _layout_conflicts(report: Report, groups: Iterable[FRGroup]) -> list[str]:
 
 
 def _layout_text(layout) -> str:
-    return " ".join(f"{k}={getattr(layout, k)}" for k in ("tp", "cp", "ep", "dp", "pp"))
+    return " ".join(f"{k}={getattr(layout, k)}" for k in COORDINATES)
 
 
 def _layout(report: Report):
