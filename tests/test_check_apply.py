@@ -366,6 +366,10 @@ def test_check_apply_lint_never_import_torch_megatron_or_verl(engine_071, tmp_pa
         "        pass\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'verl'))\n"
         "print('HEAVY', heavy)\n")
+    import mtpdiag  # the probe imports this mtpdiag, installed or not
+
+    source_root = str(Path(mtpdiag.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, str(script), str(engine_071)], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     assert "HEAVY []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
