@@ -75,9 +75,12 @@ def main() -> None:
     """Run the app; any MtpdiagError becomes one stderr line and its exit code, never a traceback."""
     try:
         # Without standalone mode click returns the code of a typer.Exit instead of exiting.
-        command = invoked_command(sys.argv[1:])
+        from mtpdiag.commands.options import fill_optional_values
+
+        argv = fill_optional_values(sys.argv[1:])
+        command = invoked_command(argv)
         app = build_app((command,) if command else COMMAND_MODULES)
-        code = app(standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
     except MtpdiagError as exc:
         typer.echo(f"mtpdiag: error: {_one_line(exc)}", err=True)

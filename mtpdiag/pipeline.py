@@ -15,13 +15,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, InputError
+from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot, who_and_why
 from mtpdiag.vocabulary.states import Verdict
 
-if TYPE_CHECKING:  # watch's parts, imported where they run
+if TYPE_CHECKING:  # watch's and --ray's parts, imported where they run
     from mtpdiag.analysis.stall import StallTracker
     from mtpdiag.capture.flight_recorder import LiveProgress
+    from mtpdiag.capture.ray_cluster import RayCluster
 
 # The largest world mtpdiag diagnoses; the analysis and the reports are linear in it.
 MAX_WORLD_SIZE = 1 << 18
@@ -56,16 +57,33 @@ def world_size_of(snapshot: Snapshot) -> int | None:
 def with_flight_recorder(snapshot: Snapshot, request: bool = False, wait_s: float = 10.0) -> Snapshot:
     """The snapshot with the Flight Recorder dumps its ranks wrote (or, with ``request``, write now through the
     job's debug-info pipe); what could not be had is said on stderr."""
-    from mtpdiag.capture.flight_recorder import find_dumps
+    from mtpdiag.capture.flight_recorder import with_dumps
 
-    found = find_dumps(snapshot.captures, request=request, wait_s=wait_s)
-    if found.dumps is None:
-        if request:
-            for note in found.notes:
-                print(f"mtpdiag: note: {_one_printable_line(note)}", file=sys.stderr)
-        return snapshot
-    dumps = replace(found.dumps, notes=(*found.dumps.notes, *found.notes))
-    return replace(snapshot, flight_recorder=dumps)
+    snapshot, notes = with_dumps(snapshot, request=request, wait_s=wait_s)
+    for note in notes:
+        print(f"mtpdiag: note: {_one_printable_line(note)}", file=sys.stderr)
+    return snapshot
+
+
+def capture_ray(cluster: RayCluster, said: set[str] | None = None, **options) -> Snapshot:
+    """``--ray``: every node's ranks, captured through Ray (``capture.ray_cluster``). Each node that could not be
+    captured is a stderr line with the reason (once: not again when it is in ``said``), and a line of the
+    snapshot's errors (so of the report's notes and of a bundle); the nodes that answered make the snapshot."""
+    result = cluster.capture(**options)
+    said = set() if said is None else said
+    for line in (*result.failed, *result.notes):
+        if line not in said:
+            said.add(line)
+            print(f"mtpdiag: warning: {_one_printable_line(line)}", file=sys.stderr)
+    captures = result.snapshot.captures
+    if not captures and not result.failed:
+        raise InputError(f"no node of the Ray cluster at {cluster.address} runs a process with RANK in its "
+                         f"environment ({len(result.nodes)} nodes asked)")
+    if not any(c.threads for c in captures):
+        first = result.failed[0] if result.failed else who_and_why(captures[0])
+        raise NothingCaptured(f"nothing could be captured on the {len(result.nodes)} nodes of the Ray cluster "
+                              f"(first: {first})")
+    return result.snapshot
 
 
 def with_world_size(snapshot: Snapshot, world_size: int) -> Snapshot:
@@ -169,9 +187,10 @@ def exit_code(report: Report) -> int:
 # ---------------------------------------------------------------- watch: samples until a hang
 
 
-def sample_once(tracker: StallTracker, targets: list[int], now: float,
-                take_stacks: Callable[[list[int], bool], Snapshot | None],
-                fr_progress: LiveProgress | None = None) -> tuple[StallTracker, Snapshot | None]:
+def sample_once(tracker: StallTracker, targets: list, now: float,
+                take_stacks: Callable[[list, bool], Snapshot | None],
+                fr_progress: LiveProgress | None = None,
+                read_cpu: Callable[[list], dict] | None = None) -> tuple[StallTracker, Snapshot | None]:
     """One sample: main-thread CPU first, then the stacks. ``take_stacks(targets, nonblocking)``.
 
     When no main thread moved, the stacks are a blocking dump (one short pause per rank) and the CPU read
@@ -179,12 +198,16 @@ def sample_once(tracker: StallTracker, targets: list[int], now: float,
     a rank that burns CPU may be working, or spinning at a host sync; only its stack can tell.
     Returns the updated tracker and the snapshot (None at the first sample, which is the CPU baseline).
     With ``fr_progress`` (the job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE), a collective completed since the last
-    sample is progress too.
+    sample is progress too. ``read_cpu(targets)`` reads the CPU elsewhere (``--ray``: on every node); by default
+    the targets are pids of this host.
     """
     from mtpdiag.analysis.stall import stack_signatures
     from mtpdiag.capture import procfs
 
-    cpu = {p: procfs.main_thread_cpu_ns(p) for p in targets}
+    if read_cpu is None:
+        def read_cpu(pids: list) -> dict:
+            return {p: procfs.main_thread_cpu_ns(p) for p in pids}
+    cpu = read_cpu(targets)
     if not tracker.samples:
         return tracker.observe(now, cpu, None), None
     busy = tracker.cpu_moved(cpu)
@@ -195,7 +218,7 @@ def sample_once(tracker: StallTracker, targets: list[int], now: float,
     tracker = tracker.observe(now, cpu, stack_signatures(snapshot), fr_moved=fr_moved)
     if busy:
         return tracker, snapshot
-    return tracker.after_pause(now, {p: procfs.main_thread_cpu_ns(p) for p in targets}), snapshot
+    return tracker.after_pause(now, read_cpu(targets)), snapshot
 
 
 def hang_report(report: Report, tracker: StallTracker, now: float, interval: float, stall: float) -> Report:

@@ -110,3 +110,36 @@ def by_rank(report: dict) -> dict[int, dict]:
 
 def worker_pids(job: Job) -> dict[int, int]:
     return {int((procfs.read_env(p) or {})["RANK"]): p for p in job.workers()}
+
+
+def session_members(sessions: set[int]) -> list[int]:
+    """The live processes of these sessions (a job started with ``start_new_session`` leads one)."""
+    members = []
+    for pid in procfs.all_pids():
+        stat = procfs.read_stat(pid)
+        if stat is not None and stat.session in sessions and stat.state != "Z":
+            members.append(pid)
+    return members
+
+
+def end_sessions(sessions: set[int], also: set[int] = frozenset()) -> list[int]:
+    """SIGKILL every process of the sessions, ``also`` and every descendant of them; what is left (should be none).
+
+    Everything is stopped before anything is killed, so a raylet cannot start a worker in between.
+    """
+    for _ in range(5):
+        pids = set(session_members(sessions)) | {p for p in also if procfs.read_stat(p)}
+        pids |= {d for p in list(pids) for d in procfs.descendants(p)}
+        if not pids:
+            return []
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+                (s := procfs.read_stat(p)) is not None and s.state != "Z" for p in pids):
+            time.sleep(0.1)
+    return session_members(sessions)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs_e2e import ROOT, by_rank, run_cli
+from jobs_e2e import ROOT, by_rank, end_sessions, run_cli, session_members
 from mtpdiag.capture import procfs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
@@ -80,35 +80,7 @@ def _free_port() -> int:
 
 
 def _session_members(session: int) -> list[int]:
-    members = []
-    for pid in procfs.all_pids():
-        stat = procfs.read_stat(pid)
-        if stat is not None and stat.session == session and stat.state != "Z":
-            members.append(pid)
-    return members
-
-
-def _end_session(session: int, also: set[int]) -> list[int]:
-    """SIGKILL every process of the job's session and every descendant of them; what is left (should be none).
-
-    Everything is stopped before anything is killed, so a raylet cannot start a worker in between.
-    """
-    for _ in range(5):
-        pids = set(_session_members(session)) | {p for p in also if procfs.read_stat(p)}
-        pids |= {d for p in list(pids) for d in procfs.descendants(p)}
-        if not pids:
-            return []
-        for sig in (signal.SIGSTOP, signal.SIGKILL):
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(
-                (s := procfs.read_stat(p)) is not None and s.state != "Z" for p in pids):
-            time.sleep(0.1)
-    return [p for p in _session_members(session)]
+    return session_members({session})
 
 
 def _wait_for_line(proc: subprocess.Popen, log: Path, prefix: str, timeout: float) -> str:
@@ -201,7 +173,7 @@ def job(request, tmp_path_factory):
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             pass
-        left = _end_session(session, seen)
+        left = end_sessions({session}, seen)
         shutil.rmtree(ray_tmp, ignore_errors=True)
         assert not left, f"processes of the Ray job survived: {left}"
 

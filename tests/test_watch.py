@@ -22,8 +22,8 @@ PAUSE_COST_NS = 138_275
 
 def _recorded(scenario: str):
     bundle = load_bundle(os.path.join(CAPTURES, scenario, "bundle.json"))
-    cpu = {c.pid: c.main_cpu_ticks * NS_PER_TICK for c in bundle.captures}
-    ranks = {c.rank: c.pid for c in bundle.captures}
+    cpu = {(c.host, c.pid): c.main_cpu_ticks * NS_PER_TICK for c in bundle.captures}
+    ranks = {c.rank: (c.host, c.pid) for c in bundle.captures}
     return cpu, stack_signatures(bundle), ranks
 
 

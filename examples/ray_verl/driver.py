@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"expected KEY=INTEGER, got {item!r}")
         config[SIZE_KEYS.get(key, key)] = int(value)
     args.sizes = {k: config[k] for k in ("tp", "cp", "pp")}
-    args.world_size = config["trainer.n_gpus_per_node"] * config["trainer.nnodes"]
+    args.nnodes = config["trainer.nnodes"]
+    args.world_size = config["trainer.n_gpus_per_node"] * args.nnodes
     args.worker_env = dict(item.partition("=")[::2] for item in args.worker_env)
     return args
 
@@ -83,8 +84,9 @@ class WorkerDict:
         self.mtp = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(self.mtp)
 
-    def init_model(self, tp: int, cp: int, pp: int) -> tuple[int, int, str]:
+    def init_model(self, tp: int, cp: int, pp: int) -> tuple[int, int, str, str]:
         """torch.distributed from RANK/WORLD_SIZE/MASTER_* (env://) and megatron-core model parallelism."""
+        import ray
         import torch.distributed as dist
         from megatron.core import parallel_state as mpu
 
@@ -93,7 +95,7 @@ class WorkerDict:
                                       context_parallel_size=cp)
         coords = (f"tp{mpu.get_tensor_model_parallel_rank()} cp{mpu.get_context_parallel_rank()} "
                   f"dp{mpu.get_data_parallel_rank()} pp{mpu.get_pipeline_model_parallel_rank()}")
-        return dist.get_rank(), os.getpid(), coords
+        return dist.get_rank(), os.getpid(), ray.get_runtime_context().get_node_id(), coords
 
     def update_actor(self, gate: str, steps: int) -> list[dict]:
         """The training steps; with the buggy gate the MTP loss reduce never completes."""
@@ -107,22 +109,42 @@ class WorkerDict:
 class TaskRunner:
     """verl's ``TaskRunner``: an actor without RANK that builds the worker group and drives it."""
 
-    def init_workers(self, sizes: dict[str, int], world_size: int, worker_env: dict) -> list[tuple]:
-        """Create the worker group and set up model parallelism; (rank, pid, coords) of each worker."""
+    def init_workers(self, sizes: dict[str, int], world_size: int, worker_env: dict,
+                     nnodes: int = 1) -> list[tuple]:
+        """Create the worker group and set up model parallelism; (rank, pid, node id, coords) of each worker.
+
+        With ``nnodes`` > 1 the ranks are spread as verl's ``RayResourcePool`` spreads them: one STRICT_PACK
+        placement group per node, a ``{"CPU": 1, "GPU": 1}`` bundle per rank (start each node with
+        ``--num-gpus``; on CPU the GPUs are only a resource Ray counts), node by node in rank order.
+        """
         import uuid
 
         import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         prefix = uuid.uuid4().hex[:6]  # verl: a random 6-character name prefix
         master = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
         actor_class = ray.remote(num_cpus=1)(WorkerDict)
+        per_node = world_size // nnodes
+        pools = []
+        if nnodes > 1:
+            pools = [placement_group([{"CPU": 1, "GPU": 1}] * per_node, strategy="STRICT_PACK")
+                     for _ in range(nnodes)]
+            ray.get([pg.ready() for pg in pools])
         self.workers = []
         for rank in range(world_size):
+            local = rank % per_node
             env_vars = {"WORLD_SIZE": str(world_size), "RANK": str(rank), "WG_PREFIX": prefix,
-                        "WG_BACKEND": "ray", "RAY_LOCAL_WORLD_SIZE": str(world_size),
-                        "RAY_LOCAL_RANK": str(rank), **master, "OMP_NUM_THREADS": "1", **worker_env}
-            self.workers.append(actor_class.options(name=f"{prefix}WorkerDict_0:{rank}",
-                                                    runtime_env={"env_vars": env_vars}).remote(MTP_WORKER))
+                        "WG_BACKEND": "ray", "RAY_LOCAL_WORLD_SIZE": str(per_node),
+                        "RAY_LOCAL_RANK": str(local), **master, "OMP_NUM_THREADS": "1", **worker_env}
+            options: dict = {"name": f"{prefix}WorkerDict_{rank // per_node}:{local}",
+                             "runtime_env": {"env_vars": env_vars}}
+            if pools:
+                options["num_gpus"] = 1
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    pools[rank // per_node], placement_group_bundle_index=local)
+            self.workers.append(actor_class.options(**options).remote(MTP_WORKER))
         return sorted(ray.get([w.init_model.remote(**sizes) for w in self.workers]))
 
     def fit(self, gate: str, steps: int) -> list:
@@ -149,10 +171,11 @@ def main(argv: list[str] | None = None) -> int:
             ray.init(num_cpus=args.world_size + 1, include_dashboard=False, _node_ip_address="127.0.0.1",
                      _temp_dir=args.temp_dir)
         runner = ray.remote(num_cpus=1)(TaskRunner).remote()
-        placed = ray.get(runner.init_workers.remote(args.sizes, args.world_size, args.worker_env))
+        placed = ray.get(runner.init_workers.remote(args.sizes, args.world_size, args.worker_env, args.nnodes))
         training = runner.fit.remote(args.gate, args.steps)
-        print("ready pids=" + ",".join(f"{rank}:{pid}" for rank, pid, _ in placed)
-              + " coords=" + "; ".join(coords for _, _, coords in placed), flush=True)
+        print("ready pids=" + ",".join(f"{rank}:{pid}" for rank, pid, _, _ in placed)
+              + " nodes=" + ",".join(f"{rank}:{node}" for rank, _, node, _ in placed)
+              + " coords=" + "; ".join(coords for _, _, _, coords in placed), flush=True)
         print(f"done metrics={ray.get(training)}", flush=True)
         return 0
     finally:

@@ -21,26 +21,28 @@ other hand, does not run at all, except for the tens of microseconds each py-spy
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Hashable, Mapping
 
 from mtpdiag.model import Progress, Snapshot
 
 Signature = tuple  # the main thread's frames, innermost first ((function, file, line), ...), and its locals key
+Process = tuple  # (host, pid): the ranks of a Ray cluster's nodes may share pids (a pid namespace per pod)
+Target = Hashable  # what a CPU reading is keyed by: a pid, or (node id, pid) on a Ray cluster
 
 MIN_PROGRESS_NS = 1_000_000  # main-thread CPU between two readings that counts as progress
 
 
-def stack_signatures(snapshot: Snapshot) -> dict[int, Signature]:
-    """pid -> main-thread stack signature, for every capture that has a stack."""
-    out: dict[int, Signature] = {}
+def stack_signatures(snapshot: Snapshot) -> dict[Process, Signature]:
+    """(host, pid) -> main-thread stack signature, for every capture that has a stack."""
+    out: dict[Process, Signature] = {}
     for c in snapshot.captures:
         thread = c.main_thread
         if c.pid is not None and thread is not None:
-            out[c.pid] = (tuple((f.function, f.file, f.line) for f in thread.frames), thread.locals_key)
+            out[(c.host, c.pid)] = (tuple((f.function, f.file, f.line) for f in thread.frames), thread.locals_key)
     return out
 
 
-def cpu_moved(before: Mapping[int, int | None], after: Mapping[int, int | None],
+def cpu_moved(before: Mapping[Target, int | None], after: Mapping[Target, int | None],
               min_progress_ns: int = MIN_PROGRESS_NS) -> bool:
     """Whether any main thread ran ``min_progress_ns`` between two readings (pid -> CPU ns, None when
     unreadable), or the set of ranks changed."""
@@ -59,7 +61,7 @@ def cpu_moved(before: Mapping[int, int | None], after: Mapping[int, int | None],
 class StallTracker:
     """What watch has seen so far. ``quiet_since`` is the sample at which progress was last seen.
 
-    ``cpu_ns`` is the latest main-thread CPU reading per pid, ``stacks`` the latest stack signatures
+    ``cpu_ns`` is the latest main-thread CPU reading per target (pid), ``stacks`` the latest stack signatures
     seen since that progress (empty until the first stack sample of a quiet spell).
     """
 
@@ -67,20 +69,20 @@ class StallTracker:
     quiet_since: float
     samples: int = 0
     stack_samples_while_quiet: int = 0
-    cpu_ns: Mapping[int, int | None] = field(default_factory=dict)
-    stacks: Mapping[int, Signature] = field(default_factory=dict)
+    cpu_ns: Mapping[Target, int | None] = field(default_factory=dict)
+    stacks: Mapping[Process, Signature] = field(default_factory=dict)
     min_progress_ns: int = MIN_PROGRESS_NS
 
     @staticmethod
     def start(now: float, min_progress_ns: int = MIN_PROGRESS_NS) -> "StallTracker":
         return StallTracker(started=now, quiet_since=now, min_progress_ns=min_progress_ns)
 
-    def cpu_moved(self, cpu_ns: Mapping[int, int | None]) -> bool:
+    def cpu_moved(self, cpu_ns: Mapping[Target, int | None]) -> bool:
         """Whether a main thread made progress since the last reading: then stacks need not be taken."""
         return cpu_moved(self.cpu_ns, cpu_ns, self.min_progress_ns)
 
-    def observe(self, now: float, cpu_ns: Mapping[int, int | None],
-                stacks: Mapping[int, Signature] | None, fr_moved: bool = False) -> "StallTracker":
+    def observe(self, now: float, cpu_ns: Mapping[Target, int | None],
+                stacks: Mapping[Process, Signature] | None, fr_moved: bool = False) -> "StallTracker":
         """Fold in one sample. ``stacks`` is None when the stacks were not captured this time;
         ``fr_moved``: the Flight Recorder shows a collective completed since the last sample."""
         if stacks is not None and self.stacks:
@@ -96,7 +98,7 @@ class StallTracker:
                        stack_samples_while_quiet=self.stack_samples_while_quiet + (stacks is not None),
                        cpu_ns=dict(cpu_ns), stacks=self.stacks if stacks is None else dict(stacks))
 
-    def after_pause(self, now: float, cpu_ns: Mapping[int, int | None]) -> "StallTracker":
+    def after_pause(self, now: float, cpu_ns: Mapping[Target, int | None]) -> "StallTracker":
         """Take the readings made right after the stacks as the new baseline.
 
         A py-spy pause costs a blocked thread tens of microseconds, which must not count as progress

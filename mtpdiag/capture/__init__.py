@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -27,21 +28,24 @@ import mtpdiag
 _STOPPED = (STATE_STOPPED, "t")  # job-control stop, tracing stop
 _MAX_PARALLEL = 32
 
-__all__ = ["capture", "find_targets", "CaptureFailed", "STATE_GONE", "STATE_UNREADABLE"]
+__all__ = ["capture", "find_targets", "raylet_hints", "CaptureFailed", "STATE_GONE", "STATE_UNREADABLE"]
 
 
 def capture(pids: Iterable[int] = (), *, scan_all: bool = False, native: bool = False,
             nonblocking: bool = False, timeout: float = 10.0, progress: bool = False,
-            host: str | None = None, native_timeout: float = 30.0) -> Snapshot:
+            host: str | None = None, native_timeout: float = 30.0, exclude: Collection[int] = (),
+            require_any: bool = True) -> Snapshot:
     """Capture every worker behind ``pids`` (and, with ``scan_all``, every ranked process here).
 
     ``native`` adds C/C++ frames (evidence of what a rank waits on); a native dump can take seconds, so it
     has its own ``native_timeout``, and a rank whose native dump fails is dumped again without it.
+    ``exclude``: pids that are neither targets nor layout hints (``--ray``: the mtpdiag driver on this node).
+    Without ``require_any`` a capture that read no stack is returned (one node of several) instead of raising.
     """
-    targets = find_targets(list(pids), scan_all)
+    targets = find_targets(list(pids), scan_all, exclude)
     pyspy.find_pyspy()  # fail early, with one line, when py-spy is missing
     label = host or socket.gethostname()
-    hints = _HintReader()
+    hints = _HintReader(exclude)
     # /proc reads first, all at once: the moment the stacks describe should be one moment.
     pending = [(pid, _read_proc(pid, hints)) for pid in targets]
 
@@ -53,7 +57,7 @@ def capture(pids: Iterable[int] = (), *, scan_all: bool = False, native: bool = 
     with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(pending))) as pool:
         captures = _run_with_progress(pool, one, pending, show=progress and len(pending) > 4
                                       and sys.stderr.isatty())
-    if not any(c.threads for c in captures):
+    if require_any and not any(c.threads for c in captures):
         reasons = "; ".join(f"pid {c.pid}: {c.error or c.state}" for c in captures[:3])
         raise NothingCaptured(f"could not capture any of {len(captures)} target(s) ({reasons})")
     return Snapshot(
@@ -152,6 +156,11 @@ def _order(c: RankCapture) -> tuple:
     return (c.rank is None, c.rank if c.rank is not None else 0, c.pid or 0)
 
 
+def raylet_hints(raylet: int, exclude: Collection[int] = ()) -> dict[str, int]:
+    """The parallel sizes on the command lines of the job drivers this raylet's node runs (see ``_HintReader``)."""
+    return _HintReader(exclude).for_raylet(raylet)
+
+
 class _HintReader:
     """Layout hints of a worker: its own argv, its ancestors', its session's Python processes, then the
     drivers of the Ray jobs submitted to its raylet.
@@ -162,8 +171,8 @@ class _HintReader:
     Argv is read, reduced to sizes and dropped here.
     """
 
-    def __init__(self) -> None:
-        self._own = {os.getpid(), *procfs.ancestors(os.getpid())}
+    def __init__(self, exclude: Collection[int] = ()) -> None:
+        self._own = {os.getpid(), *procfs.ancestors(os.getpid()), *exclude}
         self._argv_hints: dict[int, dict[str, int]] = {}
         self._session_hints: dict[int, dict[str, int]] = {}
         self._job_driver_hints: dict[int, dict[str, int]] = {}
@@ -176,6 +185,14 @@ class _HintReader:
             sources.append(self._of_session(stat.session))
         sources += [self._of_job_drivers(p) for p in ancestors if procfs.is_raylet(p)]
         return cmdline.merge_hints(*sources)
+
+    def for_raylet(self, raylet: int) -> dict[str, int]:
+        """Hints of the job drivers a raylet knows: its session's Python processes (a driver started from the
+        shell that ran ``ray start``) and the jobs submitted to it. On a node without ranks (a CPU-only head
+        that runs verl's driver) these are the only place the sizes are."""
+        stat = procfs.read_stat(raylet)
+        session = self._of_session(stat.session) if stat is not None and stat.session > 0 else {}
+        return cmdline.merge_hints(session, self._of_job_drivers(raylet))
 
     def _of_job_drivers(self, raylet: int) -> dict[str, int]:
         """Hints of the Python processes that the raylet's job supervisors started (submitted drivers)."""

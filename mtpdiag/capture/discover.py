@@ -8,21 +8,23 @@ worker's DataLoader or compile subprocesses inherit its ``RANK`` but are not ran
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 
 from mtpdiag.capture import procfs
 from mtpdiag.errors import InputError
 from mtpdiag.vocabulary.ops import is_launcher_argv
 
 
-def find_targets(pids: list[int], scan_all: bool) -> list[int]:
-    """Worker pids for the given pids (launchers expanded) and, with ``scan_all``, the whole host."""
+def find_targets(pids: list[int], scan_all: bool, exclude: Collection[int] = ()) -> list[int]:
+    """Worker pids for the given pids (launchers expanded) and, with ``scan_all``, the whole host; never a pid
+    in ``exclude`` (the capturing process and its ancestors are left out anyway)."""
     if not pids and not scan_all:
         raise InputError("no target: give --pid PID (a worker or its launcher) or --all")
     found: list[int] = []
     for pid in pids:
-        found.extend(_expand(pid))
+        found.extend(_expand(pid, exclude))
     if scan_all:
-        found.extend(_scan_host())
+        found.extend(_scan_host(exclude))
     if scan_all and not pids and not found:
         raise InputError("--all found no process with RANK and WORLD_SIZE in its environment on this host")
     return sorted(set(found))
@@ -39,7 +41,19 @@ def is_launcher(pid: int) -> bool:
     return is_launcher_argv(procfs.read_cmdline(pid) or [])
 
 
-def _expand(pid: int) -> list[int]:
+def workers_below(pid: int, exclude: Collection[int] = ()) -> tuple[list[int], int]:
+    """The workers among ``pid``'s descendants (a raylet's ranked actors), and how many descendants'
+    environment could not be read. A Ray task that runs this sits below the same raylet: it is left out."""
+    ranked, unreadable = _ranked_descendants(pid, exclude)
+    return _topmost_workers(ranked), unreadable
+
+
+def _own() -> set[int]:
+    """This process and its ancestors: never a target, even when a Ray worker running mtpdiag carries RANK."""
+    return {os.getpid(), *procfs.ancestors(os.getpid())}
+
+
+def _expand(pid: int, exclude: Collection[int] = ()) -> list[int]:
     if pid <= 0:
         raise InputError(f"pid {pid} is not a valid process id")
     stat = procfs.read_stat(pid)
@@ -48,8 +62,8 @@ def _expand(pid: int) -> list[int]:
     if stat.state == "Z":
         raise InputError(f"pid {pid} has exited (a zombie waiting for its parent)")
     env = procfs.read_env(pid)
-    ranked, unreadable = _ranked_descendants(pid)
-    if env is not None and is_worker(pid, env):
+    ranked, unreadable = _ranked_descendants(pid, exclude)
+    if env is not None and is_worker(pid, env) and pid not in exclude:
         ranked[pid] = env["RANK"]
     workers = _topmost_workers(ranked)
     if workers:
@@ -67,10 +81,13 @@ def _expand(pid: int) -> list[int]:
     raise InputError(f"pid {pid} is {what} and has no ranked Python descendants")
 
 
-def _ranked_descendants(pid: int) -> tuple[dict[int, str], int]:
+def _ranked_descendants(pid: int, exclude: Collection[int] = ()) -> tuple[dict[int, str], int]:
     """RANK of every ranked Python descendant of ``pid``, and how many could not be read."""
     ranked, unreadable = {}, 0
+    skip = _own().union(exclude)
     for child in procfs.descendants(pid):
+        if child in skip:
+            continue
         env = procfs.read_env(child)
         if env is None:
             unreadable += procfs.read_stat(child) is not None
@@ -79,9 +96,9 @@ def _ranked_descendants(pid: int) -> tuple[dict[int, str], int]:
     return ranked, unreadable
 
 
-def _scan_host() -> list[int]:
+def _scan_host(exclude: Collection[int] = ()) -> list[int]:
     """Every worker on the host: Python processes with RANK and WORLD_SIZE (Ray actors included)."""
-    own = {os.getpid(), *procfs.ancestors(os.getpid())}
+    own = _own().union(exclude)
     ranked = {}
     for pid in procfs.all_pids():
         env = procfs.read_env(pid) if pid not in own else None

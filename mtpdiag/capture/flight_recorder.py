@@ -21,7 +21,7 @@ from mtpdiag.capture import procfs
 from mtpdiag.capture.fr_locate import dump_prefixes, pipe_prefix, request_live_dump
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder import load_fr_dumps, read_dump_file
-from mtpdiag.model import RankCapture
+from mtpdiag.model import RankCapture, Snapshot
 from mtpdiag.model.flight_recorder import FRDump
 
 
@@ -65,6 +65,15 @@ def find_dumps(captures: tuple[RankCapture, ...], *, request: bool = False, wait
         return FoundDumps(None, (*notes, f"Flight Recorder dumps found but not read: {exc}"))
     where = _common_prefix(list(files.values()))
     return FoundDumps(replace(dumps, source=where), tuple(notes))
+
+
+def with_dumps(snapshot: Snapshot, *, request: bool = False, wait_s: float = 10.0) -> tuple[Snapshot, tuple[str, ...]]:
+    """The snapshot with the dumps its ranks wrote (or, with ``request``, write now), and what could not be had
+    when that is worth saying (a request that brought no dump); the other notes go into the dumps' notes."""
+    found = find_dumps(snapshot.captures, request=request, wait_s=wait_s)
+    if found.dumps is None:
+        return snapshot, found.notes if request else ()
+    return replace(snapshot, flight_recorder=replace(found.dumps, notes=(*found.dumps.notes, *found.notes))), ()
 
 
 def _wait_for_files(targets: list[RankCapture], newer_than: float | None, wait_s: float) -> dict[int, str]:

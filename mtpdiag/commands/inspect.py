@@ -1,4 +1,5 @@
-"""``mtpdiag inspect``: capture the live ranks on this host and print the diagnosis."""
+"""``mtpdiag inspect``: capture the live ranks on this host (or, with ``--ray``, on every node of a Ray cluster)
+and print the diagnosis."""
 
 from __future__ import annotations
 
@@ -34,19 +35,28 @@ def inspect(
     as_json: bool = o.JSON,
     markdown: bool = o.MARKDOWN,
     html: Optional[Path] = o.HTML,
+    ray: Optional[str] = o.RAY,
+    ray_timeout: float = o.RAY_TIMEOUT,
 ) -> None:
     """Capture every rank (py-spy, in parallel) and say which collective only part of a group entered."""
     from mtpdiag import pipeline
     from mtpdiag.capture import capture
     from mtpdiag.report import emit
 
-    if not pid and not all_:
-        raise InputError("give --pid PID (a worker or its torchrun agent) or --all")
+    if not pid and not all_ and ray is None:
+        raise InputError("give --pid PID (a worker or its torchrun agent), --all or --ray")
     output = o.output_format(fmt, as_json, markdown)  # before any rank is paused
-    snapshot = capture(list(pid or []), scan_all=all_, native=native,
-                       native_timeout=native_timeout, nonblocking=nonblocking,
-                       timeout=timeout, progress=True)
-    snapshot = pipeline.with_flight_recorder(snapshot, request=fr_dump, wait_s=fr_wait)
+    cluster = o.ray_cluster(ray, ray_timeout, pid, all_)
+    if cluster is not None:
+        with cluster:
+            snapshot = pipeline.capture_ray(cluster, native=native, native_timeout=native_timeout,
+                                            nonblocking=nonblocking, timeout=timeout, fr_dump=fr_dump,
+                                            fr_wait=fr_wait)
+    else:
+        snapshot = capture(list(pid or []), scan_all=all_, native=native,
+                           native_timeout=native_timeout, nonblocking=nonblocking,
+                           timeout=timeout, progress=True)
+        snapshot = pipeline.with_flight_recorder(snapshot, request=fr_dump, wait_s=fr_wait)
     layout_options = pipeline.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
                                             config=config, overrides=tuple(override or ()))
     report = pipeline.diagnose_snapshot(snapshot, layout_options, fr=snapshot.flight_recorder)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -32,6 +32,42 @@ FORMAT = typer.Option(None, "--format", case_sensitive=False, help="The report o
 JSON = typer.Option(False, "--json", help="Print the mtpdiag.report/1 JSON document (--format json).")
 MARKDOWN = typer.Option(False, "--markdown", help="Print a markdown report for an incident ticket (--format markdown).")
 HTML = typer.Option(None, "--html", help="Also write a self-contained HTML report to this file.")
+RAY = typer.Option(None, "--ray", metavar="[ADDRESS]", help="Capture every node of a Ray cluster through Ray "
+                   "itself (no pdsh, no shared directory): a capture task pinned to each node, its bundle back "
+                   "through Ray's object store. ADDRESS defaults to auto (RAY_ADDRESS, or the cluster this node "
+                   "runs). Needs mtpdiag and py-spy on every node, and Ray here: pip install 'mtpdiag[ray]'.")
+RAY_TIMEOUT = typer.Option(60.0, "--ray-timeout", min=1.0, help="Seconds to wait for every node's capture task "
+                           "under --ray; a node still busy then is reported as not captured.")
+
+# Options whose value may be left out, and what they mean then (``--ray`` alone is ``--ray auto``).
+OPTIONAL_VALUES = {"--ray": "auto"}
+
+
+def fill_optional_values(argv: list[str]) -> list[str]:
+    """The command line with each ``OPTIONAL_VALUES`` option that has no value given its default: typer's
+    options take a value or none, never an optional one."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg == "--":
+            return out + argv[i + 1:]
+        if arg in OPTIONAL_VALUES and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            out.append(OPTIONAL_VALUES[arg])
+    return out
+
+
+def ray_cluster(address: Optional[str], timeout: float, pid: Optional[list[int]], all_: bool,
+                host: Optional[str] = None) -> Any:
+    """The connection ``--ray ADDRESS`` asks for (None without ``--ray``); the flags that pick local
+    processes are refused with it, before anything connects."""
+    if address is None:
+        return None
+    if pid or all_ or host:
+        flag = "--pid" if pid else "--all" if all_ else "--host"
+        raise InputError(f"--ray captures every node's ranks and names each node itself: drop {flag}")
+    from mtpdiag.capture.ray_cluster import RayCluster
+
+    return RayCluster(address, timeout)
 
 
 class Format(str, Enum):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import List, NoReturn, Optional
+from typing import Callable, List, NoReturn, Optional
 
 import typer
 
@@ -57,71 +57,97 @@ def watch(
     as_json: bool = o.JSON,
     markdown: bool = o.MARKDOWN,
     html: Optional[Path] = o.HTML,
+    ray: Optional[str] = o.RAY,
+    ray_timeout: float = o.RAY_TIMEOUT,
 ) -> None:
     """Tell a hang from slow progress: sample until nothing moves for --stall seconds."""
     from mtpdiag.capture import capture, find_targets
     from mtpdiag.inputs.bundle import check_destination, save_bundle
 
-    if not pid and not all_:
-        raise InputError("give --pid PID (a worker or its torchrun agent) or --all")
+    if not pid and not all_ and ray is None:
+        raise InputError("give --pid PID (a worker or its torchrun agent), --all or --ray")
     output = o.output_format(fmt, as_json, markdown)  # before the first sample, not after a long watch
     if out is not None:
         check_destination(str(out))
     layout_options = pipeline.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
                                             config=config, overrides=tuple(override or ()))
+    cluster = o.ray_cluster(ray, ray_timeout, pid, all_)
     status = _Status()
-    fr_progress = LiveProgress()
+    fr_progress = LiveProgress() if cluster is None else None  # --ray: each node picks its dumps up itself
     start = time.monotonic()
     tracker = StallTracker.start(start)
     last: Snapshot | None = None
 
-    def take_stacks(targets: list[int], busy: bool = False) -> Snapshot | None:
+    def list_targets() -> list:
+        """The ranks now: pids here, or (node id, pid) across the Ray cluster. InputError when there are none."""
+        if cluster is None:
+            return find_targets(list(pid or []), all_)
+        readings, _ = cluster.cpu()
+        if not readings:
+            raise InputError("no node of the Ray cluster runs a process with RANK in its environment")
+        return sorted(readings)
+
+    def take_stacks(targets: list, busy: bool = False) -> Snapshot | None:
         """The stacks, or None when the ranks changed under the dump (a job that is ending)."""
         try:
+            if cluster is not None:
+                return pipeline.capture_ray(cluster, said=said, native=native and not busy,
+                                            native_timeout=native_timeout, nonblocking=nonblocking or busy,
+                                            timeout=timeout)
             return capture(targets, native=native and not busy, native_timeout=native_timeout,
                            nonblocking=nonblocking or busy, timeout=timeout)
-        except NothingCaptured:
-            now_targets = _targets_now(pid, all_)
+        except (NothingCaptured, InputError) as exc:
+            if isinstance(exc, InputError) and cluster is None:
+                raise
+            now_targets = _targets_now(list_targets)
             if now_targets is None:
                 _ended(status, tracker, time.monotonic() - start)
             if set(now_targets) != set(targets):
                 return None
             raise
 
-    while True:
-        now = time.monotonic()
-        if duration is not None and now - start >= duration:
-            break
-        try:
-            targets = find_targets(list(pid or []), all_)
-        except InputError:
-            if tracker.samples == 0:
-                raise
-            _ended(status, tracker, now - start)
-        tracker, snapshot = pipeline.sample_once(tracker, targets, now, take_stacks, fr_progress)
-        last = snapshot or last
-        status.show(f"watching {len(targets)} ranks: sample {tracker.samples}, "
-                    f"no progress for {tracker.stalled_for(now):.1f} s")
-        if tracker.is_hang(now, stall) and last is not None:
-            status.done()
-            # The dumps the last samples asked for (or the watchdog wrote) are fresh: no new request, no wait.
-            last = pipeline.with_flight_recorder(last)
-            report = pipeline.hang_report(pipeline.diagnose_snapshot(last, layout_options, fr=last.flight_recorder),
-                                  tracker, now, interval, stall)
-            path = save_bundle(last, pipeline.hang_bundle_path(out, last))
-            print(f"mtpdiag watch: hang after {tracker.stalled_for(now):.1f} s without progress; "
-                  f"bundle written to {path}", file=sys.stderr)
-            emit(report, output, html)
-            raise typer.Exit(EXIT_PROBLEM)
-        time.sleep(max(0.0, interval - (time.monotonic() - now)))
-
-    status.done()
-    end = time.monotonic()
+    said: set[str] = set()  # --ray: each node's failure is said once, not at every sample
+    read_cpu = (lambda targets: cluster.cpu()[0]) if cluster is not None else None
     try:
-        targets = find_targets(list(pid or []), all_)
-    except InputError:
-        _ended(status, tracker, end - start)
-    snapshot = take_stacks(targets)  # one more pause, so the report shows where the ranks are now
+        while True:
+            now = time.monotonic()
+            if duration is not None and now - start >= duration:
+                break
+            try:
+                targets = list_targets()
+            except InputError:
+                if tracker.samples == 0:
+                    raise
+                _ended(status, tracker, now - start)
+            tracker, snapshot = pipeline.sample_once(tracker, targets, now, take_stacks, fr_progress, read_cpu)
+            last = snapshot or last
+            status.show(f"watching {len(targets)} ranks: sample {tracker.samples}, "
+                        f"no progress for {tracker.stalled_for(now):.1f} s")
+            if tracker.is_hang(now, stall) and last is not None:
+                status.done()
+                # The dumps the last samples asked for (or the watchdog wrote) are fresh: no new request, no wait.
+                if cluster is None:
+                    last = pipeline.with_flight_recorder(last)
+                report = pipeline.hang_report(pipeline.diagnose_snapshot(last, layout_options,
+                                                                         fr=last.flight_recorder),
+                                              tracker, now, interval, stall)
+                path = save_bundle(last, pipeline.hang_bundle_path(out, last))
+                print(f"mtpdiag watch: hang after {tracker.stalled_for(now):.1f} s without progress; "
+                      f"bundle written to {path}", file=sys.stderr)
+                emit(report, output, html)
+                raise typer.Exit(EXIT_PROBLEM)
+            time.sleep(max(0.0, interval - (time.monotonic() - now)))
+
+        status.done()
+        end = time.monotonic()
+        try:
+            targets = list_targets()
+        except InputError:
+            _ended(status, tracker, end - start)
+        snapshot = take_stacks(targets)  # one more pause, so the report shows where the ranks are now
+    finally:
+        if cluster is not None:
+            cluster.close()
     if snapshot is None:
         _ended(status, tracker, end - start)
     report = pipeline.progress_report(pipeline.diagnose_snapshot(snapshot, layout_options), tracker, end, interval, stall)
@@ -129,12 +155,10 @@ def watch(
     raise typer.Exit(EXIT_OK)
 
 
-def _targets_now(pid: Optional[List[int]], all_: bool) -> list[int] | None:
+def _targets_now(list_targets: Callable[[], list]) -> list | None:
     """The workers now; None when there are none left (the job ended)."""
-    from mtpdiag.capture import find_targets
-
     try:
-        return find_targets(list(pid or []), all_)
+        return list_targets()
     except InputError:
         return None
 

@@ -1,0 +1,254 @@
+"""``--ray``: capture every node of a Ray cluster through Ray itself, with no pdsh and no shared filesystem.
+
+The driver's side. ``RayCluster`` connects to the cluster as a Ray driver and lists its alive nodes; ``capture``
+runs ``ray_node.capture_node`` on each of them as a task pinned there with a hard node-affinity strategy and no
+CPU (a hung job holds every CPU it asked for), and waits for the replies up to one deadline. Each reply is a
+node's bundle and travels through Ray's object store; the bundles are read and merged as ``analyze`` reads and
+merges bundle files (``inputs.bundle``, ``inputs.merge``). A node whose task failed, timed out or could not be
+placed is one line naming the node and why (mtpdiag or py-spy missing there: what to install); the nodes that
+answered still make the result.
+
+Ray is imported here only, and this module only with ``--ray``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import mtpdiag
+from mtpdiag.capture import procfs
+from mtpdiag.capture.ray_node import capture_node, identify
+from mtpdiag.errors import InputError
+from mtpdiag.inputs.base import FileCaptures
+from mtpdiag.inputs.bundle import snapshot_from_data
+from mtpdiag.inputs.merge import check_world_sizes, merge
+from mtpdiag.layout import cmdline
+from mtpdiag.model import Snapshot, printable
+
+INSTALL_RAY = "pip install 'mtpdiag[ray]'"
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_NO_MODULE = re.compile(r"No module named '([^']+)'")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of the cluster, as its GCS lists it."""
+
+    id: str
+    ip: str
+    hostname: str
+    label: str  # the host name its captures carry: the hostname, made unique with the node id where it is not
+    alive: bool = True
+    death: str = ""
+
+    def describe(self) -> str:
+        short = self.id[:8]
+        return f"{self.label} ({self.ip})" if short in self.label else f"{self.label} ({self.ip}, node {short})"
+
+
+@dataclass(frozen=True)
+class ClusterCapture:
+    """The merged snapshot of every node that answered, and one line per node that did not."""
+
+    snapshot: Snapshot
+    nodes: tuple[Node, ...]
+    failed: tuple[str, ...] = ()  # "node X (ip, node id): why", one per node not captured (and dead nodes)
+    notes: tuple[str, ...] = ()
+
+
+class RayCluster:
+    """A driver's connection to a Ray cluster (``address``: ``auto``, ``HOST:PORT`` or ``ray://…``)."""
+
+    def __init__(self, address: str, timeout: float = 60.0) -> None:
+        self.ray = import_ray()
+        self.address = address
+        self.timeout = timeout
+        try:
+            self.ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+        except Exception as exc:  # ConnectionError (no cluster there), ValueError (a bad address), RuntimeError
+            raise InputError(f"cannot connect to the Ray cluster at {address}: {one_line(exc)}") from None
+        self._remote = self.ray.remote(capture_node)
+        self._driver_node = self.ray.get_runtime_context().get_node_id()
+        # This process and its ancestors run on the driver's node: never a rank, never a layout hint.
+        self._driver = identify([os.getpid(), *procfs.ancestors(os.getpid())])
+
+    def __enter__(self) -> "RayCluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Disconnect; Ray ends this driver's job, and with it the workers that ran its capture tasks."""
+        if self.ray.is_initialized():
+            self.ray.shutdown()
+
+    def nodes(self) -> list[Node]:
+        """Every node the cluster's GCS lists, alive ones first (the driver's own node first among them)."""
+        listed = sorted(self.ray.nodes(), key=lambda n: (not n.get("Alive"), n.get("NodeID") != self._driver_node,
+                                                         n.get("NodeManagerAddress", ""), n.get("NodeID", "")))
+        names = [str(n.get("NodeManagerHostname") or n.get("NodeManagerAddress") or "unknown") for n in listed]
+        alive = [name for name, n in zip(names, listed) if n.get("Alive")]
+        return [Node(id=str(n["NodeID"]), ip=str(n.get("NodeManagerAddress", "")), hostname=name,
+                     label=printable(name if alive.count(name) <= 1 else f"{name}/{str(n['NodeID'])[:8]}"),
+                     alive=bool(n.get("Alive")), death=printable(str(n.get("DeathReasonMessage") or "")))
+                for name, n in zip(names, listed)]
+
+    def capture(self, **options: Any) -> ClusterCapture:
+        """Every alive node's ranks, merged; ``options`` as ``ray_node.capture_node`` takes them."""
+        nodes = self.nodes()
+        alive = [n for n in nodes if n.alive]
+        replies, failed = self._run(alive, {"mode": "stacks", **options})
+        loaded, notes, hints = [], [], []
+        for node in alive:
+            reply = replies.get(node.id)
+            if reply is None:
+                continue
+            hints.append(reply.get("hints") or {})
+            notes += [f"node {node.describe()}: {printable(str(n))}" for n in reply.get("notes") or ()]
+            if reply.get("unreadable"):
+                notes.append(f"node {node.describe()}: the environment of {reply['unreadable']} process(es) "
+                             "below the raylet could not be read (run mtpdiag as the job's user or as root)")
+            if reply.get("bundle") is not None:
+                loaded.append(_node_captures(node, reply["bundle"]))
+        check_world_sizes(loaded)
+        _check_one_node_per_rank(loaded)
+        snapshot = with_hints(merge(loaded, []), cmdline.merge_hints(*hints))
+        failed += _dead_nodes_note(nodes, snapshot)
+        snapshot = replace(snapshot, errors=(*snapshot.errors, *failed))
+        return ClusterCapture(snapshot=snapshot, nodes=tuple(alive), failed=tuple(failed), notes=tuple(notes))
+
+    def cpu(self) -> tuple[dict[tuple[str, int], int | None], tuple[str, ...]]:
+        """(node id, pid) -> main-thread CPU ns of every rank in the cluster (``watch``), and the nodes that failed."""
+        alive = [n for n in self.nodes() if n.alive]
+        replies, failed = self._run(alive, {"mode": "cpu"})
+        readings = {(node_id, int(pid)): ns for node_id, reply in replies.items()
+                    for pid, ns in (reply.get("cpu") or {}).items()}
+        return readings, tuple(failed)
+
+    def _run(self, nodes: list[Node], request: dict[str, Any]) -> tuple[dict[str, dict], list[str]]:
+        """Run the capture task on every node at once; the replies by node id, and a line per node that failed."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        refs = []
+        for node in nodes:
+            exclude = self._driver if node.id == self._driver_node else []
+            strategy = NodeAffinitySchedulingStrategy(node_id=node.id, soft=False)
+            refs.append(self._remote.options(
+                scheduling_strategy=strategy, num_cpus=0, max_retries=0, name="mtpdiag-capture",
+            ).remote({**request, "label": node.label, "exclude": exclude}))
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=self.timeout) if refs else ([], [])
+        replies, failed = {}, []
+        for node, ref in zip(nodes, refs):
+            why, reply = None, None
+            if ref not in ready:
+                self.ray.cancel(ref, force=True)  # still queued, or stuck: end its worker
+                why = (f"the capture task did not finish within {self.timeout:g} s (the node is overloaded or "
+                       "its raylet hangs; --ray-timeout gives it longer)")
+            else:
+                try:
+                    reply = self.ray.get(ref)
+                except Exception as exc:  # the task's failure, as Ray raises it on the driver
+                    why = why_failed(exc, self.ray)
+            if why is None and not isinstance(reply, Mapping):
+                why = (f"the capture task answered {type(reply).__name__}, not a reply (mtpdiag there differs "
+                       f"from this one: pip install 'mtpdiag=={mtpdiag.__version__}')")
+            elif why is None and reply.get("failure"):
+                why = printable(str(reply["failure"]))
+            if why is None:
+                replies[node.id] = dict(reply)
+            else:
+                failed.append(f"node {node.describe()}: {why}")
+        return replies, failed
+
+
+def import_ray() -> Any:
+    """The ray module, or one line naming the extra that brings it."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a diagnosis reports nothing to anyone
+    try:
+        import ray
+    except ImportError as exc:
+        raise InputError(f"--ray needs Ray, which this Python cannot import ({exc}): {INSTALL_RAY}") from None
+    return ray
+
+
+def why_failed(exc: BaseException, ray: Any) -> str:
+    """Why a node's capture task failed, in one line, with what to do about it."""
+    errors = ray.exceptions
+    text = _ANSI.sub("", str(exc))
+    missing = _NO_MODULE.search(text)
+    if missing and missing.group(1).split(".")[0] == "mtpdiag":
+        return (f"mtpdiag cannot run there (No module named '{missing.group(1)}'): pip install "
+                f"'mtpdiag=={mtpdiag.__version__}' into the Python that the node's Ray workers run")
+    if isinstance(exc, errors.TaskUnschedulableError):
+        return f"the capture task could not be placed on it ({one_line(exc)})"
+    if isinstance(exc, (errors.NodeDiedError, errors.LocalRayletDiedError)):
+        return f"the node died during the capture ({one_line(exc)})"
+    if isinstance(exc, errors.WorkerCrashedError):
+        return "the capture task's worker died before it answered"
+    if isinstance(exc, errors.RuntimeEnvSetupError):
+        return f"the capture task's runtime environment could not be set up ({one_line(exc)})"
+    if isinstance(exc, errors.RayTaskError):
+        cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else None
+        what = f"{type(cause).__name__}: {one_line(cause)}" if cause is not None else one_line(exc)
+        return f"the capture task failed ({what})"
+    return f"the capture task failed ({type(exc).__name__}: {one_line(exc)})"
+
+
+def one_line(exc: BaseException) -> str:
+    """The last meaningful line of an exception's text (Ray's hold a traceback and colour codes), bounded."""
+    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith(("ray::", "Traceback", "File ", "^"))] or lines or [""]
+    return printable(lines[-1])[:300]
+
+
+def with_hints(snapshot: Snapshot, hints: dict[str, int]) -> Snapshot:
+    """Every capture with the job drivers' sizes after its own: a node without the driver has none of its own."""
+    if not hints:
+        return snapshot
+    captures = tuple(replace(c, layout_hints=tuple(sorted(cmdline.merge_hints(dict(c.layout_hints), hints).items())))
+                     for c in snapshot.captures)
+    return replace(snapshot, captures=captures)
+
+
+def _node_captures(node: Node, bundle: Any) -> FileCaptures:
+    """A node's reply read as ``analyze`` reads a bundle file; each capture's source names the node."""
+    where = f"ray node {node.describe()}"
+    if isinstance(bundle, dict):
+        for item in bundle.get("captures") or ():
+            if isinstance(item, dict):
+                item["source"] = where
+    snapshot = snapshot_from_data(bundle, where)
+    return FileCaptures(where, snapshot.captures, snapshot, form="bundle")
+
+
+def _check_one_node_per_rank(loaded: list[FileCaptures]) -> None:
+    """A rank on two nodes means two jobs that both set RANK: their diagnosis would mix them up."""
+    owner: dict[int, FileCaptures] = {}
+    for item in loaded:
+        for c in item.captures:
+            if c.rank is None:
+                continue
+            first = owner.setdefault(c.rank, item)
+            if first is not item:
+                raise InputError(f"rank {c.rank} runs on two nodes ({first.path.removeprefix('ray node ')} and "
+                                 f"{item.path.removeprefix('ray node ')}): the cluster runs more than one ranked job")
+
+
+def _dead_nodes_note(nodes: list[Node], snapshot: Snapshot) -> list[str]:
+    """When ranks are missing, the nodes the cluster lists as dead may be where they ran."""
+    dead = [n for n in nodes if not n.alive]
+    world = snapshot.world_sizes[-1] if snapshot.world_sizes else None
+    captured = {c.rank for c in snapshot.captures if c.rank is not None}
+    if not dead or world is None or len(captured) >= world:
+        return []
+    first = dead[0]
+    why = f": {first.death}" if first.death else ""
+    more = f" and {len(dead) - 1} more" if len(dead) > 1 else ""
+    return [f"{world - len(captured)} of {world} ranks were on no node that answered; the cluster lists dead "
+            f"node {first.describe()}{why}{more}"]

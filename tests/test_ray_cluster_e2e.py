@@ -1,0 +1,379 @@
+"""End to end on a real two-node Ray cluster on one machine: ``--ray`` captures every node through Ray itself.
+
+Node A is ``ray start --head`` and, in the same session, the verl-style driver (``examples/ray_verl/driver.py``
+with verl's Hydra overrides), as verl's multi-node guide starts a job. Node B is ``ray start --address`` in a
+session of its own, as on another machine: nothing there names the parallel sizes, so its ranks can get their
+layout only from the driver on node A, through the cluster. The driver places the four ``WorkerDict`` actors as
+verl's ``RayResourcePool`` does (``trainer.nnodes=2``: one STRICT_PACK placement group per node), two ranks on
+each node; they run real megatron-core MTP loss code on gloo and hang (verl #5895, cp=2 pp=2). Both nodes carry
+a Kubeflow-style ``RANK``/``WORLD_SIZE``, which every Ray process there inherits, the capture tasks' own
+workers included; the actors carry a canary secret in their environment.
+
+The failure cases come last, in order, because they take the cluster apart: a third node whose mtpdiag lacks
+the Ray capture, node B's raylet frozen, node B killed.
+
+Every Ray process is ended by session at the end (never ``ray stop``, which would end every Ray cluster on the
+machine, other users' included), and the test checks that none is left.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from jobs_e2e import ROOT, by_rank, end_sessions, run_cli
+from mtpdiag.capture import procfs
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ray]
+
+DRIVER = os.path.join(ROOT, "examples", "ray_verl", "driver.py")
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+WORLD = 4
+NODE_ENV = {"RANK": "0", "WORLD_SIZE": "1"}  # a Kubeflow pod's: the raylet and all it starts inherit it
+CANARY = "cnry-raycluster-41d7-wandb"
+OVERRIDES = ["actor_rollout_ref.actor.megatron.context_parallel_size=2",
+             "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+             "trainer.n_gpus_per_node=2", "trainer.nnodes=2"]
+# Where each rank of the cp=2 pp=2 hang waits (see examples/mtp_cp_deadlock/README.md).
+EXPECTED = {0: ("send", "send_forward"), 1: ("all_gather", "ring_attention"),
+            2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
+            3: ("all_gather", "ring_attention")}
+# What a node that could not be captured may be told with, depending on when Ray noticed it was gone.
+NODE_GONE = ("did not finish within", "could not be placed", "the node died", "dead node")
+
+
+@dataclass
+class Cluster:
+    address: str
+    sessions: set[int]
+    driver: int
+    actors: dict[int, int]  # rank -> pid
+    node_of: dict[int, str]  # rank -> Ray node id
+    head: str  # node A's id (the driver's)
+    other: str  # node B's id
+    other_session: int  # node B's session (its raylet, agents and actors)
+    raylets: dict[str, int]  # node id -> raylet pid
+    env: dict[str, str]
+    tmp: Path
+    logs: list[Path] = field(default_factory=list)
+
+    def ranks_on(self, node: str) -> list[int]:
+        return sorted(r for r, n in self.node_of.items() if n == node)
+
+
+def _require_ray() -> None:
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("CI"):
+            pytest.fail("ray not installed (requirements-ci.txt pins ray[default])")
+        pytest.skip("ray not installed (pip install -r requirements-ci.txt)")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for(ready, what: str, timeout: float, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = ready()
+        if value:
+            return value
+        time.sleep(0.25)
+    tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-8:]) if log else ""
+    raise AssertionError(f"no {what} within {timeout} s {tail}")
+
+
+def _line(log: Path, prefix: str) -> str | None:
+    return next((ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith(prefix)), None)
+
+
+def _start_node(cluster_env: dict, address: str, log: Path, *extra: str, env: dict | None = None) -> int:
+    """``ray start --address`` in a session of its own (as on another machine); the session's id."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen([*RAY, "start", f"--address={address}", "--node-ip-address=127.0.0.1",
+                                 "--disable-usage-stats", *extra], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env or cluster_env, cwd="/", start_new_session=True)
+    assert proc.wait(timeout=180) == 0, log.read_text(errors="replace")[-2000:]
+    return proc.pid
+
+
+def _raylet_of_session(session: int) -> int:
+    (raylet,) = [p for p in procfs.all_pids() if (s := procfs.read_stat(p)) is not None
+                 and s.session == session and s.comm == "raylet"]
+    return raylet
+
+
+def _wait_until_quiet(pids: list[int], quiet_s: float = 2.5, timeout: float = 120.0) -> None:
+    """Until no actor's main thread has used CPU for ``quiet_s``: the job hangs."""
+    deadline = time.monotonic() + timeout
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        ticks = [procfs.main_thread_ticks(p) for p in pids]
+        assert None not in ticks, f"an actor exited: {ticks}"
+        if ticks != last:
+            last, since = ticks, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"the actors did not go quiet within {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    _require_ray()
+    tmp = tmp_path_factory.mktemp("ray-cluster")
+    # Ray's unix socket paths live under its temp dir and must stay under 108 bytes: pytest's is too long.
+    ray_tmp = tempfile.mkdtemp(prefix="mtpd-rc-", dir="/tmp")
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    # Both nodes' Ray workers import this checkout's mtpdiag (the capture task runs there).
+    env = {**os.environ, **NODE_ENV, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    log_a, log_b = tmp / "node-a.log", tmp / "node-b.log"
+    head = (f'set -e\n"{sys.executable}" -m ray.scripts.scripts start --head --port={port} '
+            f'--node-ip-address=127.0.0.1 --num-cpus=3 --num-gpus=2 --include-dashboard=false '
+            f'--disable-usage-stats --temp-dir={ray_tmp}\necho "head started"\n'
+            f'exec "$@" --address {address}\n')
+    driver = [sys.executable, DRIVER, *OVERRIDES, "--gate", "buggy", "--worker-env", f"WANDB_API_KEY={CANARY}"]
+    with open(log_a, "w") as out:
+        proc = subprocess.Popen(["bash", "-c", head, "bash", *driver], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, cwd=ROOT, start_new_session=True)
+    sessions = {proc.pid}
+    state = Cluster(address=address, sessions=sessions, driver=proc.pid, actors={}, node_of={}, head="", other="", other_session=0,
+                    raylets={}, env=env, tmp=tmp, logs=[log_a, log_b])
+    try:
+        _wait_for(lambda: _line(log_a, "head started") or proc.poll() is not None, "head node", 180, log_a)
+        state.other_session = _start_node(env, address, log_b, "--num-cpus=3", "--num-gpus=2")
+        sessions.add(state.other_session)
+        ready = _wait_for(lambda: _line(log_a, "ready pids="), "ready line from the driver", 300, log_a)
+        fields = dict(item.split("=", 1) for item in ready.split() if "=" in item)
+        state.actors = {int(r): int(p) for r, p in (i.split(":") for i in fields["pids"].split(","))}
+        state.node_of = {int(r): n for r, n in (i.split(":") for i in fields["nodes"].split(","))}
+        for rank, pid in state.actors.items():
+            state.raylets[state.node_of[rank]] = procfs.read_stat(pid).ppid
+        head_raylet = _raylet_of_session(proc.pid)
+        (state.head,) = [n for n, r in state.raylets.items() if r == head_raylet]
+        (state.other,) = set(state.raylets) - {state.head}
+        _wait_until_quiet(list(state.actors.values()))
+        yield state
+    finally:
+        proc.send_signal(signal.SIGTERM)  # the driver disconnects; the nodes stay until their sessions end
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        left = end_sessions(state.sessions, set(state.actors.values()))
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+        assert not left, f"processes of the Ray cluster survived: {left}"
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _cli(cluster: Cluster, *args: str, cwd: str = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "COLUMNS": "200"}, timeout=timeout)
+    assert CANARY not in done.stdout and CANARY not in done.stderr, args
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    return done
+
+
+def _ray_python_processes(cluster: Cluster) -> set[int]:
+    return {p for r in cluster.raylets.values() for p in procfs.descendants(r) if procfs.is_python(p)}
+
+
+def _check_full_diagnosis(report: dict, cluster: Cluster) -> None:
+    # Every rank once, each with its own actor's pid: no capture task, agent, driver or TaskRunner among them.
+    assert sorted((v["rank"], v["pid"]) for v in report["ranks"]) == sorted(cluster.actors.items())
+    hosts = {v["rank"]: v["host"] for v in report["ranks"]}
+    for rank, node in cluster.node_of.items():  # each node's label, made unique by its id on one machine
+        assert node[:8] in hosts[rank], (rank, hosts)
+    assert len(set(hosts.values())) == 2
+    assert report["world_size"] == WORLD
+    layout = report["layout"]
+    assert (layout["tp"], layout["cp"], layout["dp"], layout["pp"]) == (1, 2, 1, 2), layout
+    assert "command line" in report["layout_source"], report["layout_source"]
+    ranks = by_rank(report)
+    for rank, (op, function) in EXPECTED.items():
+        view = ranks[rank]
+        assert (view["state"], view["op"], view["site"]["function"]) == ("collective", op, function), view
+        assert any(f["function"].endswith("update_actor") for f in view["stack"]), rank
+    assert report["verdict"] == "problem"
+    finding = report["findings"][0]
+    assert (finding["id"], finding["ranks"]) == ("mtp-cp-gated-reduce", [2, 3])
+    (root,) = [m for m in report["mismatches"] if m["role"] == "root"]
+    assert (root["group"], root["entered"], root["absent"], root["gate"]) == ("dp_cp", [2], [3], {"cp": 0})
+
+
+def _check_node_missing(report: dict, stderr: str, cluster: Cluster, node: str) -> None:
+    """The other node's ranks were captured; this node's show as not captured, with the node and why."""
+    gone = cluster.ranks_on(node)
+    assert sorted(v["rank"] for v in report["ranks"]) == sorted(set(cluster.actors) - set(gone))
+    (missing,) = [f for f in report["findings"] if f["id"] == "missing-rank"]
+    assert missing["ranks"] == gone
+    said = [ln for ln in stderr.splitlines() if node[:8] in ln]
+    assert said and any(reason in ln for ln in said for reason in NODE_GONE), stderr
+    assert any(node[:8] in note for note in report["notes"]), report["notes"]
+
+
+# ------------------------------------------------------------------------------------------ the cluster works
+
+
+def test_the_ranks_are_spread_over_two_nodes_as_verl_spreads_them(cluster):
+    """What the other tests rely on, checked on the live processes."""
+    assert sorted(cluster.actors) == list(range(WORLD))
+    assert len(cluster.ranks_on(cluster.head)) == 2 and len(cluster.ranks_on(cluster.other)) == 2
+    other_session = cluster.other_session
+    assert procfs.read_stat(cluster.raylets[cluster.other]).session == other_session != cluster.driver
+    for rank, pid in cluster.actors.items():
+        assert procfs.read_stat(pid).comm == "ray::WorkerDict"
+        assert procfs.read_stat(pid).ppid == cluster.raylets[cluster.node_of[rank]]
+        environ = dict(e.partition(b"=")[::2] for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if e)
+        assert environ[b"RANK"] == str(rank).encode() and environ[b"WANDB_API_KEY"] == CANARY.encode()
+    # Node B's session holds no process whose command line names a parallel size.
+    for pid in (p for p in procfs.all_pids() if (s := procfs.read_stat(p)) and s.session == other_session):
+        assert not any("parallel_size" in a for a in procfs.read_cmdline(pid) or []), pid
+    # Beside the actors, each raylet runs Ray's own Python processes with the node's RANK: never ranks.
+    others = _ray_python_processes(cluster) - set(cluster.actors.values())
+    assert len(others) >= 2 and all((procfs.read_env(p) or {}).get("RANK") == "0" for p in others), others
+
+
+def test_inspect_ray_diagnoses_both_nodes_with_the_layout_from_the_driver(cluster):
+    before = _ray_python_processes(cluster)
+    done = _cli(cluster, "inspect", "--ray", cluster.address, "--json")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "warning" not in done.stderr, done.stderr
+    _check_full_diagnosis(json.loads(done.stdout), cluster)
+    # Ray ends the driver's job, and with it the workers that ran the capture tasks: nothing of ours stays.
+    _wait_for(lambda: _ray_python_processes(cluster) <= before, "end of the capture tasks' workers", 60)
+
+
+def test_inspect_ray_auto_finds_the_cluster_from_ray_address_and_prints_the_console_report(cluster):
+    done = subprocess.run([sys.executable, "-m", "mtpdiag", "inspect", "--ray"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, env={**os.environ, "COLUMNS": "200", "RAY_ADDRESS": cluster.address})
+    assert CANARY not in done.stdout + done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stdout.startswith("PROBLEM: MTP loss all_reduce on the DP×CP group [2, 3] entered only by cp == 0 "
+                                  "ranks (rank 2)"), done.stdout[:600]
+    assert "layout: tp=1 cp=2 ep=1 dp=1 pp=2 from command line" in done.stdout
+
+
+def test_collect_ray_writes_one_bundle_that_analyze_reads(cluster, tmp_path):
+    out = tmp_path / "bundles"
+    out.mkdir()
+    done = _cli(cluster, "collect", "--ray", cluster.address, "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    (bundle,) = list(out.iterdir())
+    assert CANARY.encode() not in bundle.read_bytes()
+    data = json.loads(bundle.read_text())
+    # Node B's ranks carry the driver's sizes too, though nothing on node B names them.
+    hints = {c["rank"]: c["layout_hints"] for c in data["captures"]}
+    assert all(hints[r].get("cp") == 2 and hints[r].get("pp") == 2 for r in range(WORLD)), hints
+    assert data["errors"] == []
+    analyzed = run_cli("analyze", str(bundle), "--json")
+    assert analyzed.returncode == 1, analyzed.stderr[-2000:]
+    _check_full_diagnosis(json.loads(analyzed.stdout), cluster)
+
+
+def test_watch_ray_calls_the_hang_and_saves_its_bundle(cluster, tmp_path):
+    done = _cli(cluster, "watch", "--ray", cluster.address, "--interval", "1", "--stall", "3", "--duration", "120",
+                "--out", str(tmp_path), "--json")
+    assert done.returncode == 1, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["progress"]["hang"] is True
+    _check_full_diagnosis(report, cluster)
+    (bundle,) = list(tmp_path.glob("mtpdiag-hang-*.json"))
+    assert CANARY.encode() not in bundle.read_bytes()
+
+
+def test_without_ray_nothing_imports_ray_and_the_local_capture_still_works(cluster):
+    script = ("import sys\nfrom mtpdiag.cli import main\n"
+              f"sys.argv = ['mtpdiag', 'inspect', '--pid', '{cluster.raylets[cluster.head]}', '--json']\n"
+              "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
+              "print(f'ray-imported={\"ray\" in sys.modules} code={code}', file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.stderr.strip().splitlines()[-1] == "ray-imported=False code=1", done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert sorted(v["rank"] for v in report["ranks"]) == cluster.ranks_on(cluster.head)
+
+
+@pytest.mark.parametrize("command", ["inspect", "watch", "collect"])
+def test_without_ray_installed_ray_is_one_line_naming_the_extra(command, tmp_path):
+    script = ("import sys\nsys.modules['ray'] = None  # what Python does when ray is not installed\n"
+              "from mtpdiag.cli import main\n"
+              f"sys.argv = ['mtpdiag', '{command}', '--ray'] + {['--out', str(tmp_path)] if command == 'collect' else []}\n"
+              "main()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "pip install 'mtpdiag[ray]'" in done.stderr, done.stderr
+
+
+def test_a_node_without_py_spy_says_what_to_install(tmp_path):
+    """The capture task's own answer on a node whose Python has no py-spy beside it nor on PATH (run here, as a
+    Ray worker of that node would run it: its interpreter is a link in a directory without py-spy)."""
+    python = tmp_path / "python3"
+    python.symlink_to(os.path.realpath(sys.executable))
+    code = "from mtpdiag.capture.ray_node import capture_node; print(capture_node({'label': 'n'})['failure'])"
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+                          env={"PATH": str(tmp_path / "nothing"), "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "py-spy not found on PATH (pip install py-spy)"
+
+
+# ------------------------------------------------------------------------------------------ failures (destructive, last)
+
+
+def test_a_node_whose_mtpdiag_lacks_the_ray_capture_is_one_line_and_the_rest_is_diagnosed(cluster, tmp_path):
+    """Node C runs an mtpdiag without ``capture.ray_node`` (an old release first on its Ray workers' path)."""
+    old = tmp_path / "old-mtpdiag"
+    (old / "mtpdiag").mkdir(parents=True)
+    (old / "mtpdiag" / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    env = {**cluster.env, "PYTHONPATH": str(old)}
+    session = _start_node(cluster.env, cluster.address, cluster.tmp / "node-c.log", "--num-cpus=0", env=env)
+    cluster.sessions.add(session)
+    node_c = _raylet_of_session(session)
+    try:
+        # From a directory without mtpdiag: Ray puts the driver's working directory on its workers' path.
+        done = _cli(cluster, "inspect", "--ray", cluster.address, "--json", cwd=str(tmp_path))
+        assert done.returncode == 1, done.stderr[-3000:]
+        _check_full_diagnosis(json.loads(done.stdout), cluster)
+        warnings = [ln for ln in done.stderr.splitlines() if ln.startswith("mtpdiag: warning: node ")]
+        assert len(warnings) == 1, done.stderr
+        assert "No module named 'mtpdiag.capture'" in warnings[0] and "pip install 'mtpdiag==" in warnings[0]
+    finally:
+        assert end_sessions({session}, {node_c}) == []
+        cluster.sessions.discard(session)
+
+
+def test_a_node_whose_raylet_is_frozen_shows_its_ranks_as_not_captured(cluster):
+    other = cluster.other
+    raylet = cluster.raylets[other]
+    os.kill(raylet, signal.SIGSTOP)
+    try:
+        done = _cli(cluster, "inspect", "--ray", cluster.address, "--ray-timeout", "8", "--json")
+    finally:
+        os.kill(raylet, signal.SIGCONT)
+    assert done.returncode == 1, done.stderr[-3000:]
+    _check_node_missing(json.loads(done.stdout), done.stderr, cluster, other)
+
+
+def test_a_killed_node_shows_its_ranks_as_not_captured(cluster):
+    other = cluster.other
+    assert end_sessions({cluster.other_session}, {cluster.raylets[other]}) == []
+    done = _cli(cluster, "inspect", "--ray", cluster.address, "--ray-timeout", "30", "--json")
+    assert done.returncode == 1, done.stderr[-3000:]
+    _check_node_missing(json.loads(done.stdout), done.stderr, cluster, other)
