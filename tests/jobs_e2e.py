@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -143,3 +144,50 @@ def end_sessions(sessions: set[int], also: set[int] = frozenset()) -> list[int]:
                 (s := procfs.read_stat(p)) is not None and s.state != "Z" for p in pids):
             time.sleep(0.1)
     return session_members(sessions)
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback (for a Ray head, a rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_quiet(pids: list[int], quiet_s: float = 2.5, timeout: float = 120.0) -> None:
+    """Until no process's main thread has used CPU for ``quiet_s``: a job of Ray actors hangs."""
+    deadline = time.monotonic() + timeout
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        ticks = [procfs.main_thread_ticks(p) for p in pids]
+        assert None not in ticks, f"an actor exited: {ticks}"
+        if ticks != last:
+            last, since = ticks, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"the actors did not go quiet within {timeout}s")
+
+
+# Where each rank of examples/ray_verl's cp=2 pp=2 hang waits (see examples/mtp_cp_deadlock/README.md).
+RAY_VERL_WAITS = {0: ("send", "send_forward"), 1: ("all_gather", "ring_attention"),
+                  2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
+                  3: ("all_gather", "ring_attention")}
+
+
+def check_ray_verl_hang(report: dict) -> None:
+    """The diagnosis of examples/ray_verl's hang (verl #5895 at cp 2, pp 2), the layout from its driver."""
+    assert report["world_size"] == len(RAY_VERL_WAITS)
+    layout = report["layout"]
+    assert (layout["tp"], layout["cp"], layout["dp"], layout["pp"]) == (1, 2, 1, 2), layout
+    assert "command line" in report["layout_source"], report["layout_source"]
+    ranks = by_rank(report)
+    for rank, (op, function) in RAY_VERL_WAITS.items():
+        view = ranks[rank]
+        assert (view["state"], view["op"], view["site"]["function"]) == ("collective", op, function), view
+        # The stack is the actor's: Ray's task loop calls the WorkerDict method that trains.
+        assert any(f["function"].endswith("update_actor") for f in view["stack"]), rank
+    assert report["verdict"] == "problem"
+    finding = report["findings"][0]
+    assert (finding["id"], finding["ranks"]) == ("mtp-cp-gated-reduce", [2, 3])
+    (root,) = [m for m in report["mismatches"] if m["role"] == "root"]
+    assert (root["group"], root["entered"], root["absent"], root["gate"]) == ("dp_cp", [2], [3], {"cp": 0})

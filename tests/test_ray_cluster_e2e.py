@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs_e2e import ROOT, by_rank, end_sessions, run_cli
+from jobs_e2e import ROOT, check_ray_verl_hang, end_sessions, free_port, run_cli, wait_until_quiet
 from mtpdiag.capture import procfs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
@@ -46,10 +47,6 @@ CANARY = "cnry-raycluster-41d7-wandb"
 OVERRIDES = ["actor_rollout_ref.actor.megatron.context_parallel_size=2",
              "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
              "trainer.n_gpus_per_node=2", "trainer.nnodes=2"]
-# Where each rank of the cp=2 pp=2 hang waits (see examples/mtp_cp_deadlock/README.md).
-EXPECTED = {0: ("send", "send_forward"), 1: ("all_gather", "ring_attention"),
-            2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
-            3: ("all_gather", "ring_attention")}
 # What a node that could not be captured may be told with, depending on when Ray noticed it was gone.
 NODE_GONE = ("did not finish within", "could not be placed", "the node died", "dead node")
 
@@ -67,6 +64,7 @@ class Cluster:
     raylets: dict[str, int]  # node id -> raylet pid
     env: dict[str, str]
     tmp: Path
+    ray_tmp: str
     logs: list[Path] = field(default_factory=list)
 
     def ranks_on(self, node: str) -> list[int]:
@@ -78,12 +76,6 @@ def _require_ray() -> None:
         if os.environ.get("CI"):
             pytest.fail("ray not installed (requirements-ci.txt pins ray[default])")
         pytest.skip("ray not installed (pip install -r requirements-ci.txt)")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_for(ready, what: str, timeout: float, log: Path | None = None):
@@ -101,13 +93,21 @@ def _line(log: Path, prefix: str) -> str | None:
     return next((ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith(prefix)), None)
 
 
-def _start_node(cluster_env: dict, address: str, log: Path, *extra: str, env: dict | None = None) -> int:
-    """``ray start --address`` in a session of its own (as on another machine); the session's id."""
+def _start_node(cluster: Cluster, ip: str, log: Path, *extra: str, env: dict | None = None) -> int:
+    """``ray start --address`` in a session of its own, with an address of its own (as another machine); the
+    session's id.
+
+    Ray keeps one node address per host, the last ``ray start``'s, and a driver joins the cluster through
+    the node at that address. On real machines the host you run mtpdiag on keeps its own; here it is put
+    back to the head's, so that mtpdiag joins through the head (and survives what the tests do to the others).
+    """
     with open(log, "w") as out:
-        proc = subprocess.Popen([*RAY, "start", f"--address={address}", "--node-ip-address=127.0.0.1",
+        proc = subprocess.Popen([*RAY, "start", f"--address={cluster.address}", f"--node-ip-address={ip}",
                                  "--disable-usage-stats", *extra], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env or cluster_env, cwd="/", start_new_session=True)
+                                stdin=subprocess.DEVNULL, env=env or cluster.env, cwd="/", start_new_session=True)
     assert proc.wait(timeout=180) == 0, log.read_text(errors="replace")[-2000:]
+    cached = Path(cluster.ray_tmp) / "session_latest" / "node_ip_address.json"
+    cached.write_text(json.dumps({"node_ip_address": cluster.address.rpartition(":")[0]}))
     return proc.pid
 
 
@@ -117,47 +117,34 @@ def _raylet_of_session(session: int) -> int:
     return raylet
 
 
-def _wait_until_quiet(pids: list[int], quiet_s: float = 2.5, timeout: float = 120.0) -> None:
-    """Until no actor's main thread has used CPU for ``quiet_s``: the job hangs."""
-    deadline = time.monotonic() + timeout
-    last, since = None, time.monotonic()
-    while time.monotonic() < deadline:
-        ticks = [procfs.main_thread_ticks(p) for p in pids]
-        assert None not in ticks, f"an actor exited: {ticks}"
-        if ticks != last:
-            last, since = ticks, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"the actors did not go quiet within {timeout}s")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     _require_ray()
     tmp = tmp_path_factory.mktemp("ray-cluster")
     # Ray's unix socket paths live under its temp dir and must stay under 108 bytes: pytest's is too long.
     ray_tmp = tempfile.mkdtemp(prefix="mtpd-rc-", dir="/tmp")
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
+    port = free_port()
     # Both nodes' Ray workers import this checkout's mtpdiag (the capture task runs there).
     env = {**os.environ, **NODE_ENV, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     log_a, log_b = tmp / "node-a.log", tmp / "node-b.log"
     head = (f'set -e\n"{sys.executable}" -m ray.scripts.scripts start --head --port={port} '
-            f'--node-ip-address=127.0.0.1 --num-cpus=3 --num-gpus=2 --include-dashboard=false '
-            f'--disable-usage-stats --temp-dir={ray_tmp}\necho "head started"\n'
-            f'exec "$@" --address {address}\n')
+            f'--num-cpus=3 --num-gpus=2 --include-dashboard=false --disable-usage-stats --temp-dir={ray_tmp}\n'
+            f'echo "head started"\nexec "$@" --address 127.0.0.1:{port}\n')
     driver = [sys.executable, DRIVER, *OVERRIDES, "--gate", "buggy", "--worker-env", f"WANDB_API_KEY={CANARY}"]
     with open(log_a, "w") as out:
         proc = subprocess.Popen(["bash", "-c", head, "bash", *driver], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, cwd=ROOT, start_new_session=True)
     sessions = {proc.pid}
-    state = Cluster(address=address, sessions=sessions, driver=proc.pid, actors={}, node_of={}, head="", other="", other_session=0,
-                    raylets={}, env=env, tmp=tmp, logs=[log_a, log_b])
+    state = Cluster(address="", sessions=sessions, driver=proc.pid, actors={}, node_of={}, head="", other="",
+                    other_session=0,
+                    raylets={}, env=env, tmp=tmp, ray_tmp=ray_tmp, logs=[log_a, log_b])
     try:
         _wait_for(lambda: _line(log_a, "head started") or proc.poll() is not None, "head node", 180, log_a)
-        state.other_session = _start_node(env, address, log_b, "--num-cpus=3", "--num-gpus=2")
+        # The head's address as Ray gives it (the host's address: Ray replaces 127.0.0.1 with it).
+        started = re.sub(r"\x1b\[[0-9;]*m", "", log_a.read_text(errors="replace"))
+        state.address = re.search(r"ray start --address='([^']+)'", started).group(1)
+        state.other_session = _start_node(state, "127.0.0.2", log_b, "--num-cpus=3", "--num-gpus=2")
         sessions.add(state.other_session)
         ready = _wait_for(lambda: _line(log_a, "ready pids="), "ready line from the driver", 300, log_a)
         fields = dict(item.split("=", 1) for item in ready.split() if "=" in item)
@@ -168,7 +155,7 @@ def cluster(tmp_path_factory):
         head_raylet = _raylet_of_session(proc.pid)
         (state.head,) = [n for n, r in state.raylets.items() if r == head_raylet]
         (state.other,) = set(state.raylets) - {state.head}
-        _wait_until_quiet(list(state.actors.values()))
+        wait_until_quiet(list(state.actors.values()))
         yield state
     finally:
         proc.send_signal(signal.SIGTERM)  # the driver disconnects; the nodes stay until their sessions end
@@ -203,28 +190,17 @@ def _check_full_diagnosis(report: dict, cluster: Cluster) -> None:
     for rank, node in cluster.node_of.items():  # each node's label, made unique by its id on one machine
         assert node[:8] in hosts[rank], (rank, hosts)
     assert len(set(hosts.values())) == 2
-    assert report["world_size"] == WORLD
-    layout = report["layout"]
-    assert (layout["tp"], layout["cp"], layout["dp"], layout["pp"]) == (1, 2, 1, 2), layout
-    assert "command line" in report["layout_source"], report["layout_source"]
-    ranks = by_rank(report)
-    for rank, (op, function) in EXPECTED.items():
-        view = ranks[rank]
-        assert (view["state"], view["op"], view["site"]["function"]) == ("collective", op, function), view
-        assert any(f["function"].endswith("update_actor") for f in view["stack"]), rank
-    assert report["verdict"] == "problem"
-    finding = report["findings"][0]
-    assert (finding["id"], finding["ranks"]) == ("mtp-cp-gated-reduce", [2, 3])
-    (root,) = [m for m in report["mismatches"] if m["role"] == "root"]
-    assert (root["group"], root["entered"], root["absent"], root["gate"]) == ("dp_cp", [2], [3], {"cp": 0})
+    check_ray_verl_hang(report)
 
 
 def _check_node_missing(report: dict, stderr: str, cluster: Cluster, node: str) -> None:
     """The other node's ranks were captured; this node's show as not captured, with the node and why."""
     gone = cluster.ranks_on(node)
     assert sorted(v["rank"] for v in report["ranks"]) == sorted(set(cluster.actors) - set(gone))
-    (missing,) = [f for f in report["findings"] if f["id"] == "missing-rank"]
-    assert missing["ranks"] == gone
+    # A finding when a captured rank waits on them; otherwise a note (a partial capture is normal).
+    found = [f["ranks"] for f in report["findings"] if f["id"] == "missing-rank"]
+    listed = f"ranks {gone[0]}, {gone[1]} not captured" in " ".join(report["notes"])
+    assert found == [gone] or (not found and listed), (report["findings"], report["notes"])
     said = [ln for ln in stderr.splitlines() if node[:8] in ln]
     assert said and any(reason in ln for ln in said for reason in NODE_GONE), stderr
     assert any(node[:8] in note for note in report["notes"]), report["notes"]
@@ -278,6 +254,7 @@ def test_collect_ray_writes_one_bundle_that_analyze_reads(cluster, tmp_path):
     done = _cli(cluster, "collect", "--ray", cluster.address, "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     (bundle,) = list(out.iterdir())
+    assert bundle.name == f"ray-{socket.gethostname()}.mtpdiag.json"  # named for the node it joined through
     assert CANARY.encode() not in bundle.read_bytes()
     data = json.loads(bundle.read_text())
     # Node B's ranks carry the driver's sizes too, though nothing on node B names them.
@@ -343,7 +320,7 @@ def test_a_node_whose_mtpdiag_lacks_the_ray_capture_is_one_line_and_the_rest_is_
     (old / "mtpdiag").mkdir(parents=True)
     (old / "mtpdiag" / "__init__.py").write_text('__version__ = "0.0.1"\n')
     env = {**cluster.env, "PYTHONPATH": str(old)}
-    session = _start_node(cluster.env, cluster.address, cluster.tmp / "node-c.log", "--num-cpus=0", env=env)
+    session = _start_node(cluster, "127.0.0.3", cluster.tmp / "node-c.log", "--num-cpus=0", env=env)
     cluster.sessions.add(session)
     node_c = _raylet_of_session(session)
     try:
@@ -367,7 +344,7 @@ def test_a_node_whose_raylet_is_frozen_shows_its_ranks_as_not_captured(cluster):
         done = _cli(cluster, "inspect", "--ray", cluster.address, "--ray-timeout", "8", "--json")
     finally:
         os.kill(raylet, signal.SIGCONT)
-    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.returncode == 1 and done.stdout, done.stderr[-3000:]
     _check_node_missing(json.loads(done.stdout), done.stderr, cluster, other)
 
 
@@ -375,5 +352,5 @@ def test_a_killed_node_shows_its_ranks_as_not_captured(cluster):
     other = cluster.other
     assert end_sessions({cluster.other_session}, {cluster.raylets[other]}) == []
     done = _cli(cluster, "inspect", "--ray", cluster.address, "--ray-timeout", "30", "--json")
-    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.returncode == 1 and done.stdout, done.stderr[-3000:]
     _check_node_missing(json.loads(done.stdout), done.stderr, cluster, other)

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs_e2e import ROOT, by_rank, end_sessions, run_cli, session_members
+from jobs_e2e import ROOT, check_ray_verl_hang, end_sessions, free_port, run_cli, session_members, wait_until_quiet
 from mtpdiag.capture import procfs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
@@ -46,11 +45,6 @@ CANARY = "cnry-ray-6b0e-wandb"  # in every actor's environment and on the driver
 OVERRIDES = ["actor_rollout_ref.actor.megatron.context_parallel_size=2",
              "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
              f"trainer.n_gpus_per_node={WORLD}", "trainer.nnodes=1"]
-# Where each rank of the cp=2 pp=2 hang waits (see examples/mtp_cp_deadlock/README.md).
-EXPECTED = {0: ("send", "send_forward"), 1: ("all_gather", "ring_attention"),
-            2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
-            3: ("all_gather", "ring_attention")}
-
 
 @dataclass(frozen=True)
 class RayJob:
@@ -73,12 +67,6 @@ def _require_ray(mode: str) -> None:
         pytest.skip(f"{', '.join(missing)} not installed (pip install -r requirements-ci.txt)")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _session_members(session: int) -> list[int]:
     return session_members({session})
 
@@ -99,34 +87,19 @@ def _tail(log: Path) -> str:
     return " | ".join(log.read_text(errors="replace").strip().splitlines()[-8:])
 
 
-def _wait_until_quiet(pids: list[int], quiet_s: float = 2.5, timeout: float = 120.0) -> None:
-    """Until no actor's main thread has used CPU for ``quiet_s``: the job hangs."""
-    deadline = time.monotonic() + timeout
-    last, since = None, time.monotonic()
-    while time.monotonic() < deadline:
-        ticks = [procfs.main_thread_ticks(p) for p in pids]
-        assert None not in ticks, f"an actor exited: {ticks}"
-        if ticks != last:
-            last, since = ticks, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"the actors did not go quiet within {timeout}s")
-
-
 def _launch(mode: str, ray_tmp: str, log: Path) -> subprocess.Popen:
     """The job in a session of its own, as a user starts it from a terminal."""
     py = sys.executable
     driver = [py, DRIVER, *OVERRIDES, "--gate", "buggy", "--worker-env", f"WANDB_API_KEY={CANARY}"]
     ray = f'"{py}" -m ray.scripts.scripts'
-    port = _free_port()
+    port = free_port()
     start = (f'{ray} start --head --port={port} --node-ip-address=127.0.0.1 --num-cpus={WORLD + 1} '
              f'--disable-usage-stats --temp-dir={ray_tmp}')
     if mode == "ray start":  # the cluster first, then the driver joins it from the same shell
         script = f'set -e\n{start} --include-dashboard=false\nexec "$@" --address 127.0.0.1:{port}\n'
         cmd = ["bash", "-c", script, "bash", *driver]
     elif mode == "ray job submit":  # the driver runs as a Ray job; its output is followed into the log
-        jobs = f"http://127.0.0.1:{_free_port()}"
+        jobs = f"http://127.0.0.1:{free_port()}"
         script = (f'set -e\n{start} --include-dashboard=true --dashboard-port={jobs.rsplit(":", 1)[1]}\n'
                   f'{ray} job submit --address {jobs} --submission-id {SUBMISSION} --no-wait -- "$@"\n'
                   f'exec {ray} job logs --address {jobs} --follow {SUBMISSION}\n')
@@ -165,7 +138,7 @@ def job(request, tmp_path_factory):
         if mode == "ray job submit":  # the driver Ray's job supervisor started, below the raylet
             (driver,) = [p for p in procfs.descendants(raylets[0])
                          if procfs.is_python(p) and DRIVER in (procfs.read_cmdline(p) or [])]
-        _wait_until_quiet(list(actors.values()))
+        wait_until_quiet(list(actors.values()))
         yield RayJob(mode=mode, session=session, driver=driver, raylet=raylets[0], actors=actors, log=log)
     finally:
         proc.send_signal(signal.SIGTERM)  # the driver shuts Ray down (ray start: only its connection)
@@ -223,21 +196,7 @@ def test_the_actors_are_deployed_as_verl_deploys_them(job):
 
 def _check_diagnosis(report: dict, job: RayJob) -> None:
     assert sorted((v["rank"], v["pid"]) for v in report["ranks"]) == sorted(job.actors.items())
-    ranks = by_rank(report)
-    assert report["world_size"] == WORLD
-    layout = report["layout"]
-    assert (layout["tp"], layout["cp"], layout["dp"], layout["pp"]) == (1, 2, 1, 2), layout
-    assert "command line" in report["layout_source"], report["layout_source"]
-    for rank, (op, function) in EXPECTED.items():
-        view = ranks[rank]
-        assert (view["state"], view["op"], view["site"]["function"]) == ("collective", op, function), view
-        # The stack is the actor's: Ray's task loop calls the WorkerDict method that trains.
-        assert any(f["function"].endswith("update_actor") for f in view["stack"]), rank
-    assert report["verdict"] == "problem"
-    finding = report["findings"][0]
-    assert (finding["id"], finding["ranks"]) == ("mtp-cp-gated-reduce", [2, 3])
-    (root,) = [m for m in report["mismatches"] if m["role"] == "root"]
-    assert (root["group"], root["entered"], root["absent"], root["gate"]) == ("dp_cp", [2], [3], {"cp": 0})
+    check_ray_verl_hang(report)
 
 
 def _foreign_ranked(job: RayJob) -> list[int]:

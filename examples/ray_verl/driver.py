@@ -148,9 +148,14 @@ class TaskRunner:
         return sorted(ray.get([w.init_model.remote(**sizes) for w in self.workers]))
 
     def fit(self, gate: str, steps: int) -> list:
+        """Every rank's steps. It waits for all of them before it reads any: a rank lost with its node leaves
+        the others hanging in their collectives, as NCCL ranks hang until their watchdog fires, rather than
+        ending the job at once (``ray.get`` of a list raises as soon as one of them failed)."""
         import ray
 
-        return ray.get([w.update_actor.remote(gate, steps) for w in self.workers])
+        refs = [w.update_actor.remote(gate, steps) for w in self.workers]
+        ray.wait(refs, num_returns=len(refs))
+        return ray.get(refs)
 
 
 def _stop(signum, frame):

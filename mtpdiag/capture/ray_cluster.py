@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -68,9 +70,15 @@ class RayCluster:
         self.ray = import_ray()
         self.address = address
         self.timeout = timeout
+        # While connected, Ray prints the cluster's error messages (a node marked dead, ...) on sys.stdout:
+        # they go to stderr, so that stdout holds the report alone (--json) once this connection is closed.
+        self._stdout, sys.stdout = sys.stdout, sys.stderr
         try:
+            if not address.startswith("ray://"):
+                answers(gcs_address(address))  # ray.init retries an address nothing answers at for ever
             self.ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         except Exception as exc:  # ConnectionError (no cluster there), ValueError (a bad address), RuntimeError
+            sys.stdout = self._stdout
             raise InputError(f"cannot connect to the Ray cluster at {address}: {one_line(exc)}") from None
         self._remote = self.ray.remote(capture_node)
         self._driver_node = self.ray.get_runtime_context().get_node_id()
@@ -87,6 +95,7 @@ class RayCluster:
         """Disconnect; Ray ends this driver's job, and with it the workers that ran its capture tasks."""
         if self.ray.is_initialized():
             self.ray.shutdown()
+        sys.stdout = self._stdout
 
     def nodes(self) -> list[Node]:
         """Every node the cluster's GCS lists, alive ones first (the driver's own node first among them)."""
@@ -119,6 +128,8 @@ class RayCluster:
         check_world_sizes(loaded)
         _check_one_node_per_rank(loaded)
         snapshot = with_hints(merge(loaded, []), cmdline.merge_hints(*hints))
+        # Named for the cluster, by the node mtpdiag joined it through (a bundle's file name, --out DIR).
+        snapshot = replace(snapshot, host=f"ray-{alive[0].hostname}" if alive else "ray")
         failed += _dead_nodes_note(nodes, snapshot)
         snapshot = replace(snapshot, errors=(*snapshot.errors, *failed))
         return ClusterCapture(snapshot=snapshot, nodes=tuple(alive), failed=tuple(failed), notes=tuple(notes))
@@ -175,6 +186,29 @@ def import_ray() -> Any:
     except ImportError as exc:
         raise InputError(f"--ray needs Ray, which this Python cannot import ({exc}): {INSTALL_RAY}") from None
     return ray
+
+
+def gcs_address(address: str) -> str:
+    """``HOST:PORT`` of the cluster's GCS: ``auto`` is RAY_ADDRESS, else the cluster ``ray start`` last started
+    here (Ray's own lookup); ConnectionError when there is none."""
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+
+    try:
+        return canonicalize_bootstrap_address_or_die(address)
+    except ConnectionError:
+        if address != "auto":
+            raise
+        raise ConnectionError("no Ray cluster runs here and RAY_ADDRESS is not set (give --ray HOST:PORT)") from None
+
+
+def answers(host_port: str, timeout: float = 10.0) -> None:
+    """ConnectionError unless something accepts a TCP connection at ``host_port`` (the GCS's port)."""
+    host, _, port = host_port.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as exc:
+        raise ConnectionError(f"nothing answers at {host_port} ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def why_failed(exc: BaseException, ray: Any) -> str:

@@ -131,6 +131,8 @@ def watch(
                 report = pipeline.hang_report(pipeline.diagnose_snapshot(last, layout_options,
                                                                          fr=last.flight_recorder),
                                               tracker, now, interval, stall)
+                if cluster is not None:
+                    cluster.close()  # Ray's messages no longer share stdout with the report
                 path = save_bundle(last, pipeline.hang_bundle_path(out, last))
                 print(f"mtpdiag watch: hang after {tracker.stalled_for(now):.1f} s without progress; "
                       f"bundle written to {path}", file=sys.stderr)
