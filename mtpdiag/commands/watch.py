@@ -96,9 +96,7 @@ def watch(
                                             timeout=timeout)
             return capture(targets, native=native and not busy, native_timeout=native_timeout,
                            nonblocking=nonblocking or busy, timeout=timeout)
-        except (NothingCaptured, InputError) as exc:
-            if isinstance(exc, InputError) and cluster is None:
-                raise
+        except (NothingCaptured, InputError):  # e.g. a worker that exited between discovery and its dump
             now_targets = _targets_now(list_targets)
             if now_targets is None:
                 _ended(status, tracker, time.monotonic() - start)
