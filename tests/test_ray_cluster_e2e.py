@@ -1,16 +1,18 @@
-"""End to end on a real two-node Ray cluster on one machine: ``--ray`` captures every node through Ray itself.
+"""End to end on a real multi-node Ray cluster on one machine: ``--ray`` captures every node through Ray itself.
 
-Node A is ``ray start --head`` and, in the same session, the verl-style driver (``examples/ray_verl/driver.py``
-with verl's Hydra overrides), as verl's multi-node guide starts a job. Node B is ``ray start --address`` in a
-session of its own, as on another machine: nothing there names the parallel sizes, so its ranks can get their
-layout only from the driver on node A, through the cluster. The driver places the four ``WorkerDict`` actors as
-verl's ``RayResourcePool`` does (``trainer.nnodes=2``: one STRICT_PACK placement group per node), two ranks on
-each node; they run real megatron-core MTP loss code on gloo and hang (verl #5895, cp=2 pp=2). Both nodes carry
+As verl runs on a cluster: a head node without GPUs runs the driver (``ray start --head`` and, in the same
+session, ``examples/ray_verl/driver.py`` with verl's Hydra overrides), and two GPU nodes, B and C, each
+started by ``ray start --address`` in a session of its own and with an address of its own, as other machines
+would be, run the ranks. The driver places the four ``WorkerDict`` actors as verl's ``RayResourcePool`` does
+(``trainer.nnodes=2``: one STRICT_PACK placement group per node): ranks 0 and 1 on B, 2 and 3 on C. They run
+real megatron-core MTP loss code on gloo and hang (verl #5895, cp=2 pp=2). Nothing on B or C names the
+parallel sizes: the layout can only come from the driver on the head, through the cluster. Every node carries
 a Kubeflow-style ``RANK``/``WORLD_SIZE``, which every Ray process there inherits, the capture tasks' own
 workers included; the actors carry a canary secret in their environment.
 
-The failure cases come last, in order, because they take the cluster apart: a third node whose mtpdiag lacks
-the Ray capture, node B's raylet frozen, node B killed.
+The failure cases come last, in order, because they take the cluster apart: a fourth node whose mtpdiag lacks
+the Ray capture, node B's raylet frozen, node B killed (ranks 2 and 3, on C, wait on each other only, so they
+stay hung as the ranks of a job that lost a node do).
 
 Every Ray process is ended by session at the end (never ``ray stop``, which would end every Ray cluster on the
 machine, other users' included), and the test checks that none is left.
@@ -58,17 +60,24 @@ class Cluster:
     driver: int
     actors: dict[int, int]  # rank -> pid
     node_of: dict[int, str]  # rank -> Ray node id
-    head: str  # node A's id (the driver's)
-    other: str  # node B's id
-    other_session: int  # node B's session (its raylet, agents and actors)
-    raylets: dict[str, int]  # node id -> raylet pid
+    raylets: dict[str, int]  # node id -> raylet pid, of the nodes that run ranks
+    node_sessions: dict[str, int]  # node id -> the session of its raylet, agents and actors
     env: dict[str, str]
     tmp: Path
     ray_tmp: str
-    logs: list[Path] = field(default_factory=list)
 
     def ranks_on(self, node: str) -> list[int]:
         return sorted(r for r, n in self.node_of.items() if n == node)
+
+    @property
+    def lost(self) -> str:
+        """The node the destructive tests take down: ranks 0 and 1 (node B)."""
+        return self.node_of[0]
+
+    @property
+    def kept(self) -> str:
+        """The node whose ranks (2 and 3) wait on each other and stay hung (node C)."""
+        return self.node_of[2]
 
 
 def _require_ray() -> None:
@@ -127,34 +136,30 @@ def cluster(tmp_path_factory):
     # Both nodes' Ray workers import this checkout's mtpdiag (the capture task runs there).
     env = {**os.environ, **NODE_ENV, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
-    log_a, log_b = tmp / "node-a.log", tmp / "node-b.log"
+    log = tmp / "head.log"
     head = (f'set -e\n"{sys.executable}" -m ray.scripts.scripts start --head --port={port} '
-            f'--num-cpus=3 --num-gpus=2 --include-dashboard=false --disable-usage-stats --temp-dir={ray_tmp}\n'
+            f'--num-cpus=1 --num-gpus=0 --include-dashboard=false --disable-usage-stats --temp-dir={ray_tmp}\n'
             f'echo "head started"\nexec "$@" --address 127.0.0.1:{port}\n')
     driver = [sys.executable, DRIVER, *OVERRIDES, "--gate", "buggy", "--worker-env", f"WANDB_API_KEY={CANARY}"]
-    with open(log_a, "w") as out:
+    with open(log, "w") as out:
         proc = subprocess.Popen(["bash", "-c", head, "bash", *driver], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, cwd=ROOT, start_new_session=True)
-    sessions = {proc.pid}
-    state = Cluster(address="", sessions=sessions, driver=proc.pid, actors={}, node_of={}, head="", other="",
-                    other_session=0,
-                    raylets={}, env=env, tmp=tmp, ray_tmp=ray_tmp, logs=[log_a, log_b])
+    state = Cluster(address="", sessions={proc.pid}, driver=proc.pid, actors={}, node_of={}, raylets={},
+                    node_sessions={}, env=env, tmp=tmp, ray_tmp=ray_tmp)
     try:
-        _wait_for(lambda: _line(log_a, "head started") or proc.poll() is not None, "head node", 180, log_a)
+        _wait_for(lambda: _line(log, "head started") or proc.poll() is not None, "head node", 180, log)
         # The head's address as Ray gives it (the host's address: Ray replaces 127.0.0.1 with it).
-        started = re.sub(r"\x1b\[[0-9;]*m", "", log_a.read_text(errors="replace"))
+        started = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace"))
         state.address = re.search(r"ray start --address='([^']+)'", started).group(1)
-        state.other_session = _start_node(state, "127.0.0.2", log_b, "--num-cpus=3", "--num-gpus=2")
-        sessions.add(state.other_session)
-        ready = _wait_for(lambda: _line(log_a, "ready pids="), "ready line from the driver", 300, log_a)
+        for name, ip in (("b", "127.0.0.2"), ("c", "127.0.0.3")):
+            state.sessions.add(_start_node(state, ip, tmp / f"node-{name}.log", "--num-cpus=3", "--num-gpus=2"))
+        ready = _wait_for(lambda: _line(log, "ready pids="), "ready line from the driver", 300, log)
         fields = dict(item.split("=", 1) for item in ready.split() if "=" in item)
         state.actors = {int(r): int(p) for r, p in (i.split(":") for i in fields["pids"].split(","))}
         state.node_of = {int(r): n for r, n in (i.split(":") for i in fields["nodes"].split(","))}
         for rank, pid in state.actors.items():
-            state.raylets[state.node_of[rank]] = procfs.read_stat(pid).ppid
-        head_raylet = _raylet_of_session(proc.pid)
-        (state.head,) = [n for n, r in state.raylets.items() if r == head_raylet]
-        (state.other,) = set(state.raylets) - {state.head}
+            state.raylets[state.node_of[rank]] = raylet = procfs.read_stat(pid).ppid
+            state.node_sessions[state.node_of[rank]] = procfs.read_stat(raylet).session
         wait_until_quiet(list(state.actors.values()))
         yield state
     finally:
@@ -209,19 +214,19 @@ def _check_node_missing(report: dict, stderr: str, cluster: Cluster, node: str) 
 # ------------------------------------------------------------------------------------------ the cluster works
 
 
-def test_the_ranks_are_spread_over_two_nodes_as_verl_spreads_them(cluster):
+def test_the_ranks_are_spread_over_the_gpu_nodes_as_verl_spreads_them(cluster):
     """What the other tests rely on, checked on the live processes."""
     assert sorted(cluster.actors) == list(range(WORLD))
-    assert len(cluster.ranks_on(cluster.head)) == 2 and len(cluster.ranks_on(cluster.other)) == 2
-    other_session = cluster.other_session
-    assert procfs.read_stat(cluster.raylets[cluster.other]).session == other_session != cluster.driver
+    assert cluster.ranks_on(cluster.lost) == [0, 1] and cluster.ranks_on(cluster.kept) == [2, 3]
+    sessions = set(cluster.node_sessions.values())
+    assert len(sessions) == 2 and cluster.driver not in sessions  # the driver runs on the head, with no rank
     for rank, pid in cluster.actors.items():
         assert procfs.read_stat(pid).comm == "ray::WorkerDict"
         assert procfs.read_stat(pid).ppid == cluster.raylets[cluster.node_of[rank]]
         environ = dict(e.partition(b"=")[::2] for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if e)
         assert environ[b"RANK"] == str(rank).encode() and environ[b"WANDB_API_KEY"] == CANARY.encode()
-    # Node B's session holds no process whose command line names a parallel size.
-    for pid in (p for p in procfs.all_pids() if (s := procfs.read_stat(p)) and s.session == other_session):
+    # No process of the rank nodes' sessions names a parallel size: the sizes are on the head only.
+    for pid in (p for p in procfs.all_pids() if (s := procfs.read_stat(p)) and s.session in sessions):
         assert not any("parallel_size" in a for a in procfs.read_cmdline(pid) or []), pid
     # Beside the actors, each raylet runs Ray's own Python processes with the node's RANK: never ranks.
     others = _ray_python_processes(cluster) - set(cluster.actors.values())
@@ -279,13 +284,13 @@ def test_watch_ray_calls_the_hang_and_saves_its_bundle(cluster, tmp_path):
 
 def test_without_ray_nothing_imports_ray_and_the_local_capture_still_works(cluster):
     script = ("import sys\nfrom mtpdiag.cli import main\n"
-              f"sys.argv = ['mtpdiag', 'inspect', '--pid', '{cluster.raylets[cluster.head]}', '--json']\n"
+              f"sys.argv = ['mtpdiag', 'inspect', '--pid', '{cluster.raylets[cluster.kept]}', '--json']\n"
               "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
               "print(f'ray-imported={\"ray\" in sys.modules} code={code}', file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.stderr.strip().splitlines()[-1] == "ray-imported=False code=1", done.stderr[-2000:]
     report = json.loads(done.stdout)
-    assert sorted(v["rank"] for v in report["ranks"]) == cluster.ranks_on(cluster.head)
+    assert sorted(v["rank"] for v in report["ranks"]) == cluster.ranks_on(cluster.kept)
 
 
 @pytest.mark.parametrize("command", ["inspect", "watch", "collect"])
@@ -315,14 +320,14 @@ def test_a_node_without_py_spy_says_what_to_install(tmp_path):
 
 
 def test_a_node_whose_mtpdiag_lacks_the_ray_capture_is_one_line_and_the_rest_is_diagnosed(cluster, tmp_path):
-    """Node C runs an mtpdiag without ``capture.ray_node`` (an old release first on its Ray workers' path)."""
+    """Node D runs an mtpdiag without ``capture.ray_node`` (an old release first on its Ray workers' path)."""
     old = tmp_path / "old-mtpdiag"
     (old / "mtpdiag").mkdir(parents=True)
     (old / "mtpdiag" / "__init__.py").write_text('__version__ = "0.0.1"\n')
     env = {**cluster.env, "PYTHONPATH": str(old)}
-    session = _start_node(cluster, "127.0.0.3", cluster.tmp / "node-c.log", "--num-cpus=0", env=env)
+    session = _start_node(cluster, "127.0.0.4", cluster.tmp / "node-d.log", "--num-cpus=0", env=env)
     cluster.sessions.add(session)
-    node_c = _raylet_of_session(session)
+    node_d = _raylet_of_session(session)
     try:
         # From a directory without mtpdiag: Ray puts the driver's working directory on its workers' path.
         done = _cli(cluster, "inspect", "--ray", cluster.address, "--json", cwd=str(tmp_path))
@@ -332,25 +337,23 @@ def test_a_node_whose_mtpdiag_lacks_the_ray_capture_is_one_line_and_the_rest_is_
         assert len(warnings) == 1, done.stderr
         assert "No module named 'mtpdiag.capture'" in warnings[0] and "pip install 'mtpdiag==" in warnings[0]
     finally:
-        assert end_sessions({session}, {node_c}) == []
+        assert end_sessions({session}, {node_d}) == []
         cluster.sessions.discard(session)
 
 
 def test_a_node_whose_raylet_is_frozen_shows_its_ranks_as_not_captured(cluster):
-    other = cluster.other
-    raylet = cluster.raylets[other]
+    raylet = cluster.raylets[cluster.lost]
     os.kill(raylet, signal.SIGSTOP)
     try:
         done = _cli(cluster, "inspect", "--ray", cluster.address, "--ray-timeout", "8", "--json")
     finally:
         os.kill(raylet, signal.SIGCONT)
     assert done.returncode == 1 and done.stdout, done.stderr[-3000:]
-    _check_node_missing(json.loads(done.stdout), done.stderr, cluster, other)
+    _check_node_missing(json.loads(done.stdout), done.stderr, cluster, cluster.lost)
 
 
 def test_a_killed_node_shows_its_ranks_as_not_captured(cluster):
-    other = cluster.other
-    assert end_sessions({cluster.other_session}, {cluster.raylets[other]}) == []
+    assert end_sessions({cluster.node_sessions[cluster.lost]}, {cluster.raylets[cluster.lost]}) == []
     done = _cli(cluster, "inspect", "--ray", cluster.address, "--ray-timeout", "30", "--json")
     assert done.returncode == 1 and done.stdout, done.stderr[-3000:]
-    _check_node_missing(json.loads(done.stdout), done.stderr, cluster, other)
+    _check_node_missing(json.loads(done.stdout), done.stderr, cluster, cluster.lost)

@@ -115,12 +115,13 @@ class TaskRunner:
 
         With ``nnodes`` > 1 the ranks are spread as verl's ``RayResourcePool`` spreads them: one STRICT_PACK
         placement group per node, a ``{"CPU": 1, "GPU": 1}`` bundle per rank (start each node with
-        ``--num-gpus``; on CPU the GPUs are only a resource Ray counts), node by node in rank order.
+        ``--num-gpus``; on CPU the GPUs are only a resource Ray counts), ranks 0.. on the node with the lowest
+        address, and so on.
         """
         import uuid
 
         import ray
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, placement_group_table
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         prefix = uuid.uuid4().hex[:6]  # verl: a random 6-character name prefix
@@ -132,6 +133,9 @@ class TaskRunner:
             pools = [placement_group([{"CPU": 1, "GPU": 1}] * per_node, strategy="STRICT_PACK")
                      for _ in range(nnodes)]
             ray.get([pg.ready() for pg in pools])
+            # Ranks go node by node in the order of the nodes' addresses, as verl orders its placement groups.
+            address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+            pools.sort(key=lambda pg: address[placement_group_table(pg)["bundles_to_node_id"][0]])
         self.workers = []
         for rank in range(world_size):
             local = rank % per_node
