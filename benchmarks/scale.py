@@ -1,22 +1,28 @@
-"""Time ``mtpdiag analyze DIR --json`` on synthetic N-rank bundle sets against a json.loads baseline.
+"""Time ``mtpdiag analyze DIR --json`` on synthetic N-rank inputs against a json.loads baseline.
 
-Usage: python benchmarks/scale.py [--sizes 1024,4096,16384] [--per-host 8] [--repeat 3] [--profile]
+Usage: python benchmarks/scale.py [--shapes bundle,pyspy] [--sizes 1024,4096,16384] [--per-host 8]
+                                  [--repeat 3] [--profile]
 
 The captures are the recorded MTP-CP hang (tests/fixtures/captures/mtp_cp_pp: cp=2, pp=2, real py-spy
-dumps of a real torchrun+gloo job) tiled over dp replicas with ``tests/captures.py:tile`` until the world
-has N ranks, then written as one real ``mtpdiag.bundle/1`` per host (``node-0000`` ...), ``--per-host``
-ranks each, with the environment a ``collect`` bundle carries. Each size is then measured in the same run:
+dumps of a real torchrun+gloo job) tiled over dp replicas until the world has N ranks, in two shapes:
 
-* baseline: a fresh interpreter that ``json.loads`` every bundle file and keeps the results;
-* analyze:  ``python -m mtpdiag analyze DIR --cp 2 --pp 2 --json > /dev/null``.
+* ``bundle``: one real ``mtpdiag.bundle/1`` per host (``node-0000`` ...), ``--per-host`` ranks each, with
+  the environment a ``collect`` bundle carries (tiled with ``tests/captures.py:tile``);
+* ``pyspy``: one ``py-spy dump --json --locals`` file per rank (``rank0.json`` ...): the recorded rank's own
+  file with the same (tp, cp, pp) coordinates, its pids and its send's ``dst``/``src`` moved to the new
+  rank (py-spy files carry no WORLD_SIZE, so analyze gets ``--world-size N``).
+
+Each shape and size is then measured in the same run:
+
+* baseline: a fresh interpreter that ``json.loads`` every file and keeps the results;
+* analyze:  ``python -m mtpdiag analyze DIR --cp 2 --pp 2 [--world-size N] --json > /dev/null``.
 
 Both are subprocesses (both pay interpreter start-up, both may cache bytecode as an installed package
 does), run alternately after one warm-up each; wall time is the median, memory the peak RSS of the child
 (``os.wait4``); CPU (user+sys) is shown too, as it is steadier than wall time on a shared machine. Above
-the goal of 1.5x at the largest size, the CPU split of the in-process steps (start-up, load_paths,
-diagnose, JSON render) is printed, with the floor of the data model: what start-up, parsing, one bare
-set of per-rank objects and the render cost with nothing checked or analysed. ``--profile`` adds a
-cProfile listing. No assertions.
+the goal of 1.0x at the largest size (or with ``--split``), the CPU split of the in-process steps
+(start-up, load_paths, diagnose, JSON render) is printed. ``--profile`` adds a cProfile listing.
+No assertions.
 """
 
 from __future__ import annotations
@@ -33,19 +39,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+
+from mtpdiag.model import replace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from captures import load_scenario, tile
+from captures import load_scenario, scenario_dir, tile
 
 from mtpdiag.inputs.bundle import bundle_path
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Snapshot
 
 SCENARIO = "mtp_cp_pp"
-GOAL_RATIO = 1.5
+GOAL_RATIO = 1.0
 BASELINE_PROGRAM = """
 import json, os, sys
 kept = []
@@ -53,7 +60,7 @@ for root, _, files in os.walk(sys.argv[1]):
     for name in sorted(files):
         with open(os.path.join(root, name), encoding="utf-8") as f:
             kept.append(json.loads(f.read()))
-print(sum(len(d["captures"]) for d in kept))
+print(len(kept))
 """
 
 
@@ -83,6 +90,37 @@ def synthesize(world: int, per_host: int, directory: str) -> int:
             f.write(json.dumps(bundle.to_dict(), indent=1) + "\n")
         written += 1
     return written
+
+
+def synthesize_pyspy(world: int, directory: str) -> int:
+    """Write one ``py-spy dump --json`` file per rank: the recorded rank with the same (tp, cp, pp)
+    coordinates, with the new rank's pids and its send's or recv's peer moved as ``tile`` moves it."""
+    _, layout, meta = load_scenario(SCENARIO)
+    sizes = meta["layout"]
+    big = ParallelLayout.for_world(world, tp=sizes.get("tp", 1), cp=sizes.get("cp", 1), pp=sizes.get("pp", 1))
+    recorded = {}
+    for rank in range(layout.world_size):
+        co = layout.coords(rank)
+        with open(os.path.join(scenario_dir(SCENARIO), f"rank{rank}.json"), encoding="utf-8") as f:
+            recorded[(co["tp"], co["cp"], co["pp"])] = (rank, json.load(f))
+    for rank in range(world):
+        co = big.coords(rank)
+        old, doc = recorded[(co["tp"], co["cp"], co["pp"])]
+        doc = json.loads(json.dumps(doc))
+        for thread in doc:
+            thread["pid"] = thread["os_thread_id"] = 1_000_000 + rank
+            for frame in thread["frames"]:
+                for local in frame.get("locals") or ():
+                    if local["name"] in ("dst", "src"):
+                        stage = layout.coords(int(local["repr"]))["pp"] - layout.coords(old)["pp"]
+                        stages = big.group_of("pp", rank)
+                        local["repr"] = str(stages[(stages.index(rank) + stage) % len(stages)])
+        with open(os.path.join(directory, f"rank{rank}.json"), "w", encoding="utf-8") as f:
+            f.write(json.dumps(doc, indent=2) + "\n")
+    return world
+
+
+SHAPES = {"bundle": "host bundles", "pyspy": "py-spy JSON files"}
 
 
 def _collect_env(rank: int, world: int, per_host: int) -> tuple[tuple[str, str], ...]:
@@ -144,11 +182,11 @@ def measure(directory: str, repeat: int, layout_flags: list[str]) -> dict:
     return out
 
 
-def phase_split(directory: str, layout_flags: dict) -> dict[str, float]:
-    """CPU seconds of each step ``analyze --json`` takes, in-process and as analyze runs them (without the
-    cyclic GC), next to json.loads of the same files, the start-up, and the floor of the data model."""
-    from mtpdiag.pipeline import LayoutOptions, diagnose_snapshot, paused_gc
+def phase_split(directory: str, layout_flags: dict, world_size: int | None) -> dict[str, float]:
+    """CPU seconds of each step ``analyze --json`` takes, in-process, next to json.loads of the same files
+    and the start-up."""
     from mtpdiag.inputs import load_paths
+    from mtpdiag.pipeline import LayoutOptions, diagnose_snapshot, with_world_size
     from mtpdiag.report import json_report
 
     steps: dict[str, float] = {}
@@ -172,77 +210,40 @@ def phase_split(directory: str, layout_flags: dict) -> dict[str, float]:
                 kept.append(json.loads(f.read()))
         return kept
 
+    def load() -> object:
+        snapshot = load_paths([directory])
+        return with_world_size(snapshot, world_size) if world_size else snapshot
+
     steps[INTERPRETER] = min(run_child([sys.executable, "-c", "pass"])[1] for _ in range(5))
     steps[STARTUP] = min(run_child([sys.executable, "-m", "mtpdiag", "analyze", MISSING])[1] for _ in range(5))
-    step(PARSE_GC, read_all)
-    with paused_gc():
-        parsed = step(PARSE, read_all)
-        snapshot = step(LOAD, load_paths, [directory])
-        report = step(DIAGNOSE, diagnose_snapshot, snapshot, LayoutOptions(**layout_flags))
-        step(RENDER, json_report.render, report)
-        step(BARE, bare_objects, parsed)
+    step(PARSE, read_all)
+    snapshot = step(LOAD, load)
+    options = LayoutOptions(**layout_flags, world_size=world_size)
+    report = step(DIAGNOSE, diagnose_snapshot, snapshot, options)
+    step(RENDER, json_report.render, report)
     return steps
 
 
 INTERPRETER = "interpreter alone (python -c pass)"
 STARTUP = "interpreter + analyze's imports (analyze of a missing path)"
-PARSE_GC = "json.loads only, GC on (baseline work)"
-PARSE = "json.loads only, GC off"
-LOAD = "load_paths (json.loads + from_dict + merge)"
+PARSE = "json.loads only (the baseline's work)"
+LOAD = "load_paths (read + decode + merge)"
 DIAGNOSE = "resolve layout + diagnose"
 RENDER = "json_report.render"
-BARE = "bare per-rank objects: no checks, no analysis (floor)"
 MISSING = "/nonexistent/mtpdiag-scale-start-up"
 
 
-def bare_objects(parsed: list) -> list:
-    """The least this design's data model costs: a RankCapture with its ThreadStack, and a RankView,
-    per rank, equal stacks shared, built straight from the parsed bundles with nothing checked."""
-    from mtpdiag.model import Frame, RankCapture, RankView, ThreadStack
-
-    stacks: dict = {}
-    views = []
-    for bundle in parsed:
-        for c in bundle["captures"]:
-            thread = c["threads"][0]
-            key = tuple([(f["function"], f["file"], f["line"]) for f in thread["frames"]])
-            frames = stacks.get(key)
-            if frames is None:
-                frames = stacks[key] = tuple(Frame(f["function"], f["file"], f["line"]) for f in thread["frames"])
-            capture = RankCapture(pid=c["pid"], host=c["host"], rank=c["rank"], state=c["state"],
-                                  threads=(ThreadStack(thread["thread_id"], thread["name"], frames,
-                                                       thread["native_id"], thread["active"]),),
-                                  env=tuple(c["env"].items()), source=c["source"])
-            views.append(RankView(rank=capture.rank, pid=capture.pid, host=capture.host, state=capture.state,
-                                  coords=None, op=None, site=None, stack=frames, peer=None, error=None))
-    return views
-
-
-def floor_line(steps: dict[str, float], world: int) -> str:
-    """What the goal leaves for checking and diagnosing once the unavoidable steps are paid, against the
-    baseline's own work measured in the same minute (its interpreter plus json.loads with the GC on)."""
-    baseline = steps[INTERPRETER] + steps[PARSE_GC]
-    floor = steps[STARTUP] + steps[PARSE] + steps[BARE] + steps[RENDER]
-    left = GOAL_RATIO * baseline - floor
-    return (f"floor of this design: start-up + json.loads (GC off) + bare objects + render = {floor:.2f} s CPU, "
-            f"{floor / baseline:.2f}x the baseline's work ({baseline:.2f} s: interpreter + json.loads, GC on); "
-            f"{GOAL_RATIO}x leaves {left:.2f} s to check and diagnose {world:,} ranks "
-            f"({left / world * 1e6:.0f} us per rank; this run spent "
-            f"{(steps[LOAD] - steps[PARSE] - steps[BARE] + steps[DIAGNOSE]) / world * 1e6:.0f})")
-
-
-def profile(directory: str, layout_flags: dict, top: int = 25) -> str:
+def profile(directory: str, layout_flags: dict, world_size: int | None, top: int = 25) -> str:
     """cProfile of what ``analyze --json`` does in-process: load, diagnose, render."""
-    from mtpdiag.pipeline import LayoutOptions, diagnose_snapshot, paused_gc
     from mtpdiag.inputs import load_paths
+    from mtpdiag.pipeline import LayoutOptions, diagnose_snapshot
     from mtpdiag.report import json_report
 
     profiler = cProfile.Profile()
-    with paused_gc():
-        profiler.enable()
-        report = diagnose_snapshot(load_paths([directory]), LayoutOptions(**layout_flags))
-        json_report.render(report)
-        profiler.disable()
+    profiler.enable()
+    report = diagnose_snapshot(load_paths([directory]), LayoutOptions(**layout_flags, world_size=world_size))
+    json_report.render(report)
+    profiler.disable()
     stream = io.StringIO()
     stats = pstats.Stats(profiler, stream=stream)
     stats.sort_stats("cumulative").print_stats(r"mtpdiag|json", top)
@@ -252,66 +253,74 @@ def profile(directory: str, layout_flags: dict, top: int = 25) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="bundle,pyspy", help="comma-separated: bundle (host bundles), "
+                        "pyspy (one py-spy JSON file per rank)")
     parser.add_argument("--sizes", default="1024,4096,16384", help="comma-separated world sizes")
     parser.add_argument("--per-host", type=int, default=8, help="ranks per host bundle")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--split", action="store_true", help="the CPU split of the steps at the largest size")
     parser.add_argument("--profile", action="store_true", help="cProfile the largest size in-process")
-    parser.add_argument("--keep", action="store_true", help="keep the synthesized bundles (prints where)")
+    parser.add_argument("--keep", action="store_true", help="keep the synthesized inputs (prints where)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    shapes = [s for s in args.shapes.split(",") if s]
+    if not set(shapes) <= set(SHAPES):
+        parser.error(f"--shapes: one or more of {', '.join(SHAPES)}")
     _, _, meta = load_scenario(SCENARIO)
     layout = {k: v for k, v in meta["layout"].items() if k in ("tp", "cp", "pp", "ep") and v > 1}
     flags = [x for k, v in layout.items() for x in (f"--{k}", str(v))]
     root = tempfile.mkdtemp(prefix="mtpdiag-scale-")
     use_bytecode_cache(os.path.join(root, "pycache"))
+    print(f"load average at start: {', '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} cores")
     rows = []
     try:
-        for world in sizes:
-            directory = os.path.join(root, f"n{world}")
-            os.makedirs(directory)
-            began = time.monotonic()
-            files = synthesize(world, args.per_host, directory)
-            mb = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)) / 2**20
-            print(f"N={world}: {files} host bundles, {mb:.1f} MB, synthesized in {time.monotonic() - began:.1f} s",
-                  flush=True)
-            row = measure(directory, args.repeat, flags)
-            row.update(world=world, files=files, input_mb=mb)
-            rows.append(row)
-            print(f"  baseline {row['baseline_s']:.2f} s, analyze {row['analyze_s']:.2f} s "
-                  f"(exit {row['analyze_exit']}), ratio {row['ratio']:.2f}", flush=True)
-        print()
-        print("wall = median wall seconds; cpu = median user+sys seconds (steadier on a shared machine)")
-        print(f"{'N':>6} {'files':>6} {'in MB':>6} {'base wall':>10} {'analyze wall':>13} {'ratio':>6} "
+        for shape in shapes:
+            for world in sizes:
+                directory = os.path.join(root, f"{shape}-n{world}")
+                os.makedirs(directory)
+                began = time.monotonic()
+                if shape == "bundle":
+                    files, extra = synthesize(world, args.per_host, directory), []
+                else:
+                    files, extra = synthesize_pyspy(world, directory), ["--world-size", str(world)]
+                mb = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)) / 2**20
+                print(f"{shape} N={world}: {files} {SHAPES[shape]}, {mb:.1f} MB, synthesized in "
+                      f"{time.monotonic() - began:.1f} s", flush=True)
+                row = measure(directory, args.repeat, flags + extra)
+                row.update(shape=shape, world=world, files=files, input_mb=mb, directory=directory)
+                rows.append(row)
+                print(f"  baseline {row['baseline_s']:.2f} s, analyze {row['analyze_s']:.2f} s "
+                      f"(exit {row['analyze_exit']}), ratio {row['ratio']:.2f}", flush=True)
+        print(f"\nload average at end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print("wall = median wall seconds; cpu = median user+sys seconds (steadier on a shared machine); "
+              "ratios are medians of the per-pair ratios")
+        print(f"{'shape':>6} {'N':>6} {'files':>6} {'in MB':>6} {'base wall':>10} {'analyze wall':>13} {'ratio':>6} "
               f"{'base cpu':>9} {'analyze cpu':>12} {'cpu ratio':>10} {'base MB':>8} {'analyze MB':>11}")
         for r in rows:
-            print(f"{r['world']:>6} {r['files']:>6} {r['input_mb']:>6.1f} {r['baseline_s']:>10.2f} "
+            print(f"{r['shape']:>6} {r['world']:>6} {r['files']:>6} {r['input_mb']:>6.1f} {r['baseline_s']:>10.2f} "
                   f"{r['analyze_s']:>13.2f} {r['ratio']:>6.2f} {r['baseline_cpu']:>9.2f} {r['analyze_cpu']:>12.2f} "
                   f"{r['cpu_ratio']:>10.2f} {r['baseline_mb']:>8.0f} {r['analyze_mb']:>11.0f}")
-        if len(rows) > 1:
-            first, last = rows[0], rows[-1]
-            scale = last["world"] / first["world"]
-            print(f"growth {first['world']} -> {last['world']} ranks (x{scale:.0f}): analyze wall "
-                  f"x{last['analyze_s'] / first['analyze_s']:.1f}, analyze peak RSS "
-                  f"x{last['analyze_mb'] / first['analyze_mb']:.1f} (input x{last['input_mb'] / first['input_mb']:.1f})")
-        largest = rows[-1]
-        verdict = "within" if largest["ratio"] <= GOAL_RATIO else "ABOVE"
-        print(f"\nratio at N={largest['world']}: {largest['ratio']:.2f} wall, {largest['cpu_ratio']:.2f} cpu "
-              f"({verdict} the goal of {GOAL_RATIO})")
-        if args.profile or largest["ratio"] > GOAL_RATIO:
-            directory = os.path.join(root, f"n{largest['world']}")
-            print(f"\nwhere analyze spends its CPU at N={largest['world']} (in-process, no profiler):")
-            steps = phase_split(directory, layout)
-            for name, seconds in steps.items():
-                print(f"  {seconds:6.2f} s  {name}")
-            print(floor_line(steps, largest["world"]))
-            if args.profile:
-                print()
-                print(profile(directory, layout))
-            else:
-                print("(run with --profile for a cProfile listing)")
+        for shape in shapes:
+            mine = [r for r in rows if r["shape"] == shape]
+            first, last = mine[0], mine[-1]
+            if len(mine) > 1:
+                print(f"{shape}: growth {first['world']} -> {last['world']} ranks (x{last['world'] / first['world']:.0f}): "
+                      f"analyze wall x{last['analyze_s'] / first['analyze_s']:.1f}, analyze peak RSS "
+                      f"x{last['analyze_mb'] / first['analyze_mb']:.1f} (input x{last['input_mb'] / first['input_mb']:.1f})")
+            verdict = "within" if last["ratio"] <= GOAL_RATIO else "ABOVE"
+            print(f"{shape}: ratio at N={last['world']}: {last['ratio']:.2f} wall, {last['cpu_ratio']:.2f} cpu "
+                  f"({verdict} the goal of {GOAL_RATIO})")
+            if args.split or args.profile or last["ratio"] > GOAL_RATIO:
+                world_size = last["world"] if shape == "pyspy" else None
+                print(f"\nwhere analyze spends its CPU ({shape}, N={last['world']}; in-process, no profiler):")
+                for name, seconds in phase_split(last["directory"], layout, world_size).items():
+                    print(f"  {seconds:6.2f} s  {name}")
+                if args.profile:
+                    print()
+                    print(profile(last["directory"], layout, world_size))
     finally:
         if args.keep:
-            print(f"bundles kept in {root}")
+            print(f"inputs kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
 

@@ -10,13 +10,13 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
-from mtpdiag.model import Report, Snapshot, who_and_why
+from mtpdiag.model import Report, Snapshot, replace, who_and_why
 from mtpdiag.vocabulary.states import Verdict
 
 if TYPE_CHECKING:  # watch's and --ray's parts, imported where they run
@@ -89,7 +89,7 @@ def capture_ray(cluster: RayCluster, said: set[str] | None = None, **options) ->
 def with_world_size(snapshot: Snapshot, world_size: int) -> Snapshot:
     """Give every capture that lacks WORLD_SIZE the one from --world-size."""
     captures = tuple(
-        c if c.world_size else replace(c, env=tuple(sorted(dict(c.env, WORLD_SIZE=str(world_size)).items())))
+        c if c.world_size else replace(c, env=replace(c.env, WORLD_SIZE=str(world_size)))
         for c in snapshot.captures
     )
     return replace(snapshot, captures=captures)
@@ -106,7 +106,8 @@ def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions, fr=None
     from mtpdiag.layout.sources import resolve_layout
 
     # The distinct hints only, in capture order: the ranks of one job mostly carry the same ones.
-    hints = [dict(h) for h in dict.fromkeys(c.layout_hints for c in snapshot.captures if c.layout_hints)]
+    hints = [dict(h) for h in dict.fromkeys(tuple(c.layout_hints.items()) for c in snapshot.captures
+                                             if c.layout_hints)]
     world_size = world_size_of(snapshot) or layout_options.world_size
     if world_size is None and fr is not None:
         from mtpdiag.analysis.flight_recorder.evidence import world_size as recorded_world

@@ -12,12 +12,11 @@ import glob
 import json
 import os
 import re
-from dataclasses import replace
 
 from mtpdiag.inputs import load_paths
 from mtpdiag.inputs.flight_recorder import load_fr_dumps
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import STATE_SLEEPING, STATE_STOPPED, Snapshot
+from mtpdiag.model import STATE_SLEEPING, STATE_STOPPED, Env, Snapshot, replace
 
 CAPTURES = os.path.join(os.path.dirname(__file__), "fixtures", "captures")
 # rank3.json, and rank3.error.txt where py-spy could not read the rank (not rank3.native.json: the --native dump)
@@ -44,7 +43,7 @@ def load_scenario(name: str, drop_ranks: tuple[int, ...] = ()) -> tuple[Snapshot
     world = meta["world_size"]
     stopped = set(meta.get("stopped_ranks") or ())
     captures = tuple(
-        replace(c, env=(("WORLD_SIZE", str(world)),),
+        replace(c, env=Env(WORLD_SIZE=str(world)),
                 state=STATE_STOPPED if c.rank in stopped else STATE_SLEEPING)
         for c in snapshot.captures
     )
@@ -74,19 +73,19 @@ def tile(snapshot: Snapshot, layout: ParallelLayout, big: ParallelLayout) -> Sna
         thread = recorded.main_thread
         frames = tuple(_moved_peer(f, old_rank[key], rank, layout, big) for f in thread.frames)
         captures.append(replace(recorded, rank=rank, pid=1_000_000 + rank,
-                                env=(("WORLD_SIZE", str(big.world_size)),),
+                                env=Env(WORLD_SIZE=str(big.world_size)),
                                 threads=(replace(thread, frames=frames, native_id=1_000_000 + rank),)))
     return replace(snapshot, captures=tuple(captures))
 
 
 def _moved_peer(frame, old: int, new: int, layout: ParallelLayout, big: ParallelLayout):
-    if not frame.args:
+    if frame.args is None:
         return frame
-    args = []
-    for name, value in frame.args:
-        if name in ("dst", "src"):
+    moved = {}
+    for name in ("dst", "src"):
+        value = frame.arg(name)
+        if value is not None:
             stage = layout.coords(value)["pp"] - layout.coords(old)["pp"]
             stages = big.group_of("pp", new)
-            value = stages[(stages.index(new) + stage) % len(stages)]
-        args.append((name, value))
-    return replace(frame, args=tuple(args))
+            moved[name] = stages[(stages.index(new) + stage) % len(stages)]
+    return replace(frame, args=replace(frame.args, **moved)) if moved else frame

@@ -185,7 +185,7 @@ def check_ray_verl_hang(report: dict) -> None:
         view = ranks[rank]
         assert (view["state"], view["op"], view["site"]["function"]) == ("collective", op, function), view
         # The stack is the actor's: Ray's task loop calls the WorkerDict method that trains.
-        assert any(f["function"].endswith("update_actor") for f in view["stack"]), rank
+        assert any(f["function"].endswith("update_actor") for f in report["stacks"][view["stack"]]), rank
     assert report["verdict"] == "problem"
     finding = report["findings"][0]
     assert (finding["id"], finding["ranks"]) == ("mtp-cp-gated-reduce", [2, 3])

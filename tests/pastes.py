@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import replace
 from pathlib import Path
 
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Snapshot
+from mtpdiag.model import Snapshot, replace
 
 PASTES = Path(__file__).parent / "fixtures" / "pastes"
 FORMS = ("pyspy", "locals", "native", "faulthandler", "pystack", "pystack-native")
@@ -45,8 +44,8 @@ def layout(scenario: str) -> ParallelLayout:
 
 def with_world_size(snapshot: Snapshot, size: int) -> Snapshot:
     """What ``analyze --world-size`` does for dumps that carry no WORLD_SIZE."""
-    return replace(snapshot, captures=tuple(replace(c, env=tuple(sorted({**dict(c.env), "WORLD_SIZE": str(size)}
-                                                                         .items()))) for c in snapshot.captures))
+    return replace(snapshot, captures=tuple(replace(c, env=replace(c.env, WORLD_SIZE=str(size)))
+                                            for c in snapshot.captures))
 
 
 # ---------------------------------------------------------------- mangling, line by line

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from mtpdiag.capture import capture, find_targets, procfs, pyspy
+from mtpdiag.fix.verify.launch import start_torchrun
 from mtpdiag.inputs import load_paths, parse_text_dump
 from mtpdiag.inputs.bundle import load_bundle
-from mtpdiag.fix.verify.launch import start_torchrun
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "examples" / "mtp_cp_deadlock" / "worker.py"
@@ -79,7 +79,7 @@ def test_capture_of_the_hang(job):
     assert sorted(c.pid for c in snapshot.captures) == sorted(workers)
     assert snapshot.host and snapshot.created.endswith("+00:00") and snapshot.tool_version
     for c in snapshot.captures:
-        assert c.world_size == 4 and dict(c.env)["RANK"] == str(c.rank)
+        assert c.world_size == 4 and c.env.as_dict()["RANK"] == str(c.rank)
         assert dict(c.layout_hints) == {"cp": 2, "pp": 2}
         assert c.state in ("S", "R") and not c.nonblocking and c.error is None
         assert c.main_cpu_ticks is not None

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
-
 from captures import load_scenario
+
 from mtpdiag.analysis.classify import classify_capture, rank_state
 from mtpdiag.analysis.gate import gate_of
 from mtpdiag.analysis.known_sites import is_mtp_site, lookup
 from mtpdiag.analysis.mismatch import choose_kind, doing
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Mismatch, RankView
+from mtpdiag.model import Mismatch, RankView, replace
 
 
 def _captures(name: str) -> dict:
@@ -121,7 +119,7 @@ def test_gate_only_counts_coordinates_that_vary_in_the_group():
 def test_doing_words():
     caps = _captures("straggler")
     view = RankView(rank=3, pid=1, host="h", state="running", coords=None, op=None,
-                    site=classify_capture(caps[3]).site, stack=())
+                    site=classify_capture(caps[3]).site, stack=None, wait=None)
     assert doing(view) == "running in load_batch"
     assert doing(None) == "not captured"
     assert doing(replace(view, state="stopped")) == "stopped"

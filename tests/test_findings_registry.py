@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from captures import load_scenario
+
 from mtpdiag.analysis import diagnose
 from mtpdiag.analysis.findings import RULES, ordered
 from mtpdiag.model import Finding
 from mtpdiag.vocabulary.states import FindingId, Verdict
-
-from captures import load_scenario
 
 # The stable ids of docs/design.md, as users script against them.
 DOCUMENTED = {"mtp-cp-gated-reduce", "gated-collective", "p2p-unmatched", "straggler", "frozen-rank", "missing-rank",
@@ -24,7 +24,7 @@ def test_only_the_evidence_gap_is_incomplete():
 
 
 def test_causes_come_first_then_by_rank():
-    made = [Finding(id=i, ranks=(r,), summary="") for i, r in (("all-waiting", 0), ("gated-collective", 5),
+    made = [Finding(id=i, ranks=(r,), summary="", remedy=None) for i, r in (("all-waiting", 0), ("gated-collective", 5),
                                                               ("frozen-rank", 9), ("gated-collective", 1),
                                                               ("mtp-cp-gated-reduce", 3))]
     assert [(f.id, f.ranks[0]) for f in ordered(made)] == [
@@ -41,7 +41,7 @@ def test_a_recorded_hang_is_found_through_the_rules():
 def test_the_evidence_gap_is_a_finding_only_while_no_problem_is_found():
     """NCCL's picture: every rank at a host sync. The stacks alone cannot say why (``unexplained-wait``,
     incomplete); with the recorder's dumps of the same hang the split is found and the gap is no finding."""
-    from dataclasses import replace
+    from mtpdiag.model import replace
 
     snapshot, layout, _ = load_scenario("nccl_mtp_cp_pp_futex")
     alone = diagnose(replace(snapshot, flight_recorder=None), layout)

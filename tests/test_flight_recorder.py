@@ -12,17 +12,17 @@ import json
 import pickle
 import shutil
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from mtpdiag.analysis.flight_recorder import correlate, group_progress
 from mtpdiag.errors import InputError
-from mtpdiag.inputs.flight_recorder import load_fr_dumps, op_name
 from mtpdiag.fix.verify.launch import start_torchrun
+from mtpdiag.inputs.flight_recorder import load_fr_dumps, op_name
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Report
+from mtpdiag.model import Report, replace
 from mtpdiag.model.flight_recorder import FRDump
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,7 +116,8 @@ def test_in_the_cp_group_rank3_waits_in_all_gather_and_rank2_is_behind(fr):
 
 
 def test_pg_config_catches_a_wrong_layout(fr):
-    right = Report(verdict="ok", world_size=4, layout=LAYOUT.to_dict(), ranks=(), sites=())
+    right = Report(verdict="ok", world_size=4, layout=LAYOUT.to_dict(), layout_source=None, ranks=(), stacks=(),
+                   sites=(), mismatches=(), findings=(), notes=())
     assert correlate(right, fr).disagreements == ()
     wrong = replace(right, layout=ParallelLayout.for_world(4, pp=2).to_dict())  # cp forgotten
     found = correlate(wrong, fr).disagreements

@@ -7,7 +7,6 @@ import json
 from html import escape
 
 import pytest
-
 from captures import scenario_dir
 from jobs_e2e import run_cli_here
 
@@ -26,7 +25,7 @@ def test_the_aliases_print_what_their_format_prints(alias, fmt):
 
 def test_json_is_the_report_document():
     doc = json.loads(run_cli_here("analyze", BUNDLE, "--format", "json").stdout)
-    assert doc["schema"] == "mtpdiag.report/1" and doc["findings"][0]["id"] == "mtp-cp-gated-reduce"
+    assert doc["schema"] == "mtpdiag.report/2" and doc["findings"][0]["id"] == "mtp-cp-gated-reduce"
 
 
 def test_html_on_stdout_is_the_page_html_writes(tmp_path):

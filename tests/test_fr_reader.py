@@ -13,13 +13,13 @@ import shutil
 import threading
 
 import pytest
-
 from fr_fixtures import FR_FIXTURES, entries_of, group_name, raw, write_set
+
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder import load_fr_dumps, op_name, parse_profiling_name, read_dump_file
 from mtpdiag.inputs.flight_recorder.calls import group_calls
 from mtpdiag.inputs.flight_recorder.sites import SourceIndex
-from mtpdiag.model import Site
+from mtpdiag.model import Site, replace
 from mtpdiag.model.flight_recorder import FRDump
 
 PP = FR_FIXTURES / "gloo_mtp_cp_pp"
@@ -197,8 +197,7 @@ def test_retired_but_not_completed_is_a_timeout_on_nccl(tmp_path):
 def test_to_dict_round_trips_and_keeps_nothing_else(pp):
     document = json.loads(json.dumps(pp.to_dict()))
     assert FRDump.from_dict(document).ranks[2].entries == pp.rank(2).entries
-    assert FRDump.from_dict(document).ranks == tuple(r.__class__(**{**r.__dict__, "format": "bundle"})
-                                                    for r in pp.ranks)
+    assert FRDump.from_dict(document).ranks == tuple(replace(r, format="bundle") for r in pp.ranks)
     text = json.dumps(document)
     assert "thread_name" not in text and "nccl_comm_state" not in text and "time_discovered" not in text
     rank = document["ranks"][1]

@@ -358,7 +358,7 @@ def test_hostile_text_numbers_are_not_read_as_numbers(scratch):
             "    g (b.py:٣)\n")
     (proc,) = parse_text_dump(text)
     frames = proc.threads[0].frames
-    assert [f.line for f in frames] == [0, 0, 0] and frames[0].args == ()
+    assert [f.line for f in frames] == [0, 0, 0] and frames[0].args is None
     assert proc.hints == {"pp": 2}
     assert load_paths([_write(scratch, "rank0.txt", text.encode())]).captures[0].rank == 0
 

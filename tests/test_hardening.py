@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from captures import scenario_dir
+
 from mtpdiag.capture import procfs
 from mtpdiag.model import STATE_STOPPED
 
@@ -141,7 +141,7 @@ def test_ptrace_denied_on_one_rank_keeps_the_other(start):
     report = partial_report(done, "1 of 2 ranks not captured", "rank 0", "permission denied")
     ranks = {r["rank"]: r for r in report["ranks"]}
     assert ranks[0]["state"] == "unreadable" and "permission denied" in ranks[0]["error"]
-    assert ranks[1]["state"] == "waiting" and ranks[1]["stack"][-1]["function"] == "<module>"
+    assert ranks[1]["state"] == "waiting" and report["stacks"][ranks[1]["stack"]][-1]["function"] == "<module>"
     assert ranks[1]["wait"]["kind"] == "sleep"  # time.sleep: /proc says clock_nanosleep, the line calls sleep()
     assert report["verdict"] == "incomplete"
 
@@ -195,7 +195,7 @@ def test_frozen_rank_is_captured_as_stopped_and_left_stopped(start):
         assert done.returncode == 4 and done.stderr == "", (flags, done.returncode, done.stderr)
         report = json.loads(done.stdout)
         (rank,) = report["ranks"]
-        assert rank["state"] == "stopped" and rank["stack"][-1]["function"] == "<module>", flags
+        assert rank["state"] == "stopped" and report["stacks"][rank["stack"]][-1]["function"] == "<module>", flags
         assert report["verdict"] == "incomplete" and report["findings"][0]["id"] == "unexplained-wait"
         assert procfs.read_stat(worker).state == STATE_STOPPED  # mtpdiag never resumes a rank a user stopped
 

@@ -13,7 +13,6 @@ import shutil
 import struct
 import subprocess
 import zlib
-from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 from mtpdiag.analysis import diagnose
 from mtpdiag.inputs import load_paths
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Report, Snapshot
+from mtpdiag.model import Report, Snapshot, replace
 from mtpdiag.report import html as html_report
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "captures" / "mtp_cp_pp"
@@ -64,8 +63,8 @@ def replicated_snapshot(snapshot: Snapshot, dp: int) -> Snapshot:
     captures = []
     for rank in range(world):
         source = by_rank[(rank % 2) + 2 * (rank // (2 * dp))]  # cp is the fastest digit, pp the slowest
-        env = tuple((k, str(rank) if k == "RANK" else str(world) if k == "WORLD_SIZE" else v)
-                    for k, v in source.env)
+        env = replace(source.env, RANK=str(rank), WORLD_SIZE=str(world)) if source.env.RANK else \
+            replace(source.env, WORLD_SIZE=str(world))
         captures.append(replace(source, rank=rank, pid=100000 + rank, env=env))
     return replace(snapshot, captures=tuple(captures))
 
@@ -98,7 +97,7 @@ def test_page_is_self_contained(page):
 def test_report_strings_from_targets_are_escaped():
     snapshot = with_function_renamed(recorded_snapshot(), 2, SITE_FUNCTION, HOSTILE)
     hostile = diagnose(snapshot, recorded_layout())
-    assert any(f.function == HOSTILE for v in hostile.ranks for f in v.stack)  # the rename took
+    assert any(f.function == HOSTILE for v in hostile.ranks for f in hostile.stack_of(v))  # the rename took
     text = html_report.render(hostile)
     assert text.count("<script") == 2  # the data blob and the page's own script, nothing injected
     assert "<b id=pwned" not in text
@@ -156,7 +155,7 @@ def test_browser_renders_grid_and_findings(chromium, page, report, tmp_path):
         assert f"g{group_of[rank]}" in cell.attrs["class"].split()
         # the hover text, written by the script from the JSON data: label, what it does, its stack
         title = cell.attrs.get("title", "")
-        assert title.startswith(f"rank {rank} (") and views[rank].stack[0].function in title
+        assert title.startswith(f"rank {rank} (") and report.stack_of(views[rank])[0].function in title
     findings = dom.by_testid("finding")
     assert [f.attrs["data-id"] for f in findings] == [f.id for f in report.findings]
     assert "mtp-cp-gated-reduce" in [f.id for f in report.findings]

@@ -7,17 +7,27 @@ dump (shortened paths) and the Flight Recorder (short names, full paths) report 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
-
 from captures import load_scenario
+
 from mtpdiag.analysis.classify import classify_capture
-from mtpdiag.analysis.known_sites import (KNOWN_SITES, MEGATRON_RELEASES, MTP_COLLECTIONS, TRACKER_ROWS,
-                                          collection_rows, engine_row, is_mtp_site, kinds_of, lookup,
-                                          rows_named, signature_of, skip_of)
+from mtpdiag.analysis.known_sites import (
+    KNOWN_SITES,
+    MEGATRON_RELEASES,
+    MTP_COLLECTIONS,
+    TRACKER_ROWS,
+    collection_rows,
+    engine_row,
+    is_mtp_site,
+    kinds_of,
+    lookup,
+    rows_named,
+    signature_of,
+    skip_of,
+)
 from mtpdiag.fix import engine
 from mtpdiag.layout import GROUP_KINDS
+from mtpdiag.model import replace
 
 MTP_FILE = "megatron/core/transformer/multi_token_prediction.py"
 DSA_FILE = "megatron/core/transformer/experimental_attention_variant/dsa.py"

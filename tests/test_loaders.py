@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.inputs import load_paths, rank_from_name
 from mtpdiag.inputs.bundle import load_bundle, save_bundle
+from mtpdiag.model import Env, replace
 
 SCENARIO = Path(__file__).parent / "fixtures" / "captures" / "mtp_cp_pp"
 RANKS = (0, 1, 2, 3)
@@ -151,7 +151,7 @@ def test_rank_from_a_pasted_env_line(tmp_path):
     pasted.write_text("RANK=2\nWORLD_SIZE=4\nSECRET_TOKEN=abc\n\n" + (SCENARIO / "rank2.txt").read_text())
     capture = load_paths([str(pasted)]).captures[0]
     assert capture.rank == 2 and capture.world_size == 4
-    assert dict(capture.env) == {"RANK": "2", "WORLD_SIZE": "4"}
+    assert capture.env.as_dict() == {"RANK": "2", "WORLD_SIZE": "4"}
 
 
 def test_raw_dump_without_rank_is_kept_with_rank_none(tmp_path):
@@ -245,7 +245,7 @@ def test_conflicting_world_sizes_name_both_bundles(tmp_path):
     snapshot = load_paths(_files(".json"))
 
     def sized(capture, size):
-        return replace(capture, env=(("RANK", str(capture.rank)), ("WORLD_SIZE", str(size))))
+        return replace(capture, env=Env(RANK=str(capture.rank), WORLD_SIZE=str(size)))
 
     a = save_bundle(replace(snapshot, captures=tuple(sized(c, 4) for c in snapshot.captures[:2])),
                     str(tmp_path / "a.mtpdiag.json"))

@@ -18,12 +18,11 @@ And the verl bug itself on NCCL: the MTP reduce is the root, the optimizer's col
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from captures import load_scenario
 
 from mtpdiag.analysis import diagnose
+from mtpdiag.model import replace
 
 PP_GROUPS = {(0, 2), (1, 3)}
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from captures import load_scenario
+
 from mtpdiag.analysis import diagnose
-from mtpdiag.model import Site
+from mtpdiag.model import Site, replace
 from mtpdiag.report import console, json_report, markdown
 
 HOSTILE = "ring_attention[bold red]X[/]|`<b>"
@@ -44,6 +43,6 @@ def test_markdown_escapes_table_cells():
 
 def test_json_is_indented_for_small_worlds_and_compact_for_large():
     report = _report()
-    assert json_report.render(report).startswith('{\n  "schema": "mtpdiag.report/1"')
+    assert json_report.render(report).startswith('{\n  "schema": "mtpdiag.report/2"')
     big = replace(report, ranks=report.ranks * (json_report.INDENT_MAX_RANKS // 4 + 1))
     assert "\n" not in json_report.render(big)

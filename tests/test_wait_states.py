@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mtpdiag.analysis import diagnose
-from mtpdiag.analysis.wait import is_stuck, wait_state
+from mtpdiag.analysis.wait import is_stuck
 from mtpdiag.inputs import load_paths
 from mtpdiag.layout import ParallelLayout
 
@@ -50,7 +50,7 @@ def test_native_frames_are_evidence_never_the_call_site(form):
     layout = ParallelLayout.for_world(4, cp=2, pp=2)
     plain = diagnose(load_paths(sorted(str(p) for p in PASTES.glob("mtp_cp_pp/rank?.pyspy.txt"))), layout)
     native = diagnose(load_paths(sorted(str(p) for p in PASTES.glob(f"mtp_cp_pp/rank?.{form}.txt"))), layout)
-    assert any(f.native for v in native.ranks for f in v.stack)
+    assert any(f.native for v in native.ranks for f in native.stack_of(v))
     assert [(v.rank, v.op, v.site.function.rsplit(".", 1)[-1]) for v in native.ranks] == \
         [(v.rank, v.op, v.site.function.rsplit(".", 1)[-1]) for v in plain.ranks]
     assert [f.id for f in native.findings] == [f.id for f in plain.findings] == ["mtp-cp-gated-reduce"]

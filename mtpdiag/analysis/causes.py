@@ -25,7 +25,7 @@ from mtpdiag.analysis.flight_recorder.evidence import mismatch_key
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.mismatch import is_point_to_point
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Mismatch, RankView, Site
+from mtpdiag.model import Mismatch, RankView, Site, replace
 from mtpdiag.vocabulary.ops import BARRIER_OPS, RECV_OPS, SEND_OPS
 from mtpdiag.vocabulary.states import FROZEN_STATES, RankState, Role
 from mtpdiag.vocabulary.waits import SELF_INFLICTED
@@ -229,7 +229,7 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
         else:
             root = node not in downstream
         role = Role.ROOT if root else Role.CONSEQUENCE
-        roles.append(m if m.role == role else m.with_role(role))
+        roles.append(m if m.role == role else replace(m, role=role))
     root_p2p, consequence_p2p = [], []
     for w in p2p:
         node = graph.rank_nodes[w.rank]

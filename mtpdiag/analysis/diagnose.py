@@ -7,13 +7,11 @@ ranks (groups are looked up by rank through the layout's cached index).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Mapping
 
 from mtpdiag.analysis import findings
 from mtpdiag.analysis.causes import find_causes
-from mtpdiag.analysis.classify import (Classified, StateReading, classify_capture, rank_state, side_collective,
-                                       site_of)
+from mtpdiag.analysis.classify import Classified, StateReading, classify_capture, rank_state, side_collective, site_of
 from mtpdiag.analysis.findings.facts import Facts, Mode
 from mtpdiag.analysis.flight_recorder import evidence as fr_evidence
 from mtpdiag.analysis.known_sites import lookup
@@ -22,8 +20,21 @@ from mtpdiag.analysis.mismatch import find_mismatches, is_p2p_op, is_point_to_po
 from mtpdiag.analysis.sites import group_sites
 from mtpdiag.analysis.wait import wait_state
 from mtpdiag.layout import LayoutError, ParallelLayout
-from mtpdiag.model import (STATE_UNKNOWN, Finding, Mismatch, RankCapture, RankView, Report, Snapshot, ThreadStack,
-                           WaitState, WatchdogSection, who_and_why)
+from mtpdiag.model import (
+    STATE_UNKNOWN,
+    Finding,
+    Mismatch,
+    RankCapture,
+    RankView,
+    Report,
+    Snapshot,
+    Stack,
+    ThreadStack,
+    WaitState,
+    WatchdogSection,
+    replace,
+    who_and_why,
+)
 from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.model.watchdog import WatchdogLog
 from mtpdiag.vocabulary.labels import rank_list
@@ -58,6 +69,7 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
 
     read = _StackReader()
     views = [_view(c, layout, coords_of, read) for c in snapshot.captures]
+    stacks = read.stacks()
     evidence = fr_evidence.fold(fr, layout, coords_of if layout is not None else None) if fr else None
     fr_only: set[int] = set()
     if evidence is not None:
@@ -115,6 +127,7 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         world_size=world_size,
         layout=layout.to_dict() if layout is not None else None,
         ranks=views,
+        stacks=stacks,
         sites=group_sites(views),
         mismatches=mismatches,
         findings=found,
@@ -125,7 +138,8 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         report = replace(report, flight_recorder=fr_evidence.section(report, fr, evidence))
     if log is not None:
         shown = logged or fold_log(log, layout, coords_of if layout is not None else None)
-        report = replace(report, watchdog=WatchdogSection(timeouts=log.timeouts, lines=tuple(shown.lines)))
+        report = replace(report, watchdog=WatchdogSection(timeouts=tuple(t.logged() for t in log.timeouts),
+                                                          lines=tuple(shown.lines)))
     return report
 
 
@@ -165,73 +179,91 @@ def _with_flight_recorder(views: list[RankView], fr: FRDump, evidence: fr_eviden
 
 
 class _StackReader:
-    """Classification and pipeline direction of each distinct main-thread stack, read once.
+    """Each distinct stack read once: its place in the report's stack table, its classification, its pipeline
+    direction, and the wait and state readings of the ranks whose stack and /proc facts agree.
 
-    The loaders hand equal stacks over as one tuple, so at 16k ranks a few reads serve every rank.
-    Entries are keyed by the tuple's id; the captures keep the tuples alive for the whole diagnosis.
+    Ranks are keyed by their stack's value (frames are hashable and cache their hash), so at 16k ranks a
+    handful of readings serve every rank, whichever reader built the frames.
     """
 
     def __init__(self) -> None:
+        self._ids: dict[Stack, int] = {}
         self._classified: dict[tuple[int, bool | None], Classified] = {}
         self._direction: dict[int, str | None] = {}
         self._states: dict[tuple, StateReading] = {}
         self._waits: dict[tuple, WaitState | None] = {}
 
+    def stack_id(self, frames: Stack) -> int:
+        """The index of ``frames`` in the report's stack table (``stacks``), added when new."""
+        found = self._ids.get(frames)
+        if found is None:
+            found = self._ids[frames] = len(self._ids)
+        return found
+
+    def stacks(self) -> tuple[Stack, ...]:
+        return tuple(self._ids)
+
     def state(self, capture: RankCapture, classified: Classified, wait: WaitState | None) -> StateReading:
         """``rank_state``, shared by the ranks whose state, error and stack kind agree."""
         waiting = wait is not None and wait.kind != WaitKind.RUNNING
-        key = (capture.state, capture.error, capture.main_thread is None, classified.op is None, waiting)
+        key = (capture.state, capture.error, not capture.threads, classified.op is None, waiting)
         found = self._states.get(key)
         if found is None:
             found = self._states[key] = rank_state(capture, classified, waiting)
         return found
 
-    def wait(self, capture: RankCapture, thread: ThreadStack | None, op: str | None,
-             side_thread: str | None) -> WaitState | None:
+    def wait(self, capture: RankCapture, thread: ThreadStack | None, stack: int | None, op: str | None,
+             side_thread: str | None, main: bool) -> WaitState | None:
         """``wait_state``, shared by the ranks whose stack and /proc facts agree."""
         if thread is None:
             return wait_state(capture, thread, op, side_thread)
-        key = (id(thread.frames), thread.active, thread.calls, op, side_thread, capture.state,
-               capture.main_syscall, capture.cuda, thread is capture.main_thread)
-        if key not in self._waits:
-            self._waits[key] = wait_state(capture, thread, op, side_thread)
-        return self._waits[key]
+        key = (stack, thread.active, thread.calls, op, side_thread, capture.state, capture.main_syscall,
+               capture.cuda, main)
+        found = self._waits.get(key, _UNSET)
+        if found is _UNSET:
+            found = self._waits[key] = wait_state(capture, thread, op, side_thread)
+        return found
 
-    def classify(self, capture: RankCapture) -> Classified:
-        thread = capture.main_thread
-        if thread is None:
+    def classify(self, capture: RankCapture, thread: ThreadStack | None, stack: int | None) -> Classified:
+        if thread is None or stack is None:
             return classify_capture(capture)
-        key = (id(thread.frames), thread.active)
+        key = (stack, thread.active)
         found = self._classified.get(key)
         if found is None:
             found = self._classified[key] = classify_capture(capture)
         return found
 
-    def direction(self, stack: tuple) -> str | None:
-        """``next``/``prev``: the neighbour stage that known pipeline code in ``stack`` talks to."""
-        key = id(stack)
-        if key not in self._direction:
-            self._direction[key] = next(
-                (row.peer for row in map(lookup, map(site_of, stack)) if row is not None and row.peer), None)
-        return self._direction[key]
+    def direction(self, stack: int, frames: Stack) -> str | None:
+        """``next``/``prev``: the neighbour stage that known pipeline code in ``frames`` talks to."""
+        if stack not in self._direction:
+            self._direction[stack] = next(
+                (row.peer for row in map(lookup, map(site_of, frames)) if row is not None and row.peer), None)
+        return self._direction[stack]
+
+
+_UNSET: object = object()
 
 
 def _view(capture: RankCapture, layout: ParallelLayout | None, coords_of, read: _StackReader) -> RankView:
-    classified = read.classify(capture)
     thread = capture.main_thread
+    stack = read.stack_id(thread.frames) if thread is not None and thread.frames else None
+    classified = read.classify(capture, thread, stack)
     side_name = None
+    main = True
     if classified.op is None and len(capture.threads) > 1:
         side = side_collective(capture)
         if side is not None:  # the rank's collective runs on another thread: that thread is what matters
             thread, classified = side
             side_name = thread.name or f"thread {thread.thread_id}"
-    wait = read.wait(capture, thread, classified.op, side_name)
+            stack = read.stack_id(thread.frames) if thread.frames else None
+            main = False
+    wait = read.wait(capture, thread, stack, classified.op, side_name, main)
     state = read.state(capture, classified, wait)
-    stack = thread.frames if thread is not None else ()
     in_layout = layout is not None and capture.rank is not None and 0 <= capture.rank < layout.world_size
     peer = classified.peer
-    if peer is None and in_layout and classified.op is not None and is_p2p_op(classified.op, classified.site):
-        peer = _pipeline_peer(capture.rank, read.direction(stack), layout)
+    if peer is None and in_layout and stack is not None and classified.op is not None and \
+            is_p2p_op(classified.op, classified.site):
+        peer = _pipeline_peer(capture.rank, read.direction(stack, thread.frames), layout)
     return RankView(
         rank=capture.rank, pid=capture.pid, host=capture.host, state=state.state,
         coords=coords_of(capture.rank) if in_layout else None,

@@ -20,10 +20,10 @@ other hand, does not run at all, except for the tens of microseconds each py-spy
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Hashable, Mapping
 
-from mtpdiag.model import Progress, Snapshot
+from mtpdiag.model import Progress, Snapshot, replace
 
 Signature = tuple  # the main thread's frames, innermost first ((function, file, line), ...), and its locals key
 Process = tuple  # (host, pid): the ranks of a Ray cluster's nodes may share pids (a pid namespace per pod)

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
+import mtpdiag
 from mtpdiag.capture import procfs, pyspy
 from mtpdiag.capture.discover import find_targets
 from mtpdiag.capture.pyspy import CaptureFailed
 from mtpdiag.errors import NothingCaptured
 from mtpdiag.layout import cmdline
-from mtpdiag.model import STATE_GONE, STATE_STOPPED, STATE_UNREADABLE, RankCapture, Snapshot, decimal
-import mtpdiag
+from mtpdiag.model import STATE_GONE, STATE_STOPPED, STATE_UNREADABLE, Env, RankCapture, Snapshot, decimal
 
 _STOPPED = (STATE_STOPPED, "t")  # job-control stop, tracing stop
 _MAX_PARALLEL = 32
@@ -98,8 +98,8 @@ def _read_proc(pid: int, hints: "_HintReader") -> _ProcFacts:
 def _capture_one(pid: int, facts: _ProcFacts, host: str, *, native: bool, nonblocking: bool,
                  timeout: float, native_timeout: float = 30.0) -> RankCapture:
     stat = facts.stat
-    base = dict(pid=pid, host=host, rank=facts.rank, env=tuple(sorted(facts.env.items())),
-                main_cpu_ticks=facts.main_cpu_ticks, layout_hints=tuple(sorted(facts.hints.items())),
+    base = dict(pid=pid, host=host, rank=facts.rank, env=Env.of(facts.env),
+                main_cpu_ticks=facts.main_cpu_ticks, layout_hints=dict(facts.hints),
                 main_syscall=facts.main_syscall, cuda=facts.cuda)
     if stat is None or stat.state == "Z":
         return RankCapture(state=STATE_GONE, error="the process exited before it could be captured", **base)

@@ -15,13 +15,13 @@ import os
 import pwd
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mtpdiag.capture import procfs
 from mtpdiag.capture.fr_locate import dump_prefixes, pipe_prefix, request_live_dump
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder import load_fr_dumps, read_dump_file
-from mtpdiag.model import RankCapture, Snapshot
+from mtpdiag.model import RankCapture, Snapshot, replace
 from mtpdiag.model.flight_recorder import FRDump
 
 
@@ -41,7 +41,7 @@ def find_dumps(captures: tuple[RankCapture, ...], *, request: bool = False, wait
     if request:
         sent = 0
         for c in targets:
-            prefix = pipe_prefix(dict(c.env))
+            prefix = pipe_prefix(c.env.as_dict())
             if prefix is None:
                 continue
             answer = request_live_dump(_in_root(c.pid, prefix), c.rank)
@@ -93,7 +93,7 @@ def _wait_for_files(targets: list[RankCapture], newer_than: float | None, wait_s
 def _dump_of(capture: RankCapture, newer_than: float | None) -> str | None:
     assert capture.pid is not None and capture.rank is not None
     started = procfs.start_time(capture.pid)
-    for prefix in dump_prefixes(dict(capture.env), _home(capture.pid)):
+    for prefix in dump_prefixes(capture.env.as_dict(), _home(capture.pid)):
         path = _in_root(capture.pid, f"{prefix}{capture.rank}")
         try:
             mtime = os.stat(path).st_mtime
@@ -140,12 +140,12 @@ class LiveProgress:
 
     @staticmethod
     def available(captures: tuple[RankCapture, ...]) -> bool:
-        return any(pipe_prefix(dict(c.env)) for c in captures if c.pid is not None and c.rank is not None)
+        return any(pipe_prefix(c.env.as_dict()) for c in captures if c.pid is not None and c.rank is not None)
 
     def poll(self, captures: tuple[RankCapture, ...]) -> bool:
         """Whether a rank completed a collective since the last poll (read the dumps asked for last time,
         then ask again; never waits)."""
-        targets = [c for c in captures if c.pid is not None and c.rank is not None and pipe_prefix(dict(c.env))]
+        targets = [c for c in captures if c.pid is not None and c.rank is not None and pipe_prefix(c.env.as_dict())]
         moved = False
         if self._asked_at is not None:
             for c in targets:
@@ -158,7 +158,7 @@ class LiveProgress:
                     self._completed[c.rank] = max(done, self._completed.get(c.rank, -1))
         self._asked_at = time.time()
         for c in targets:
-            request_live_dump(_in_root(c.pid, pipe_prefix(dict(c.env)) or ""), c.rank)
+            request_live_dump(_in_root(c.pid, pipe_prefix(c.env.as_dict()) or ""), c.rank)
         return moved
 
 

@@ -8,7 +8,6 @@ anything else sees it.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -19,7 +18,7 @@ from functools import partial
 
 from mtpdiag.capture import procfs, source
 from mtpdiag.errors import InputError
-from mtpdiag.inputs.pyspy_json import threads_from_json
+from mtpdiag.inputs.pyspy_json import threads_from_bytes
 from mtpdiag.model import ThreadStack
 
 # py-spy's cause lines when ptrace or /proc/PID/mem is refused (another user, no CAP_SYS_PTRACE, a
@@ -76,8 +75,8 @@ def dump(pid: int, *, native: bool = False, nonblocking: bool = False,
                                 "or as root with CAP_SYS_PTRACE)")
         raise CaptureFailed(one_line(text) or f"py-spy exited with {proc.returncode}")
     try:
-        return threads_from_json(json.loads(out), line_calls=partial(source.line_calls, pid), live=True)
-    except (ValueError, TypeError, KeyError) as exc:
+        return threads_from_bytes(out, line_calls=partial(source.line_calls, pid), live=True)
+    except ValueError as exc:
         raise CaptureFailed(f"py-spy printed unreadable JSON ({exc})") from None
 
 

@@ -19,7 +19,7 @@ import re
 import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import mtpdiag
@@ -30,7 +30,7 @@ from mtpdiag.inputs.base import FileCaptures
 from mtpdiag.inputs.bundle import snapshot_from_data
 from mtpdiag.inputs.merge import check_world_sizes, merge
 from mtpdiag.layout import cmdline
-from mtpdiag.model import Snapshot, printable
+from mtpdiag.model import Snapshot, printable, replace
 
 INSTALL_RAY = "pip install 'mtpdiag[ray]'"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -245,7 +245,7 @@ def with_hints(snapshot: Snapshot, hints: dict[str, int]) -> Snapshot:
     """Every capture with the job drivers' sizes after its own: a node without the driver has none of its own."""
     if not hints:
         return snapshot
-    captures = tuple(replace(c, layout_hints=tuple(sorted(cmdline.merge_hints(dict(c.layout_hints), hints).items())))
+    captures = tuple(replace(c, layout_hints=dict(sorted(cmdline.merge_hints(dict(c.layout_hints), hints).items())))
                      for c in snapshot.captures)
     return replace(snapshot, captures=captures)
 

@@ -28,8 +28,8 @@ ORDER = typer.Option(None, "--order", help="Megatron rank order (default tp-cp-e
 CONFIG = typer.Option(None, "--config", help="A verl config YAML to read the parallel sizes from.")
 OVERRIDE = typer.Option(None, "--override", help="A hydra key=value override for --config. Repeatable.")
 FORMAT = typer.Option(None, "--format", case_sensitive=False, help="The report on stdout: console (the default), "
-                      "json (the mtpdiag.report/1 document), markdown (for an incident ticket) or html.")
-JSON = typer.Option(False, "--json", help="Print the mtpdiag.report/1 JSON document (--format json).")
+                      "json (the mtpdiag.report/2 document), markdown (for an incident ticket) or html.")
+JSON = typer.Option(False, "--json", help="Print the mtpdiag.report/2 JSON document (--format json).")
 MARKDOWN = typer.Option(False, "--markdown", help="Print a markdown report for an incident ticket (--format markdown).")
 HTML = typer.Option(None, "--html", help="Also write a self-contained HTML report to this file.")
 RAY = typer.Option(None, "--ray", metavar="[ADDRESS]", help="Capture every node of a Ray cluster through Ray "

@@ -23,12 +23,11 @@ from dataclasses import dataclass
 
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
-from mtpdiag.inputs.files import DUMP_SUFFIXES, expand, read_text
+from mtpdiag.inputs.files import DUMP_SUFFIXES, expand, read_bytes
 from mtpdiag.inputs.identity import compile_rank_from, rank_from_name
 from mtpdiag.inputs.merge import check_duplicate_ranks, check_world_sizes, merge
 from mtpdiag.inputs.pyspy_text import TextProcess, parse_text_dump
-from mtpdiag.inputs.registry import READERS
-from mtpdiag.inputs.registry import read_text as read_captures
+from mtpdiag.inputs.registry import READERS, read_file
 from mtpdiag.model import STATE_UNKNOWN, STATE_UNREADABLE, Snapshot, who_and_why
 
 __all__ = ["DUMP_SUFFIXES", "READERS", "STATE_UNKNOWN", "STATE_UNREADABLE", "Dumped", "FileCaptures", "Inputs",
@@ -53,7 +52,7 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
     """``load_paths`` plus its notes. ``rank_from``: a regex whose first group is the rank (``--rank-from``)."""
     if not paths:
         raise InputError("no input: give bundle files, py-spy dumps or directories")
-    context = ReadContext(seen={}, rank_from=compile_rank_from(rank_from))
+    context = ReadContext(rank_from=compile_rank_from(rank_from))
     files = expand(paths)
     loaded: list[FileCaptures] = []
     errors: list[str] = []
@@ -77,9 +76,6 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
     return Inputs(snapshot, tuple(note for item in loaded for note in item.notes))
 
 
-def load_file(path: str, context: ReadContext | dict | None = None) -> FileCaptures:
-    """Captures of one file, whichever form it is; InputError naming it otherwise. ``context`` may be the
-    shared-stack dict alone (the interface before ``inputs``)."""
-    if not isinstance(context, ReadContext):
-        context = ReadContext(seen={} if context is None else context)
-    return read_captures(read_text(path), path, context)
+def load_file(path: str, context: ReadContext | None = None) -> FileCaptures:
+    """Captures of one file, whichever form it is; InputError naming it otherwise."""
+    return read_file(read_bytes(path), path, context or ReadContext())

@@ -1,7 +1,7 @@
 """What every reader of an input file shares: the reader interface and what a reader hands back.
 
 A reader is a name, a cheap ``sniff(text, path)`` that says whether the text is its format, and
-``read(text, path, context)``. The registry (``inputs.registry``) asks them in order; the first that
+``read(text, path, context)`` (the JSON readers take the file's bytes too, which msgspec decodes directly). The registry (``inputs.registry``) asks them in order; the first that
 sniffs the text reads it. Readers of pasted text return ``Dumped`` processes; ``inputs.settle`` turns
 those into ``RankCapture``s (rank identity, merging, unreadable ranks) the same way for every format.
 """
@@ -9,7 +9,7 @@ those into ``RankCapture``s (rank identity, merging, unreadable ranks) the same 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from mtpdiag.inputs.lines import Line
@@ -20,7 +20,6 @@ from mtpdiag.model import RankCapture, Snapshot, ThreadStack
 class ReadContext:
     """What the caller of ``load_paths`` passes down to every reader."""
 
-    seen: dict = field(default_factory=dict)  # shared by all files: the hosts of one job hold the same few stacks
     rank_from: re.Pattern | None = None  # --rank-from: its first group is the rank
 
 

@@ -16,7 +16,7 @@ import re
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.identity import claims_of
 from mtpdiag.inputs.lines import Line, clean_lines
-from mtpdiag.inputs.settle import captures_of, main_first, shared, thread
+from mtpdiag.inputs.settle import captures_of, main_first, thread
 from mtpdiag.model import Frame, printable
 from mtpdiag.vocabulary.stacks import display_path
 
@@ -36,7 +36,7 @@ def sniff(text: str, path: str) -> bool:
 
 def read(text: str, path: str, context: ReadContext) -> FileCaptures:
     lines = clean_lines(text)
-    dumps = [_dumped(dump, context.seen) for dump in _dumps(lines)]
+    dumps = [_dumped(dump) for dump in _dumps(lines)]
     notes: list[str] = []
     return captures_of(path, FORM, _last_of_each_process(path, dumps, notes), lines, context, notes)
 
@@ -77,8 +77,8 @@ def _dumps(lines: list[Line]) -> list[dict]:
     return dumps
 
 
-def _dumped(dump: dict, seen: dict) -> Dumped:
-    stacks = [thread(int(ident, 16), name, shared(frames, seen)) for ident, name, _, frames in dump["threads"]]
+def _dumped(dump: dict) -> Dumped:
+    stacks = [thread(int(ident, 16), name, tuple(frames)) for ident, name, _, frames in dump["threads"]]
     current = next((i for i, t in enumerate(dump["threads"]) if t[2]), None)
     error = None
     if not any(s.frames for s in stacks):

@@ -1,4 +1,4 @@
-"""Finding and opening input files: directories walked, each file once, bytes decoded, JSON parsed.
+"""Finding and opening input files: directories walked, each file once, bytes read and decoded.
 
 * Directories are walked recursively; there, only ``.json``, ``.txt``, ``.log``, ``.dump`` and ``.out``
   files are read (a named file is read whatever its name). A path that does not exist, or a directory
@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import stat
@@ -17,7 +16,8 @@ import stat
 from mtpdiag.errors import InputError
 
 DUMP_SUFFIXES = (".json", ".txt", ".log", ".dump", ".out")
-_JSON_START = re.compile(r'\s*([\[{])\s*(?:[\[{\]}"]|$)')
+_JSON_START = re.compile(rb'\s*([\[{])\s*(?:[\[{\]}"]|$)')
+BOM = b"\xef\xbb\xbf"
 
 
 def expand(paths: list[str]) -> list[str]:
@@ -62,30 +62,28 @@ def _walk(directory: str) -> list[tuple[str, os.stat_result]]:
     return found
 
 
-def read_text(path: str) -> str:
-    """The file's text (a BOM from a Windows editor is not content); InputError naming it otherwise."""
+def read_bytes(path: str) -> bytes:
+    """The file's bytes, without the BOM a Windows editor puts first; InputError naming it otherwise."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return raw[3:] if raw.startswith(BOM) else raw
+
+
+def decoded(raw: bytes, path: str) -> str:
+    """The text of a file's bytes; InputError naming it when they are not UTF-8."""
     try:
-        return raw.decode("utf-8-sig")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a text file (expected a bundle or a py-spy dump)") from None
 
 
-def json_start(text: str) -> str:
-    """``[`` or ``{`` when the text starts as a JSON list or object would (``[{``, ``{"``), else "".
+def json_start(data: bytes | str) -> str:
+    """``[`` or ``{`` when the bytes (or text) start as a JSON list or object would (``[{``, ``{"``), else "".
     ``[rank3]: Thread ...``, a log line, starts with ``[`` too."""
-    m = _JSON_START.match(text, 0, 4096)
-    return m[1] if m else ""
-
-
-def parse_json(text: str, path: str, what: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: invalid or truncated JSON (line {exc.lineno}, column {exc.colno})") from None
-    except RecursionError:
-        raise InputError(f"{path}: JSON nested too deeply to be {what}") from None
+    if isinstance(data, str):
+        data = data[:4096].encode("utf-8", "replace")
+    m = _JSON_START.match(data, 0, 4096)
+    return m[1].decode() if m else ""

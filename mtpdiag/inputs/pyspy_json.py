@@ -2,42 +2,87 @@
 
 One file is one process. Its rank comes from ``--rank-from`` on the path, else the file name; JSON
 carries no other line that could name it. ``--native`` frames carry their library in ``module``.
+
+The document is decoded by msgspec straight into the few fields read (``_Thread``, ``_Frame``): the rest
+is skipped unparsed, and so are a frame's ``locals`` unless the frame is torch.distributed's, whose
+whitelisted integer arguments (``dst``, ``src``, ...) are kept.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Optional
+
+import msgspec
 
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.base import FileCaptures, ReadContext, Reader
-from mtpdiag.inputs.files import json_start, parse_json
+from mtpdiag.inputs.files import json_start
 from mtpdiag.inputs.identity import rank_from_name
 from mtpdiag.inputs.lines import is_python_file
-from mtpdiag.model import (STATE_UNKNOWN, STATE_UNREADABLE, UNKNOWN_HOST, Frame, RankCapture, ThreadStack, decimal,
-                           printable)
+from mtpdiag.model import (
+    STATE_UNKNOWN,
+    STATE_UNREADABLE,
+    UNKNOWN_HOST,
+    Frame,
+    FrameArgs,
+    RankCapture,
+    ThreadStack,
+    decimal,
+    printable,
+)
+from mtpdiag.model.fields import may_hold_unprintable, one_line_error
 from mtpdiag.vocabulary.stacks import display_path, kept_args
 
 FORM = "py-spy JSON"
 LineCalls = Callable[[str, int], tuple[str, ...]]  # (file, line) -> the wait calls on that line
 
 
-def sniff(text: str, path: str) -> bool:
+class _Local(msgspec.Struct):
+    name: Optional[str] = None
+    repr: Optional[str] = None
+
+
+class _Frame(msgspec.Struct):
+    name: Optional[str] = None
+    filename: Optional[str] = None
+    short_filename: Optional[str] = None
+    module: Optional[str] = None
+    line: Optional[int] = None
+    locals: msgspec.Raw = msgspec.Raw()  # decoded only for torch.distributed frames (and by watch)
+
+
+class _Thread(msgspec.Struct):
+    frames: list[_Frame]
+    pid: Optional[int] = None
+    thread_id: Optional[int] = None
+    thread_name: Optional[str] = None
+    os_thread_id: Optional[int] = None
+    active: Optional[bool] = None
+
+
+_DECODER = msgspec.json.Decoder(list[_Thread])
+_LOCALS = msgspec.json.Decoder(Optional[list[_Local]])
+
+
+def sniff(text: str | bytes, path: str) -> bool:
     return json_start(text) == "["
 
 
-def read(text: str, path: str, context: ReadContext) -> FileCaptures:
-    data = parse_json(text, path, "a py-spy dump")
+def read(text: str | bytes, path: str, context: ReadContext) -> FileCaptures:
+    data = text.encode() if isinstance(text, str) else text
     try:
-        threads = threads_from_json(data)
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise InputError(f"{path}: not a py-spy --json dump ({exc})") from None
+        raw = _DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise InputError(f"{path}: not a py-spy --json dump ({one_line_error(exc)})") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise InputError(f"{path}: invalid or truncated JSON ({one_line_error(exc)})") from None
+    threads = _threads(raw, None, False, scrub=may_hold_unprintable(data))
     rank = None
     if context.rank_from is not None and (m := context.rank_from.search(path)):
         rank = decimal(m.group(1))
     if rank is None:
         rank = rank_from_name(path)
-    pids = {t.get("pid") for t in data if isinstance(t, dict) and isinstance(t.get("pid"), int)}
+    pids = {t.pid for t in raw if t.pid is not None}
     pid = pids.pop() if len(pids) == 1 else None
     if not any(t.frames for t in threads):
         what = "no threads" if not threads else f"{len(threads)} thread(s) but no frame"
@@ -46,83 +91,79 @@ def read(text: str, path: str, context: ReadContext) -> FileCaptures:
         capture = RankCapture(pid=pid, host=UNKNOWN_HOST, rank=rank, state=STATE_UNREADABLE, source=path,
                               error=f"a py-spy --json dump with {what}")
         return FileCaptures(path, (capture,), form=FORM)
-    capture = RankCapture(pid=pid, host=UNKNOWN_HOST, rank=rank, state=STATE_UNKNOWN,
-                          threads=_mark_native(data, threads), source=path)
+    capture = RankCapture(pid=pid, host=UNKNOWN_HOST, rank=rank, state=STATE_UNKNOWN, threads=threads, source=path)
     return FileCaptures(path, (capture,), form=FORM)
 
 
-def _mark_native(data: list, threads: tuple[ThreadStack, ...]) -> tuple[ThreadStack, ...]:
-    """``--native`` frames name their library in ``module`` (Python frames have none): mark them."""
-    if not any(type(f) is dict and f.get("module") for t in data if type(t) is dict
-               for f in (t["frames"] if type(t.get("frames")) is list else ())):
-        return threads
-    out = []
-    for raw, t in zip(data, threads):
-        frames = tuple(replace(f, native=True, args=()) if type(r) is dict and r.get("module")
-                       and not is_python_file(f.file) else f for r, f in zip(raw["frames"], t.frames))
-        out.append(replace(t, frames=frames))
-    return tuple(out)
-
-
-def threads_from_json(data: Any, line_calls: LineCalls | None = None, live: bool = False) -> tuple[ThreadStack, ...]:
-    """Threads of one ``py-spy dump --json`` document (a list of thread objects).
+def threads_from_bytes(data: bytes, line_calls: LineCalls | None = None,
+                       live: bool = False) -> tuple[ThreadStack, ...]:
+    """Threads of one ``py-spy dump --json`` output; ValueError (msgspec's) when it is not one.
 
     ``line_calls(file, line)``, given by a live capture, names the wait calls on each thread's innermost
     Python line (``capture.source`` reads them from the target's files); ``live`` keeps a hash of the locals
     for ``watch``.
     """
-    if not isinstance(data, list):
-        raise ValueError("a py-spy dump is a JSON list of threads")
-    return tuple(_thread(t, line_calls, live) for t in data)
+    return _threads(_DECODER.decode(data), line_calls, live, scrub=may_hold_unprintable(data))
 
 
-def _thread(t: Any, line_calls: LineCalls | None, live: bool) -> ThreadStack:
-    if not isinstance(t, dict) or not isinstance(t.get("frames"), list):
-        raise ValueError("a py-spy thread needs a list of frames")
-    native_id = t.get("os_thread_id")
-    thread_id = t.get("thread_id")
-    frames = tuple(_frame(f) for f in t["frames"])
+def threads_from_json(data: Any, line_calls: LineCalls | None = None, live: bool = False) -> tuple[ThreadStack, ...]:
+    """``threads_from_bytes`` of a document already parsed (a list of thread objects); ValueError otherwise."""
+    try:
+        encoded = msgspec.json.encode(data)
+    except (TypeError, OverflowError, UnicodeEncodeError) as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    return threads_from_bytes(encoded, line_calls, live)
+
+
+def _threads(raw: list[_Thread], line_calls: LineCalls | None, live: bool, scrub: bool) -> tuple[ThreadStack, ...]:
+    return tuple(_thread(t, line_calls, live, scrub) for t in raw)
+
+
+def _thread(t: _Thread, line_calls: LineCalls | None, live: bool, scrub: bool) -> ThreadStack:
+    frames = tuple([_frame(f, scrub) for f in t.frames])
     calls: tuple[str, ...] = ()
     if line_calls is not None:
-        innermost = next((f for f in t["frames"] if isinstance(f, dict) and f.get("module") is None), None)
-        if innermost is not None and isinstance(innermost.get("filename"), str) and \
-                type(innermost.get("line")) is int:
-            calls = line_calls(innermost["filename"], innermost["line"])
+        innermost = next((f for f in t.frames if f.module is None), None)
+        if innermost is not None and innermost.filename is not None and innermost.line is not None:
+            calls = line_calls(innermost.filename, innermost.line)
+    name = t.thread_name or ""
     return ThreadStack(
-        thread_id=thread_id if isinstance(thread_id, int) else 0,
-        name=printable(str(t.get("thread_name") or "")),
-        native_id=native_id if isinstance(native_id, int) else None,
-        active=t.get("active") if isinstance(t.get("active"), bool) else None,
+        thread_id=t.thread_id if t.thread_id is not None else 0,
+        name=printable(name) if scrub else name,
+        native_id=t.os_thread_id,
+        active=t.active,
         frames=frames,
         calls=calls,
-        locals_key=_locals_key(t["frames"]) if live else None,
+        locals_key=_locals_key(t.frames) if live else None,
     )
 
 
-def _locals_key(frames: list) -> int:
+def _locals_key(frames: list[_Frame]) -> int:
     """A hash of each frame's locals (names and py-spy's reprs): the value is kept, never the locals."""
     parts = []
     for f in frames:
-        if isinstance(f, dict) and isinstance(f.get("locals"), list):
-            parts.append(tuple((str(v.get("name")), str(v.get("repr"))) for v in f["locals"] if isinstance(v, dict)))
+        if f.locals:
+            try:
+                parts.append(tuple((v.name, v.repr) for v in _LOCALS.decode(f.locals) or ()))
+            except msgspec.MsgspecError:
+                parts.append((bytes(f.locals),))
     return hash(tuple(parts))
 
 
-def _frame(f: Any) -> Frame:
-    if not isinstance(f, dict):
-        raise ValueError("a py-spy frame must be an object")
-    filename = f.get("filename") or f.get("short_filename") or "<unknown>"
-    file = display_path(printable(str(filename)))
-    line = f.get("line")
-    locals_ = f.get("locals") or []
-    pairs = [(str(v.get("name")), v.get("repr")) for v in locals_ if isinstance(v, dict)]
-    return Frame(
-        function=printable(str(f.get("name") or "<unknown>")),
-        file=file,
-        line=line if isinstance(line, int) and not isinstance(line, bool) else 0,
-        args=kept_args(file, pairs),
-        native=f.get("module") is not None,  # py-spy --native names the shared object of a C frame
-    )
+def _frame(f: _Frame, scrub: bool) -> Frame:
+    file = display_path(f.filename or f.short_filename or "<unknown>")
+    function = f.name or "<unknown>"
+    if scrub:
+        file, function = printable(file), printable(function)
+    native = f.module is not None  # py-spy --native names the shared object of a C frame
+    args = None
+    if f.locals and "torch/distributed/" in file and not (f.module and not is_python_file(file)):
+        try:
+            pairs = [(v.name or "", v.repr) for v in _LOCALS.decode(f.locals) or ()]
+        except msgspec.MsgspecError:  # locals that are not py-spy's: no argument is kept
+            pairs = []
+        args = FrameArgs.of(kept_args(file, pairs))
+    return Frame(function=function, file=file, line=f.line if f.line is not None else 0, args=args, native=native)
 
 
 READER = Reader(name=FORM, sniff=sniff, read=read)

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.failed import failure_reason
 from mtpdiag.inputs.lines import Line, clean_lines, command, is_python_file
-from mtpdiag.inputs.settle import captures_of, shared, thread
+from mtpdiag.inputs.settle import captures_of, thread
 from mtpdiag.layout.cmdline import layout_hints, merge_hints
-from mtpdiag.model import Frame, ThreadStack, printable
+from mtpdiag.model import Frame, FrameArgs, ThreadStack, printable
 from mtpdiag.vocabulary.ops import is_launcher_argv
 from mtpdiag.vocabulary.stacks import display_path, kept_args
 
@@ -70,7 +70,7 @@ def sniff(text: str, path: str) -> bool:
 
 def read(text: str, path: str, context: ReadContext) -> FileCaptures:
     lines = clean_lines(text)
-    dumps = [d for section in _sections(lines) for d in _dumps(section, context.seen)]
+    dumps = [d for section in _sections(lines) for d in _dumps(section)]
     return captures_of(path, FORM, dumps, lines, context)
 
 
@@ -86,7 +86,7 @@ class TextProcess:
 
 def parse_text_dump(text: str) -> list[TextProcess]:
     """The processes of ``py-spy dump`` text that hold at least one thread, threads in JSON order."""
-    dumps = [d for section in _sections(clean_lines(text)) for d in _dumps(section, {})]
+    dumps = [d for section in _sections(clean_lines(text)) for d in _dumps(section)]
     return [TextProcess(d.pid, d.threads, dict(d.hints), d.launcher) for d in dumps if d.threads]
 
 
@@ -223,7 +223,7 @@ def _unread(pending: list[Line]) -> int:
 # ---------------------------------------------------------------- sections into processes
 
 
-def _dumps(section: _Section, seen: dict) -> list[Dumped]:
+def _dumps(section: _Section) -> list[Dumped]:
     argv = section.cmdline.split()
     hints = layout_hints(argv)
     for parent in section.parents:
@@ -247,7 +247,7 @@ def _dumps(section: _Section, seen: dict) -> list[Dumped]:
         pid = section.pid if i == 0 and section.pid is not None else _pid_of_main(part)
         context = (section.context if i == 0 else []) + [line for t in part for line in t.context]
         native = any(_is_native_where(f) for t in part for f in t.frames)
-        stacks = _stacks(part, native, seen)
+        stacks = _stacks(part, native)
         out.append(Dumped(pid=pid, threads=stacks, context=tuple(context), native=native,
                           error=_unreadable(part, stacks, pid), **base))
     return out
@@ -269,14 +269,14 @@ def _pid_of_main(threads: list[_Thread]) -> int | None:
     return None
 
 
-def _stacks(threads: list[_Thread], native: bool, seen: dict) -> tuple[ThreadStack, ...]:
+def _stacks(threads: list[_Thread], native: bool) -> tuple[ThreadStack, ...]:
     """py-spy prints threads in reverse order of its JSON output; they are put back in JSON order."""
     made: dict[int, tuple[Frame, ...]] = {}  # grouped headers share one frames list: build it once
     out = []
     for t in reversed(threads):
         key = id(t.frames)
         if key not in made:
-            made[key] = shared([_frame(f, native) for f in t.frames], seen)
+            made[key] = tuple([_frame(f, native) for f in t.frames])
         native_id = None if t.ident.startswith("0x") else int(t.ident)
         thread_id = native_id if native_id is not None else int(t.ident, 16)
         out.append(thread(thread_id, t.name, made[key], native_id, t.active))
@@ -313,7 +313,7 @@ def _frame(frame: list, native_dump: bool) -> Frame:
     file = display_path(printable(file))
     native = native_dump and not is_python_file(file)
     return Frame(function=function, file=file, line=int(line_no),
-                 args=() if native or not locals_ else kept_args(file, locals_), native=native)
+                 args=None if native or not locals_ else FrameArgs.of(kept_args(file, locals_)), native=native)
 
 
 READER = Reader(name=FORM, sniff=sniff, read=read)

@@ -16,8 +16,8 @@ import re
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.failed import failure_reason
 from mtpdiag.inputs.lines import Line, clean_lines, command
-from mtpdiag.inputs.settle import captures_of, main_first, shared, started_by_threading, thread
-from mtpdiag.model import Frame, ThreadStack, printable
+from mtpdiag.inputs.settle import captures_of, main_first, started_by_threading, thread
+from mtpdiag.model import Frame, FrameArgs, ThreadStack, printable
 from mtpdiag.vocabulary.stacks import display_path, kept_args
 from mtpdiag.vocabulary.waits import calls_in
 
@@ -40,7 +40,7 @@ def sniff(text: str, path: str) -> bool:
 
 def read(text: str, path: str, context: ReadContext) -> FileCaptures:
     lines = clean_lines(text)
-    dumps = [d for run in _runs(lines) for d in _processes(run, context.seen)]
+    dumps = [d for run in _runs(lines) for d in _processes(run)]
     return captures_of(path, FORM, dumps, lines, context)
 
 
@@ -122,11 +122,11 @@ def _frame_of(m: re.Match, native: bool) -> dict:
     return {"function": function, "file": printable(file), "line": int(m["line"]), "native": native, "locals": []}
 
 
-def _processes(run: dict, seen: dict) -> list[Dumped]:
+def _processes(run: dict) -> list[Dumped]:
     if not run["threads"]:
         reason = failure_reason(run["bodies"]) or "pystack printed no thread"
         return [Dumped(pid=run["pid"], threads=(), context=tuple(run["context"]), error=reason)]
-    stacks = [_stack(t, seen) for t in run["threads"]]
+    stacks = [_stack(t) for t in run["threads"]]
     parts = [list(range(len(stacks)))] if run["pid"] is not None else _split_after_mains(stacks)
     out = []
     for n, part in enumerate(parts):
@@ -153,13 +153,13 @@ def _split_after_mains(stacks: list[ThreadStack]) -> list[list[int]]:
     return [p for p in parts if p]
 
 
-def _stack(t: dict, seen: dict) -> ThreadStack:
+def _stack(t: dict) -> ThreadStack:
     frames = [Frame(function=f["function"], file=f["file"], line=f["line"], native=f["native"],
-                    args=() if f["native"] or not f["locals"] else kept_args(f["file"], f["locals"]))
+                    args=None if f["native"] or not f["locals"] else FrameArgs.of(kept_args(f["file"], f["locals"])))
               for f in reversed(t["frames"])]
     innermost = next((f for f in reversed(t["frames"]) if not f["native"]), None)
     calls = innermost.get("calls", ()) if innermost is not None else ()
-    return thread(t["tid"], t["name"], shared(frames, seen), t["tid"], t["active"], calls)
+    return thread(t["tid"], t["name"], tuple(frames), t["tid"], t["active"], calls)
 
 
 READER = Reader(name=FORM, sniff=sniff, read=read)

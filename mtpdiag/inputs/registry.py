@@ -1,15 +1,17 @@
 """The readers, in the order they are asked: the first whose ``sniff`` accepts a file reads it.
 
-JSON first (cheap to tell apart, and the 16k-rank path), then the text forms from the most to the
-least distinctive header: pystack's ``Traceback for thread``, faulthandler's ``(most recent call
-first)``, py-spy's ``Thread N (idle)``; then a tool's error output; last, bare frame lines.
+JSON first (told apart by its first bytes and read from the bytes by msgspec: the 16k-rank path), then the
+text forms from the most to the least distinctive header: pystack's ``Traceback for thread``,
+faulthandler's ``(most recent call first)``, py-spy's ``Thread N (idle)``; then a tool's error output;
+last, bare frame lines. Every reader takes the file's text; the JSON readers take its bytes as well.
 """
 
 from __future__ import annotations
 
 from mtpdiag.errors import InputError
-from mtpdiag.inputs import bundle, failed, faulthandler, pystack, pyspy_json, pyspy_text, snippet
+from mtpdiag.inputs import bundle, failed, faulthandler, pyspy_json, pyspy_text, pystack, snippet
 from mtpdiag.inputs.base import FileCaptures, ReadContext, Reader
+from mtpdiag.inputs.files import decoded, json_start
 from mtpdiag.inputs.lines import without_escapes
 
 READERS: tuple[Reader, ...] = (
@@ -21,11 +23,20 @@ READERS: tuple[Reader, ...] = (
     failed.READER,
     snippet.READER,
 )
+_JSON = {"{": bundle.read, "[": pyspy_json.read}  # by the document's first character
+
+
+def read_file(raw: bytes, path: str, context: ReadContext) -> FileCaptures:
+    """The captures of one file's bytes: JSON straight from the bytes, anything else from its text."""
+    start = json_start(raw)
+    if start:
+        return _JSON[start](raw, path, context)
+    return read_text(decoded(raw, path), path, context)
 
 
 def read_text(text: str, path: str, context: ReadContext) -> FileCaptures:
     """The captures of one file's text, read by the first reader that recognises it (colour codes do not
-    count: valid JSON never holds a raw escape, so this costs the JSON forms nothing)."""
+    count: what a terminal coloured is read as what the person saw)."""
     text = without_escapes(text)
     for reader in READERS:
         if reader.sniff(text, path):

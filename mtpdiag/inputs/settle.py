@@ -11,14 +11,11 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext
 from mtpdiag.inputs.identity import rank_of
 from mtpdiag.inputs.lines import JOB_KEYS, Line, env_lines
-from mtpdiag.model import STATE_UNKNOWN, STATE_UNREADABLE, UNKNOWN_HOST, Frame, RankCapture, ThreadStack
-
+from mtpdiag.model import STATE_UNKNOWN, STATE_UNREADABLE, UNKNOWN_HOST, Env, Frame, RankCapture, ThreadStack, replace
 
 
 def captures_of(path: str, form: str, dumps: list[Dumped], lines: list[Line], context: ReadContext,
@@ -42,9 +39,9 @@ def captures_of(path: str, form: str, dumps: list[Dumped], lines: list[Line], co
             pid=dump.pid, host=UNKNOWN_HOST, rank=rank,
             state=STATE_UNKNOWN if readable else STATE_UNREADABLE,
             threads=dump.threads if readable else (),
-            env=tuple(sorted(env.items())),
+            env=Env.of(env),
             error=None if readable else (dump.error or f"{form}: no frame could be read"),
-            layout_hints=dump.hints, source=path))
+            layout_hints=dict(dump.hints), source=path))
     return FileCaptures(path, tuple(captures), notes=tuple(notes), form=form)
 
 
@@ -89,13 +86,6 @@ def _with_args_of(native: Dumped, plain: Dumped) -> Dumped:
                        if not f.native and not f.args else f for f in t.frames)
         threads.append(replace(t, frames=frames))
     return replace(native, threads=tuple(threads))
-
-
-def shared(frames: list[Frame] | tuple[Frame, ...], seen: dict) -> tuple[Frame, ...]:
-    """The stack as the very tuple read before for an equal one: equal stacks are one object, which
-    the analysis relies on to classify each distinct stack once."""
-    stack = tuple(frames)
-    return seen.setdefault(("text-stack", stack), stack)
 
 
 def thread(thread_id: int, name: str, frames: tuple[Frame, ...], native_id: int | None = None,

@@ -12,7 +12,7 @@ import re
 
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.lines import clean_lines
-from mtpdiag.inputs.settle import captures_of, shared, thread
+from mtpdiag.inputs.settle import captures_of, thread
 from mtpdiag.model import Frame, printable
 from mtpdiag.vocabulary.stacks import display_path
 
@@ -44,7 +44,7 @@ def read(text: str, path: str, context: ReadContext) -> FileCaptures:
         frames = [_frame(m) for m in traceback]
         if traceback[0]["comma"] and _FIRST not in text:
             frames.reverse()
-    stack = (thread(0, "", shared(frames, context.seen)),)
+    stack = (thread(0, "", tuple(frames)),)
     return captures_of(path, FORM, [Dumped(pid=None, threads=stack, context=tuple(rest))], lines, context)
 
 

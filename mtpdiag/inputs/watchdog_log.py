@@ -23,9 +23,9 @@ nothing are skipped; a line is read up to ``MAX_LINE`` characters.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 from mtpdiag.errors import InputError
+from mtpdiag.model import replace
 from mtpdiag.model.watchdog import DesyncReport, PGRef, WatchdogLog, WatchdogStatus, WatchdogTimeout
 from mtpdiag.vocabulary.ops import WORK_OP_TYPES
 

@@ -1,7 +1,8 @@
 """The data that flows through mtpdiag: captures in (``captures``), the diagnosis out (``report``).
 
-Frozen dataclasses with versioned JSON (de)serialization and no other I/O; ``fields`` is the checked
-reading they share. ``from mtpdiag.model import X`` works for every name below.
+Frozen msgspec Structs whose fields are their JSON (``fields.Record``): compiled decoders check a document
+against the type as they build it, and the encoders write the type back. No other I/O. ``from mtpdiag.model
+import X`` works for every name below; ``replace`` copies a Struct (or a dataclass) with some fields changed.
 """
 
 from mtpdiag.model.captures import (
@@ -16,14 +17,15 @@ from mtpdiag.model.captures import (
     STATE_UNREADABLE,
     STATE_ZOMBIE,
     UNKNOWN_HOST,
+    Env,
     RankCapture,
     Snapshot,
     ThreadStack,
     who_and_why,
     world_sizes,
 )
-from mtpdiag.model.fields import SchemaError, decimal, printable
-from mtpdiag.model.frames import Frame, Site
+from mtpdiag.model.fields import Record, SchemaError, decimal, printable, replace
+from mtpdiag.model.frames import Frame, FrameArgs, Site, Stack
 from mtpdiag.model.report import (
     REPORT_SCHEMA,
     Finding,
@@ -37,7 +39,8 @@ from mtpdiag.model.sections import FlightRecorderSection, Progress, WatchdogSect
 
 __all__ = [
     "BUNDLE_SCHEMA", "ENV_WHITELIST", "REPORT_SCHEMA", "STATE_DISK", "STATE_RUNNING", "STATE_SLEEPING",
-    "STATE_GONE", "STATE_STOPPED", "STATE_UNKNOWN", "STATE_UNREADABLE", "STATE_ZOMBIE", "UNKNOWN_HOST", "Finding", "FlightRecorderSection", "Frame", "Mismatch", "Progress",
-    "RankCapture", "RankView", "Report", "SchemaError", "Site", "SiteGroup", "Snapshot", "ThreadStack", "WaitState",
-    "WatchdogSection", "decimal", "printable", "who_and_why", "world_sizes",
+    "STATE_GONE", "STATE_STOPPED", "STATE_UNKNOWN", "STATE_UNREADABLE", "STATE_ZOMBIE", "UNKNOWN_HOST", "Env",
+    "Finding", "FlightRecorderSection", "Frame", "FrameArgs", "Mismatch", "Progress", "RankCapture", "RankView",
+    "Record", "Report", "SchemaError", "Site", "SiteGroup", "Snapshot", "Stack", "ThreadStack", "WaitState",
+    "WatchdogSection", "decimal", "printable", "replace", "who_and_why", "world_sizes",
 ]

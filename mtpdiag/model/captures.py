@@ -1,41 +1,24 @@
-"""What was captured: frames, threads, one rank's capture, and a snapshot of every rank (``mtpdiag.bundle/1``).
+"""What was captured: threads, one rank's capture, and a snapshot of every rank (``mtpdiag.bundle/1``).
 
-Frozen dataclasses with versioned JSON (de)serialization and no other I/O. Capture code and the file
-readers build ``Snapshot``s; analysis turns one (plus an optional layout) into a ``Report``.
+Frozen msgspec Structs whose fields are the bundle's JSON; ``inputs.bundle`` decodes and encodes them with
+compiled msgspec decoders. Capture code and the file readers build ``Snapshot``s; analysis turns one (plus an
+optional layout) into a ``Report``.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable
+from typing import Annotated, Any, Optional
 
-from mtpdiag.model.fields import SchemaError, decimal, integer, obj, opt_bool, opt_int, opt_name, opt_rank, printable
+import msgspec
+from msgspec import Meta
+
+from mtpdiag.model.fields import Record, as_json_value, decimal
 from mtpdiag.model.flight_recorder import FRDump
-from mtpdiag.model.frames import Frame, shared_frames
+from mtpdiag.model.frames import Frame
 
 BUNDLE_SCHEMA = "mtpdiag.bundle/1"
-
-# Environment keys of a target process that may be read. Nothing else from the environment is kept.
-ENV_WHITELIST = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "GROUP_RANK",
-    "LOCAL_WORLD_SIZE",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_NTASKS",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "WG_PREFIX",
-    "RAY_LOCAL_WORLD_SIZE",
-    # Where torch writes the Flight Recorder dumps, and its pipe for a live dump (flight_recorder.locate).
-    "TORCH_FR_DUMP_TEMP_FILE",
-    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
-)
 
 # Process states (from /proc/PID/stat, or how the capture went).
 STATE_RUNNING = "R"
@@ -48,6 +31,49 @@ STATE_GONE = "gone"  # the process exited before or during the capture
 STATE_UNREADABLE = "unreadable"  # no stack could be read
 STATE_UNKNOWN = "unknown"  # read from a file: py-spy and the others do not record the process state
 UNKNOWN_HOST = "unknown"
+
+Name = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]  # a call's name (``item``, ``acquire``)
+Syscall = Annotated[str, Meta(max_length=40, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")]  # ``futex``, ``running``
+Rank = Annotated[int, Meta(ge=0)]
+
+
+class Env(Record, frozen=True):
+    """The environment keys of a target process that may be read: nothing else is ever kept, and a key
+    that is not a field here is dropped when a bundle is read."""
+
+    RANK: Optional[str] = None
+    LOCAL_RANK: Optional[str] = None
+    WORLD_SIZE: Optional[str] = None
+    GROUP_RANK: Optional[str] = None
+    LOCAL_WORLD_SIZE: Optional[str] = None
+    SLURM_PROCID: Optional[str] = None
+    SLURM_LOCALID: Optional[str] = None
+    SLURM_NTASKS: Optional[str] = None
+    MASTER_ADDR: Optional[str] = None
+    MASTER_PORT: Optional[str] = None
+    WG_PREFIX: Optional[str] = None
+    RAY_LOCAL_WORLD_SIZE: Optional[str] = None
+    # Where torch writes the Flight Recorder dumps, and its pipe for a live dump (flight_recorder.locate).
+    TORCH_FR_DUMP_TEMP_FILE: Optional[str] = None
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE: Optional[str] = None
+    TORCH_NCCL_DEBUG_INFO_PIPE_FILE: Optional[str] = None
+
+    def get(self, key: str) -> str | None:
+        return getattr(self, key, None) if key in ENV_WHITELIST else None
+
+    def as_dict(self) -> dict[str, str]:
+        """The keys that are set."""
+        return {k: v for k in self.__struct_fields__ if (v := getattr(self, k)) is not None}
+
+    @staticmethod
+    def of(values: dict[str, str]) -> Env:
+        """The whitelisted keys of ``values``; any other key is dropped."""
+        return Env(**{k: v for k, v in values.items() if k in ENV_WHITELIST})
+
+
+# Environment keys of a target process that may be read. Nothing else from the environment is kept.
+ENV_WHITELIST: tuple[str, ...] = Env.__struct_fields__
+NO_ENV = Env()
 
 
 # Every rank of a job carries the same WORLD_SIZE text: parse each distinct text once.
@@ -65,81 +91,23 @@ def who_and_why(item: Any) -> str:
     return f"{who}: {item.error or item.state}"
 
 
-class _computed_once:  # noqa: N801 - used as a decorator, like functools.cached_property
-    """``functools.cached_property`` without its per-instance lock (Python 3.11 takes one on every first
-    read, which cost more than the value itself over 16k captures). The value lands in the instance's
-    ``__dict__``, so later reads never reach this descriptor."""
-
-    def __init__(self, compute: Any) -> None:
-        self.compute = compute
-        self.__doc__ = compute.__doc__
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        if instance is None:
-            return self
-        value = instance.__dict__[self.name] = self.compute(instance)
-        return value
-
-
-@dataclass(frozen=True)
-class ThreadStack:
+class ThreadStack(Record, frozen=True, kw_only=True):
     """One thread's stack, innermost frame first."""
 
     thread_id: int
-    name: str
+    name: str = ""
     frames: tuple[Frame, ...]
-    native_id: int | None = None
-    active: bool | None = None
+    native_id: Optional[int] = None
+    active: Optional[bool] = None
     # What the innermost Python frame's source line calls, from a short list (``item``, ``synchronize``,
     # ``acquire``, ...): read from the target's own file at capture time. The line itself is never kept.
-    calls: tuple[str, ...] = ()
+    calls: tuple[Name, ...] = ()
     # A hash of every frame's local variables as py-spy showed them, for ``watch``: a loop that came back to
-    # the same line has new locals. Live captures only; never written anywhere.
-    locals_key: int | None = field(default=None, compare=False, repr=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "thread_id": self.thread_id,
-            "name": self.name,
-            "native_id": self.native_id,
-            "active": self.active,
-            "frames": [f.to_dict() for f in self.frames],
-        }
-        if self.calls:
-            out["calls"] = list(self.calls)
-        return out
-
-    @staticmethod
-    def from_dict(d: Mapping[str, Any], seen_frames: dict | None = None) -> "ThreadStack":
-        """``seen_frames`` is shared by the reader of many captures: equal stacks become one tuple."""
-        frames = d.get("frames")
-        if type(frames) is not list:
-            raise SchemaError("thread frames must be a list")
-        # Type checks inline rather than through integer/opt_int/printable: this runs once per rank.
-        thread_id, name, native_id, active = d.get("thread_id"), d.get("name") or "", d.get("native_id"), \
-            d.get("active")
-        calls = d.get("calls")
-        return ThreadStack(
-            thread_id=thread_id if type(thread_id) is int else integer(d, "thread_id"),
-            name=name if type(name) is str and name.isprintable() else printable(str(name)),
-            native_id=native_id if native_id is None or type(native_id) is int else opt_int(d, "native_id"),
-            active=active if type(active) is bool else None,
-            frames=shared_frames(frames, {} if seen_frames is None else seen_frames),
-            calls=() if calls is None else _call_names(calls),
-        )
+    # the same line has new locals. Live captures only; ``inputs.bundle`` never writes it.
+    locals_key: Optional[int] = None
 
 
-def _call_names(calls: Any) -> tuple[str, ...]:
-    if type(calls) is not list or not all(type(c) is str and c.isidentifier() for c in calls):
-        raise SchemaError("thread calls must be a list of names")
-    return tuple(calls)
-
-
-@dataclass(frozen=True)
-class RankCapture:
+class RankCapture(Record, frozen=True, kw_only=True):
     """What was captured of one worker process.
 
     ``env`` holds whitelisted keys only. ``state`` is the /proc state letter (R, S, D, T, Z, ...)
@@ -149,34 +117,27 @@ class RankCapture:
     ancestors (never the command lines themselves).
     """
 
-    pid: int | None
-    host: str
-    rank: int | None
-    state: str
-    threads: tuple[ThreadStack, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-    error: str | None = None
+    pid: Optional[int] = None
+    host: str = UNKNOWN_HOST
+    rank: Optional[Rank] = None
+    state: str = STATE_UNREADABLE
+    env: Env = NO_ENV
+    error: Optional[str] = None
     nonblocking: bool = False
-    main_cpu_ticks: int | None = None
-    layout_hints: tuple[tuple[str, int], ...] = ()
-    source: str | None = None  # file the capture was read from, for analyze
+    main_cpu_ticks: Optional[int] = None
+    layout_hints: dict[str, int] = {}
+    source: Optional[str] = None  # file the capture was read from, for analyze
     # What /proc said of the main thread just before the dump: the system call it sits in (``futex``,
     # ``clock_nanosleep``, ``read``; ``running`` when on the CPU) and whether the process maps CUDA/NCCL.
-    main_syscall: str | None = None
-    cuda: bool | None = None
+    main_syscall: Optional[Syscall] = None
+    cuda: Optional[bool] = None
+    threads: tuple[ThreadStack, ...] = ()
 
-    @_computed_once
+    @property
     def world_size(self) -> int | None:
         """WORLD_SIZE, else SLURM_NTASKS, from the environment (None if neither is a number)."""
-        slurm = None
-        for key, value in self.env:
-            if key == "WORLD_SIZE":
-                size = _env_number(value)
-                if size is not None:
-                    return size
-            elif key == "SLURM_NTASKS":
-                slurm = value
-        return _env_number(slurm)
+        size = _env_number(self.env.WORLD_SIZE)
+        return size if size is not None else _env_number(self.env.SLURM_NTASKS)
 
     @property
     def main_thread(self) -> ThreadStack | None:
@@ -189,117 +150,34 @@ class RankCapture:
                 return t
         return self.threads[0] if self.threads else None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "host": self.host,
-            "rank": self.rank,
-            "state": self.state,
-            "env": dict(self.env),
-            "error": self.error,
-            "nonblocking": self.nonblocking,
-            "main_cpu_ticks": self.main_cpu_ticks,
-            "layout_hints": dict(self.layout_hints),
-            "source": self.source,
-            "main_syscall": self.main_syscall,
-            "cuda": self.cuda,
-            "threads": [t.to_dict() for t in self.threads],
-        }
 
-    @staticmethod
-    def from_dict(d: Mapping[str, Any], seen_frames: dict | None = None) -> "RankCapture":
-        """``seen_frames``: see ``ThreadStack.from_dict``; it also shares the ranks' equal layout hints."""
-        get = d.get
-        env, hints, threads = get("env") or {}, get("layout_hints") or {}, get("threads") or []
-        if not isinstance(env, Mapping) or not isinstance(hints, Mapping) or type(threads) is not list:
-            raise SchemaError("capture env, layout_hints and threads have the wrong type")
-        seen = {} if seen_frames is None else seen_frames
-        # Type checks inline rather than through opt_int/printable: this runs once per rank.
-        pid, host, state, error, source, ticks = (get("pid"), get("host") or "unknown", get("state") or "unreadable",
-                                                  get("error"), get("source"), get("main_cpu_ticks"))
-        return RankCapture(
-            pid=pid if pid is None or type(pid) is int else opt_int(d, "pid"),
-            host=host if type(host) is str and host.isprintable() else printable(str(host)),
-            rank=opt_rank(d),
-            state=state if type(state) is str and state.isprintable() else printable(str(state)),
-            threads=tuple([ThreadStack.from_dict(t if type(t) is dict else obj(t), seen) for t in threads]),
-            env=tuple(sorted([(k, v if type(v) is str and v.isprintable() else printable(str(v)))
-                              for k, v in env.items() if k in _ENV_KEYS])),
-            error=printable(error) if isinstance(error, str) else None,
-            nonblocking=bool(get("nonblocking", False)),
-            main_cpu_ticks=ticks if ticks is None or type(ticks) is int else opt_int(d, "main_cpu_ticks"),
-            layout_hints=_shared_hints(hints, seen),
-            source=source if isinstance(source, str) else None,
-            main_syscall=opt_name(d, "main_syscall"),
-            cuda=opt_bool(d, "cuda"),
-        )
+class Snapshot(Record, frozen=True, kw_only=True, tag_field="schema", tag=BUNDLE_SCHEMA):
+    """Every rank captured at one moment (or read from files), plus what could not be captured.
 
-
-_ENV_KEYS = frozenset(ENV_WHITELIST)
-
-
-def _shared_hints(hints: Mapping[str, Any], seen: dict) -> tuple[tuple[str, int], ...]:
-    """Layout hints as a sorted tuple; every rank of a job carries the same few, so they are read once."""
-    try:  # the leading tag keeps these keys apart from the frame and stack keys in the same dict
-        key = ("layout_hints",) + tuple([(k, v, type(v)) for k, v in hints.items()])
-        shared = seen.get(key)
-    except TypeError:  # an unhashable value: let _int say what is wrong
-        key, shared = None, None
-    if shared is None:
-        shared = tuple(sorted((str(k), integer(hints, k)) for k in hints))
-        if key is not None:
-            seen[key] = shared
-    return shared
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Every rank captured at one moment (or read from files), plus what could not be captured."""
+    The bundle's JSON is this type with ``"schema": "mtpdiag.bundle/1"`` first (``inputs.bundle``); its
+    ``flight_recorder`` is the recorder's own ``mtpdiag.fr/1`` document (``FRDump.to_dict``).
+    """
 
     captures: tuple[RankCapture, ...]
-    host: str = "unknown"
+    host: str = UNKNOWN_HOST
     created: str = ""
     tool_version: str = ""
     errors: tuple[str, ...] = ()  # targets that yielded no capture at all, one line each
-    flight_recorder: FRDump | None = None  # the Flight Recorder dumps taken with the stacks, if any
+    flight_recorder: Optional[FRDump] = None  # the Flight Recorder dumps taken with the stacks, if any
 
     @property
     def world_sizes(self) -> list[int]:
         """The distinct WORLD_SIZEs the captures carry, smallest first (more than one is a conflict)."""
         return world_sizes(self.captures)
 
+    def stored(self) -> Snapshot:
+        """The snapshot as a bundle stores it: without ``watch``'s locals hashes, with the Flight Recorder's
+        stacks stored once per rank (``FRDump.packed``)."""
+        captures = tuple(msgspec.structs.replace(c, threads=tuple(
+            msgspec.structs.replace(t, locals_key=None) if t.locals_key is not None else t for t in c.threads))
+            if any(t.locals_key is not None for t in c.threads) else c for c in self.captures)
+        fr = self.flight_recorder.packed() if self.flight_recorder is not None else None
+        return msgspec.structs.replace(self, captures=captures, flight_recorder=fr)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": BUNDLE_SCHEMA,
-            "host": self.host,
-            "created": self.created,
-            "tool_version": self.tool_version,
-            "errors": list(self.errors),
-            "captures": [c.to_dict() for c in self.captures],
-            "flight_recorder": self.flight_recorder.to_dict() if self.flight_recorder is not None else None,
-        }
-
-    @staticmethod
-    def from_dict(d: Mapping[str, Any], seen_frames: dict | None = None) -> "Snapshot":
-        """``seen_frames``: pass one dict to every bundle of a set, so that they share their stacks."""
-        if not isinstance(d, Mapping) or d.get("schema") != BUNDLE_SCHEMA:
-            raise SchemaError(f"not an {BUNDLE_SCHEMA} document")
-        captures = d.get("captures")
-        if not isinstance(captures, list):
-            raise SchemaError("bundle captures must be a list")
-        errors = d.get("errors") or []
-        if seen_frames is None:
-            seen_frames = {}
-        return Snapshot(
-            captures=tuple(RankCapture.from_dict(obj(c), seen_frames) for c in captures),
-            host=printable(str(d.get("host") or "unknown")),
-            created=printable(str(d.get("created") or "")),
-            tool_version=printable(str(d.get("tool_version") or "")),
-            errors=tuple(printable(str(e)) for e in errors) if isinstance(errors, list) else (),
-            flight_recorder=_flight_recorder(d.get("flight_recorder")),
-        )
-
-
-def _flight_recorder(d: Any) -> FRDump | None:
-    """The bundle's Flight Recorder dumps (``mtpdiag.fr/1``), if it carries any."""
-    return None if d is None else FRDump.from_dict(d)
+        return as_json_value(self.stored())  # type: ignore[no-any-return]

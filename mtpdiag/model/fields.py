@@ -1,14 +1,29 @@
-"""Checked reading of JSON values: the one place that says what a bad field is (``SchemaError``), and the
-two text guards every reader uses (``printable`` for text from other processes, ``decimal`` for env numbers)."""
+"""What every model type shares: the base ``Record`` (a frozen msgspec Struct whose fields *are* its JSON), the
+one error a bad document raises (``SchemaError``), and the text guards every reader uses (``printable`` for
+text from other processes, ``scrub`` for a whole decoded document, ``decimal`` for env numbers)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 
 class SchemaError(ValueError):
     """A document that is not a valid mtpdiag bundle or report."""
+
+
+class Record(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A frozen Struct whose fields are its JSON keys: msgspec's compiled decoders check a document against
+    the type as they build it, and its encoders write the type back. A field left at its default is not
+    written (``omit_defaults``); a field that the JSON always carries has no default."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document as Python values (what ``json.loads`` of the encoded record gives)."""
+        return as_json_value(self)  # type: ignore[no-any-return]
+
+
+T = TypeVar("T")
 
 
 def printable(text: str) -> str:
@@ -23,6 +38,42 @@ def printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else " " if ch.isspace() else "\ufffd" for ch in text)
 
 
+def may_hold_unprintable(data: bytes) -> bool:
+    """Whether a JSON document's strings may hold a character ``printable`` would replace.
+
+    JSON forbids raw control characters in strings (the decoder refuses them), so a document that is all
+    ASCII, holds no backslash (no ``\\u001b``, ``\\n`` or ``\\u202e`` escape) and no DEL decodes to printable
+    strings only. Three scans at memory speed spare the walk over every decoded string.
+    """
+    return not data.isascii() or b"\\" in data or b"\x7f" in data
+
+
+def scrub(value: T) -> T:
+    """``value`` with ``printable`` applied to every string in it: Structs, tuples, lists and dicts (keys too)
+    are rebuilt only where something changed. For documents that ``may_hold_unprintable``."""
+    if type(value) is str:
+        return printable(value)  # type: ignore[return-value]
+    if isinstance(value, msgspec.Struct):
+        changes = {}
+        for name in value.__struct_fields__:
+            old = getattr(value, name)
+            new = scrub(old)
+            if new is not old:
+                changes[name] = new
+        return msgspec.structs.replace(value, **changes) if changes else value
+    if isinstance(value, (tuple, list)):
+        items = [scrub(v) for v in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        return type(value)(items)  # type: ignore[return-value]
+    if isinstance(value, dict):
+        pairs = [(scrub(k), scrub(v)) for k, v in value.items()]
+        if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(pairs, value.items())):
+            return value
+        return dict(pairs)  # type: ignore[return-value]
+    return value
+
+
 def decimal(text: str | None, max_digits: int = 9) -> int | None:
     """The value of an env number such as ``RANK=3``: at most ``max_digits`` ASCII digits, else None.
 
@@ -34,54 +85,30 @@ def decimal(text: str | None, max_digits: int = 9) -> int | None:
     return None
 
 
-def obj(value: Any) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise SchemaError("expected an object")
-    return value
+def one_line_error(exc: msgspec.MsgspecError) -> str:
+    """msgspec's message for a document that does not fit its type, as the one line an error shows
+    (``Expected `int`, got `bool` - at `$.captures[0].threads[0].frames[2].line```)."""
+    return printable(" ".join(str(exc).split()))
 
 
-def string(d: Mapping[str, Any], key: str) -> str:
-    value = d.get(key)
-    if not isinstance(value, str):
-        raise SchemaError(f"field {key!r} must be a string")
-    return printable(value)
+def decode_error(exc: msgspec.MsgspecError) -> SchemaError:
+    return SchemaError(one_line_error(exc))
 
 
-def integer(d: Mapping[str, Any], key: str) -> int:
-    value = d.get(key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SchemaError(f"field {key!r} must be an integer")
-    return value
+
+def replace(obj: T, /, **changes: object) -> T:
+    """``obj`` with ``changes``: ``msgspec.structs.replace`` for the model's Structs, ``dataclasses.replace``
+    for the dataclasses of the other stages."""
+    if isinstance(obj, msgspec.Struct):
+        return msgspec.structs.replace(obj, **changes)
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
 
 
-def opt_int(d: Mapping[str, Any], key: str) -> int | None:
-    value = d.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SchemaError(f"field {key!r} must be an integer or null")
-    return value
-
-
-def opt_bool(d: Mapping[str, Any], key: str) -> bool | None:
-    value = d.get(key)
-    if value is None or type(value) is bool:
-        return value
-    raise SchemaError(f"field {key!r} must be true, false or null")
-
-
-def opt_name(d: Mapping[str, Any], key: str) -> str | None:
-    """A short identifier-like word (a system call's name), or None."""
-    value = d.get(key)
-    if value is None:
-        return None
-    if type(value) is not str or len(value) > 40 or not value.replace("-", "_").isidentifier():
-        raise SchemaError(f"field {key!r} must be a short name or null")
-    return value
-
-
-def opt_rank(d: Mapping[str, Any]) -> int | None:
-    rank = opt_int(d, "rank")
-    if rank is not None and rank < 0:
-        raise SchemaError(f"field 'rank' must not be negative, got {rank}")
-    return rank
+def as_json_value(value: object) -> Any:
+    """``value`` as its JSON document's Python value: what ``json.loads`` of its encoding gives."""
+    try:
+        return msgspec.json.decode(msgspec.json.encode(value))
+    except UnicodeEncodeError:  # a lone surrogate (a file name that is not UTF-8) in some text
+        return msgspec.json.decode(msgspec.json.encode(scrub(value)))

@@ -1,4 +1,4 @@
-"""The report's optional sections: each a typed part of ``mtpdiag.report/1`` with its own ``to_dict``, shown by
+"""The report's optional sections: each a typed part of ``mtpdiag.report/2``, shown by
 every renderer (console, markdown, HTML) and present in the JSON only when the evidence was there.
 
 * ``Progress``: what ``watch`` saw over its samples;
@@ -11,17 +11,15 @@ analysis objects write: the fields every renderer reads (``lines``) and that use
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
-from mtpdiag.model.watchdog import WatchdogTimeout
+from mtpdiag.model.fields import Record
+from mtpdiag.model.watchdog import LoggedTimeout
 
-Json = Mapping[str, Any]
+Json = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Progress:
+class Progress(Record, frozen=True):
     """``watch``'s samples: how many, how far apart, how long nothing moved, and whether that is a hang."""
 
     samples: int
@@ -29,13 +27,8 @@ class Progress:
     stalled_for_s: float
     hang: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"samples": self.samples, "interval_s": self.interval_s, "stalled_for_s": self.stalled_for_s,
-                "hang": self.hang}
 
-
-@dataclass(frozen=True)
-class FlightRecorderSection:
+class FlightRecorderSection(Record, frozen=True, kw_only=True):
     """The Flight Recorder next to the diagnosis. ``lines`` tell the story in plain words (console, markdown,
     HTML); ``disagreements`` are where the recorder and the stacks differ."""
 
@@ -48,29 +41,12 @@ class FlightRecorderSection:
     disagreements: tuple[str, ...]
     notes: tuple[str, ...]
     lines: tuple[str, ...]
-    divergences: tuple[Json, ...] | None = None  # per group, the first sequence number where members disagree
-    unmatched_p2p: tuple[Json, ...] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "source": self.source, "version": self.version, "ranks": list(self.ranks),
-            "missing_ranks": list(self.missing_ranks), "groups": list(self.groups),
-            "mismatches": list(self.mismatches), "disagreements": list(self.disagreements),
-            "notes": list(self.notes), "lines": list(self.lines),
-        }
-        if self.divergences is not None:
-            out["divergences"] = list(self.divergences)
-        if self.unmatched_p2p is not None:
-            out["unmatched_p2p"] = list(self.unmatched_p2p)
-        return out
+    divergences: Optional[tuple[Json, ...]] = None  # per group, the first sequence number where members disagree
+    unmatched_p2p: Optional[tuple[Json, ...]] = None
 
 
-@dataclass(frozen=True)
-class WatchdogSection:
+class WatchdogSection(Record, frozen=True):
     """The watchdog's timeouts, and the same in words (one line each)."""
 
-    timeouts: tuple[WatchdogTimeout, ...]
+    timeouts: tuple[LoggedTimeout, ...]
     lines: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"timeouts": [t.to_dict() for t in self.timeouts], "lines": list(self.lines)}

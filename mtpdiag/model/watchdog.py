@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Optional
+
+from mtpdiag.model.fields import Record, as_json_value
 
 
-@dataclass(frozen=True)
-class PGRef:
+class PGRef(Record, frozen=True):
     """A process group as a log prefix names it. ``name`` is torch's group name (the Flight Recorder's
     ``process_group[0]``), ``pg_id`` the process-local id (the dump's ``pg_id``), ``rank`` the group rank."""
 
@@ -16,8 +17,7 @@ class PGRef:
     rank: int | None = None
 
 
-@dataclass(frozen=True)
-class WatchdogTimeout:
+class WatchdogTimeout(Record, frozen=True, kw_only=True):
     """One timed-out work. ``rank``: global rank (log prefix), ``group``: the group (from the same line's
     prefix or the matching status line), ``op``: the public op name of ``op_type``. ``last_enqueued`` /
     ``last_completed`` come from the group's status line for the same rank and work, when logged."""
@@ -38,17 +38,39 @@ class WatchdogTimeout:
     last_started: int | None = None
     last_completed: int | None = None
 
-    def to_dict(self) -> dict[str, object]:
-        return {"line": self.line, "rank": self.rank, "pg_id": self.group.pg_id, "pg_name": self.group.name,
-                "pg_desc": self.group.desc, "group_rank": self.group.rank, "seq": self.seq,
-                "op_type": self.op_type, "op": self.op, "numel_in": self.numel_in, "numel_out": self.numel_out,
-                "timeout_ms": self.timeout_ms, "ran_for_ms": self.ran_for_ms, "blocking_wait": self.blocking_wait,
-                "last_enqueued": self.last_enqueued, "last_started": self.last_started,
-                "last_completed": self.last_completed}
+    def logged(self) -> LoggedTimeout:
+        """The timeout as the report's ``watchdog`` section lists it (the group's fields flattened)."""
+        g = self.group
+        return LoggedTimeout(
+            line=self.line, rank=self.rank, pg_id=g.pg_id, pg_name=g.name, pg_desc=g.desc, group_rank=g.rank,
+            seq=self.seq, op_type=self.op_type, op=self.op, numel_in=self.numel_in, numel_out=self.numel_out,
+            timeout_ms=self.timeout_ms, ran_for_ms=self.ran_for_ms, blocking_wait=self.blocking_wait,
+            last_enqueued=self.last_enqueued, last_started=self.last_started, last_completed=self.last_completed)
 
 
-@dataclass(frozen=True)
-class WatchdogStatus:
+class LoggedTimeout(Record, frozen=True, kw_only=True, omit_defaults=False):
+    """One timed-out work in the report (``watchdog.timeouts``): ``WatchdogTimeout`` with its group flattened."""
+
+    line: int
+    rank: Optional[int]
+    pg_id: Optional[int]
+    pg_name: Optional[str]
+    pg_desc: Optional[str]
+    group_rank: Optional[int]
+    seq: int
+    op_type: str
+    op: str
+    numel_in: Optional[int]
+    numel_out: Optional[int]
+    timeout_ms: Optional[int]
+    ran_for_ms: Optional[int]
+    blocking_wait: bool
+    last_enqueued: Optional[int]
+    last_started: Optional[int]
+    last_completed: Optional[int]
+
+
+class WatchdogStatus(Record, frozen=True, kw_only=True):
     """A "last enqueued / last completed" line. ``failed_seq``: the work it reports on, when it names one;
     ``signal_from``: for a heartbeat dump signal, who raised it ("this local rank", " rank 3")."""
 
@@ -62,15 +84,8 @@ class WatchdogStatus:
     signal_from: str | None = None
     thread: int | None = None
 
-    def to_dict(self) -> dict[str, object]:
-        return {"line": self.line, "rank": self.rank, "pg_id": self.group.pg_id, "pg_name": self.group.name,
-                "pg_desc": self.group.desc, "group_rank": self.group.rank, "failed_seq": self.failed_seq,
-                "last_enqueued": self.last_enqueued, "last_started": self.last_started,
-                "last_completed": self.last_completed, "signal_from": self.signal_from}
 
-
-@dataclass(frozen=True)
-class DesyncReport:
+class DesyncReport(Record, frozen=True, kw_only=True, omit_defaults=False):
     """``TORCH_NCCL_DESYNC_DEBUG``'s verdict (group ranks): who joined collective #seq but did not finish,
     who finished it but did not join the next, who never joined any."""
 
@@ -82,18 +97,15 @@ class DesyncReport:
     never_joined: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class WatchdogLog:
+class WatchdogLog(Record, frozen=True):
     """Every watchdog record of one log, in line order. A timeout is reported once though torch logs it up to
     three times (the watchdog's line, its exception, and the exception's ``what():`` without a rank prefix)."""
 
     timeouts: tuple[WatchdogTimeout, ...] = ()
     statuses: tuple[WatchdogStatus, ...] = ()
-    desync: tuple[DesyncReport, ...] = field(default=())
+    desync: tuple[DesyncReport, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
-        return {"timeouts": [t.to_dict() for t in self.timeouts], "statuses": [s.to_dict() for s in self.statuses],
-                "desync": [{"line": d.line, "rank": d.rank, "seq": d.seq,
-                            "joined_not_finished": list(d.joined_not_finished),
-                            "finished_not_joined": list(d.finished_not_joined),
-                            "never_joined": list(d.never_joined)} for d in self.desync]}
+        """The log's records as JSON (the timeouts as the report lists them)."""
+        return {"timeouts": as_json_value([t.logged() for t in self.timeouts]),
+                "statuses": as_json_value(self.statuses), "desync": as_json_value(self.desync)}

@@ -1,7 +1,7 @@
 """The report's output formats, one module each, behind one registry: ``render(report, "json")``.
 
 * ``console``: findings first in plain words, then the split collectives, the site groups and a rank grid;
-* ``json_report``: the ``mtpdiag.report/1`` document (docs/design.md), what automation reads;
+* ``json_report``: the ``mtpdiag.report/2`` document (docs/design.md), what automation reads;
 * ``markdown``: for pasting into an incident ticket;
 * ``html``: one self-contained page with the rank grid and every stack (``report/assets``).
 

@@ -293,8 +293,9 @@ def _data_json(report: Report) -> str:
     rows = []
     for v in report.ranks:
         label = words.rank_label(v, v.rank, report.layout) if v.rank is not None else f"pid {v.pid}"
-        rows.append([v.rank, label, text(v.host), v.pid, text(v.state), text(words.doing(v)), stack(v.stack),
-                     _site_index(v)])
+        frames_of_v = report.stack_of(v)
+        rows.append([v.rank, label, text(v.host), v.pid, text(v.state), text(words.doing(v)), stack(frames_of_v),
+                     _site_index(v, frames_of_v)])
     data: dict[str, Any] = {
         "texts": list(texts),
         "frames": [[f.function, f.file, f.line] for f in frames],
@@ -309,12 +310,12 @@ def _data_json(report: Report) -> str:
 # ---------------------------------------------------------------- helpers
 
 
-def _site_index(view: RankView) -> int:
+def _site_index(view: RankView, stack: Iterable[Frame]) -> int:
     """Where the call site sits in the stack (-1: nowhere), so the pane can mark it."""
     if view.site is None:
         return -1
     site = (view.site.function, view.site.file, view.site.line)
-    return next((k for k, f in enumerate(view.stack) if (f.function, f.file, f.line) == site), -1)
+    return next((k for k, f in enumerate(stack) if (f.function, f.file, f.line) == site), -1)
 
 
 def _layout_coords(report: Report) -> dict[int, Mapping[str, int]]:

@@ -18,7 +18,7 @@ Stacks say where each rank is now; the recorder says which collective hangs. Whe
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from mtpdiag.analysis.flight_recorder.correlate import correlate
@@ -27,7 +27,7 @@ from mtpdiag.analysis.flight_recorder.results import Divergence, FRAnalysis, FRC
 from mtpdiag.analysis.gate import read_gate
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.layout import GROUP_KINDS, ParallelLayout
-from mtpdiag.model import FlightRecorderSection, Mismatch, RankView, Report, Site, WaitState
+from mtpdiag.model import FlightRecorderSection, Mismatch, RankView, Report, Site, WaitState, replace
 from mtpdiag.model.flight_recorder import FRDump, FREntry
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 from mtpdiag.vocabulary.labels import rank_list
@@ -83,7 +83,7 @@ def section(report: Report, fr: FRDump, evidence: FREvidence) -> FlightRecorderS
     # Hold the recorder against what the stacks alone said: splits it found itself agree by construction,
     # and ranks known only from their dumps have no stack to compare.
     stacks_only = replace(report, mismatches=tuple(m for m in report.mismatches if m.source == Source.STACKS),
-                          ranks=tuple(v for v in report.ranks if v.stack))
+                          ranks=tuple(v for v in report.ranks if v.stack is not None))
     out = correlate(stacks_only, fr)
     lines = list(out.lines[:1])
     for d in evidence.analysis.divergences:
@@ -207,7 +207,7 @@ def view_without_stack(rank: int, fr: FRDump, pending: Mapping[int, str]) -> Ran
     wait = WaitState(WaitKind.COLLECTIVE if op else WaitKind.UNKNOWN, Confidence.LIKELY,
                      (f"Flight Recorder: {text}" if text else "Flight Recorder: nothing pending",))
     return RankView(rank=rank, pid=None, host="unknown", state=RankState.COLLECTIVE if op else RankState.WAITING,
-                    coords=None, op=op, site=site, stack=(), wait=wait)
+                    coords=None, op=op, site=site, stack=None, wait=wait)
 
 
 def with_pending(view: RankView, pending: Mapping[int, str]) -> RankView:

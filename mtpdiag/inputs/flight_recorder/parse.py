@@ -10,13 +10,13 @@ existing ones changed. torch 2.13 writes "2.10"; the releases since 2.4 wrote 2.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any
 
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder.calls import batches
 from mtpdiag.inputs.flight_recorder.names import parse_profiling_name
 from mtpdiag.inputs.flight_recorder.sites import Qualify, call_site, plain, stack_of
+from mtpdiag.model import replace
 from mtpdiag.model.flight_recorder import FREntry, FRGroup, FRGroupStatus, FRRankDump, as_bool, as_int
 
 KNOWN_MAJOR = 2
