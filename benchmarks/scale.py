@@ -47,9 +47,9 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 
 from captures import load_scenario, scenario_dir, tile
 
-from mtpdiag.inputs.bundle import bundle_path
+from mtpdiag.inputs.bundle import bundle_path, bundle_text
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Snapshot
+from mtpdiag.model import Env, Snapshot
 
 SCENARIO = "mtp_cp_pp"
 GOAL_RATIO = 1.0
@@ -73,7 +73,7 @@ def synthesize(world: int, per_host: int, directory: str) -> int:
     sizes = meta["layout"]
     big = ParallelLayout.for_world(world, tp=sizes.get("tp", 1), cp=sizes.get("cp", 1), pp=sizes.get("pp", 1))
     tiled = tile(snapshot, layout, big)
-    hints = tuple(sorted((k, v) for k, v in sizes.items() if v > 1))
+    hints = {k: v for k, v in sizes.items() if v > 1}
     written = 0
     for first in range(0, world, per_host):
         node = first // per_host
@@ -87,7 +87,7 @@ def synthesize(world: int, per_host: int, directory: str) -> int:
                           tool_version="0.1.0")
         # save_bundle's format without its fsync (2,048 fsyncs would dominate the set-up time)
         with open(bundle_path(bundle, directory), "w", encoding="utf-8") as f:
-            f.write(json.dumps(bundle.to_dict(), indent=1) + "\n")
+            f.write(bundle_text(bundle))
         written += 1
     return written
 
@@ -123,12 +123,11 @@ def synthesize_pyspy(world: int, directory: str) -> int:
 SHAPES = {"bundle": "host bundles", "pyspy": "py-spy JSON files"}
 
 
-def _collect_env(rank: int, world: int, per_host: int) -> tuple[tuple[str, str], ...]:
+def _collect_env(rank: int, world: int, per_host: int) -> Env:
     """The whitelisted keys torchrun gives a worker, as ``collect`` stores them."""
-    env = {"RANK": str(rank), "LOCAL_RANK": str(rank % per_host), "WORLD_SIZE": str(world),
-           "GROUP_RANK": str(rank // per_host), "LOCAL_WORLD_SIZE": str(per_host),
-           "MASTER_ADDR": "node-0000", "MASTER_PORT": "29500"}
-    return tuple(sorted(env.items()))
+    return Env(RANK=str(rank), LOCAL_RANK=str(rank % per_host), WORLD_SIZE=str(world),
+               GROUP_RANK=str(rank // per_host), LOCAL_WORLD_SIZE=str(per_host), MASTER_ADDR="node-0000",
+               MASTER_PORT="29500")
 
 
 # ---------------------------------------------------------------- measurement

@@ -21,9 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from mtpdiag.analysis.flight_recorder.evidence import mismatch_key
 from mtpdiag.analysis.known_sites import is_mtp_site
-from mtpdiag.analysis.mismatch import is_point_to_point
+from mtpdiag.analysis.mismatch import is_point_to_point, mismatch_key
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site, replace
 from mtpdiag.vocabulary.ops import BARRIER_OPS, RECV_OPS, SEND_OPS
@@ -191,7 +190,7 @@ class _Graph:
 def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
                 layout: ParallelLayout | None, root_hints: frozenset = frozenset()) -> Causes:
     """Assign root/consequence roles and find the problem ranks others wait on. ``root_hints``: the keys
-    (``fr_evidence.mismatch_key``) of splits the Flight Recorder's program order shows some rank skipped."""
+    (``mismatch.mismatch_key``) of splits the Flight Recorder's program order shows some rank skipped."""
     p2p = unmatched_p2p(views)
     graph = _Graph()
     for rank in views:

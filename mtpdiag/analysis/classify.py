@@ -10,7 +10,7 @@ is running and its site is its innermost frame outside library and stdlib intern
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Sequence
 
@@ -29,6 +29,15 @@ class Classified:
     op: str | None
     site: Site | None
     peer: int | None = None  # dst/src of a send/recv, from the torch frame's arguments
+    peer_frame: int | None = None  # which of the Python frames names the op, for a send/recv
+
+    def for_stack(self, thread: ThreadStack) -> Classified:
+        """This reading for a thread whose frames differ from the classified ones in their arguments only
+        (the ranks of a pipeline send to different peers): the same op and site, this thread's peer."""
+        if self.peer_frame is None:
+            return self
+        frames = _python_frames(thread.frames)
+        return replace(self, peer=_peer_of(self.op or "", frames[self.peer_frame]))
 
 
 @dataclass(frozen=True)
@@ -43,17 +52,17 @@ def site_of(frame: Frame) -> Site:
     return Site(file=frame.file, line=frame.line, function=frame.function)
 
 
-def _op_of(block: Sequence[Frame]) -> tuple[str, Frame]:
-    """The op named by a torch block (innermost first) and the frame that names it."""
-    distributed = [f for f in block if is_torch_distributed(f)]
-    public = [f for f in distributed if "." not in f.function and f.function in KNOWN_OPS]
+def _op_of(block: Sequence[Frame]) -> tuple[str, int]:
+    """The op named by a torch block (innermost first) and the index of the frame that names it."""
+    distributed = [(i, f) for i, f in enumerate(block) if is_torch_distributed(f)]
+    public = [(i, f) for i, f in distributed if "." not in f.function and f.function in KNOWN_OPS]
     if public:
-        return public[-1].function, public[-1]
-    for f in distributed:
+        return public[-1][1].function, public[-1][0]
+    for i, f in distributed:
         name = short_name(f.function)
         if name in ("wait", "wait_tensor", "_wait") or name.startswith("wait_"):
-            return WAIT_OP, f
-    return short_name(distributed[0].function), distributed[0]
+            return WAIT_OP, i
+    return short_name(distributed[0][1].function), distributed[0][0]
 
 
 def _peer_of(op: str, frame: Frame) -> int | None:
@@ -75,8 +84,10 @@ def classify_stack(frames: tuple[Frame, ...], active: bool | None = None) -> Cla
     block_end = torch_block_end(frames)
     block = frames[:block_end]
     if any(is_torch_distributed(f) for f in block):
-        op, op_frame = _op_of(block)
-        return Classified(op=op, site=site_of(call_site_frame(frames)), peer=_peer_of(op, op_frame))
+        op, at = _op_of(block)
+        p2p = op in SEND_OPS or op in RECV_OPS
+        return Classified(op=op, site=site_of(call_site_frame(frames)), peer=_peer_of(op, frames[at]),
+                          peer_frame=at if p2p else None)
     if not block and active is False:
         # An idle thread whose innermost frame is code known to wait on Work handles itself
         # (megatron's p2p `_communicate` calling req.wait()) is blocked in a bare Work.wait.
@@ -88,10 +99,11 @@ def classify_stack(frames: tuple[Frame, ...], active: bool | None = None) -> Cla
 
 def classify_thread(thread: ThreadStack) -> Classified:
     """``classify_stack`` of a thread's Python frames: native frames are evidence, never the call site."""
-    frames = thread.frames
-    if any(f.native for f in frames):
-        frames = tuple(f for f in frames if not f.native)
-    return classify_stack(frames, thread.active)
+    return classify_stack(_python_frames(thread.frames), thread.active)
+
+
+def _python_frames(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    return tuple(f for f in frames if not f.native) if any(f.native for f in frames) else frames
 
 
 def classify_capture(capture: RankCapture) -> Classified:

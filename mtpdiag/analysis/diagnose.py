@@ -7,30 +7,23 @@ ranks (groups are looked up by rank through the layout's cached index).
 
 from __future__ import annotations
 
-from typing import Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Mapping
 
 from mtpdiag.analysis import findings
 from mtpdiag.analysis.causes import find_causes
-from mtpdiag.analysis.classify import Classified, StateReading, classify_capture, rank_state, side_collective, site_of
 from mtpdiag.analysis.findings.facts import Facts, Mode
-from mtpdiag.analysis.flight_recorder import evidence as fr_evidence
-from mtpdiag.analysis.known_sites import lookup
-from mtpdiag.analysis.log_evidence import fold_log
-from mtpdiag.analysis.mismatch import find_mismatches, is_p2p_op, is_point_to_point
+from mtpdiag.analysis.mismatch import find_mismatches, is_point_to_point
 from mtpdiag.analysis.sites import group_sites
-from mtpdiag.analysis.wait import wait_state
+from mtpdiag.analysis.views import StackReader, rank_view
 from mtpdiag.layout import LayoutError, ParallelLayout
 from mtpdiag.model import (
     STATE_UNKNOWN,
     Finding,
     Mismatch,
-    RankCapture,
     RankView,
     Report,
     Snapshot,
-    Stack,
-    ThreadStack,
-    WaitState,
     WatchdogSection,
     replace,
     who_and_why,
@@ -40,7 +33,9 @@ from mtpdiag.model.watchdog import WatchdogLog
 from mtpdiag.vocabulary.labels import rank_list
 from mtpdiag.vocabulary.ops import WORLD_OPS
 from mtpdiag.vocabulary.states import RankState, Role, Verdict
-from mtpdiag.vocabulary.waits import WaitKind
+
+if TYPE_CHECKING:
+    from mtpdiag.analysis.flight_recorder.evidence import FREvidence
 
 NO_LAYOUT_NOTE = "no parallel layout: pass --tp/--cp/--pp or --config to find split groups"
 _LIST = 8  # ranks listed in a note before "…"
@@ -67,8 +62,9 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
             c = coords_cache[rank] = layout.coords(rank)
         return c
 
-    read = _StackReader()
-    views = [_view(c, layout, coords_of, read) for c in snapshot.captures]
+    fr_evidence = _fr_evidence() if fr is not None else None
+    read = StackReader()
+    views = [rank_view(c, layout, coords_of, read) for c in snapshot.captures]
     stacks = read.stacks()
     evidence = fr_evidence.fold(fr, layout, coords_of if layout is not None else None) if fr else None
     fr_only: set[int] = set()
@@ -80,6 +76,8 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
     missing = [r for r in range(world_size) if r not in by_rank] if world_size is not None else []
 
     mode, causes, mismatches = Mode.LAYOUT_FREE, None, ()
+    if log is not None:  # the watchdog's log, like the recorder, is read only when given
+        from mtpdiag.analysis.log_evidence import fold_log
     logged = fold_log(log, layout, coords_of if layout is not None else None) if log and not evidence else None
     if layout is not None or evidence is not None or logged is not None:
         mode = Mode.GROUPS
@@ -157,10 +155,19 @@ def _world_op_splits(by_rank: dict[int, RankView], world_size: int | None) -> li
     return [m for m in splits if all(by_rank.get(a) is not None and by_rank[a].op in WORLD_OPS for a in m.absent)]
 
 
-def _with_flight_recorder(views: list[RankView], fr: FRDump, evidence: fr_evidence.FREvidence,
+def _fr_evidence() -> ModuleType:
+    """The Flight Recorder's analysis, imported only when there are dumps (``inspect`` of a job without them
+    never loads it)."""
+    from mtpdiag.analysis.flight_recorder import evidence
+
+    return evidence
+
+
+def _with_flight_recorder(views: list[RankView], fr: FRDump, evidence: FREvidence,
                           layout: ParallelLayout | None, coords_of) -> tuple[list[RankView], set[int]]:
     """Each captured rank's wait with what the recorder has pending for it; a view for each rank that has a
     dump but no stack (``analyze --fr`` alone), and the set of those ranks."""
+    fr_evidence = _fr_evidence()
     out = [fr_evidence.with_pending(v, evidence.pending) for v in views]
     seen = {v.rank for v in views if v.rank is not None}
     added = set()
@@ -176,112 +183,6 @@ def _with_flight_recorder(views: list[RankView], fr: FRDump, evidence: fr_eviden
 
 
 # ---------------------------------------------------------------- ranks
-
-
-class _StackReader:
-    """Each distinct stack read once: its place in the report's stack table, its classification, its pipeline
-    direction, and the wait and state readings of the ranks whose stack and /proc facts agree.
-
-    Ranks are keyed by their stack's value (frames are hashable and cache their hash), so at 16k ranks a
-    handful of readings serve every rank, whichever reader built the frames.
-    """
-
-    def __init__(self) -> None:
-        self._ids: dict[Stack, int] = {}
-        self._classified: dict[tuple[int, bool | None], Classified] = {}
-        self._direction: dict[int, str | None] = {}
-        self._states: dict[tuple, StateReading] = {}
-        self._waits: dict[tuple, WaitState | None] = {}
-
-    def stack_id(self, frames: Stack) -> int:
-        """The index of ``frames`` in the report's stack table (``stacks``), added when new."""
-        found = self._ids.get(frames)
-        if found is None:
-            found = self._ids[frames] = len(self._ids)
-        return found
-
-    def stacks(self) -> tuple[Stack, ...]:
-        return tuple(self._ids)
-
-    def state(self, capture: RankCapture, classified: Classified, wait: WaitState | None) -> StateReading:
-        """``rank_state``, shared by the ranks whose state, error and stack kind agree."""
-        waiting = wait is not None and wait.kind != WaitKind.RUNNING
-        key = (capture.state, capture.error, not capture.threads, classified.op is None, waiting)
-        found = self._states.get(key)
-        if found is None:
-            found = self._states[key] = rank_state(capture, classified, waiting)
-        return found
-
-    def wait(self, capture: RankCapture, thread: ThreadStack | None, stack: int | None, op: str | None,
-             side_thread: str | None, main: bool) -> WaitState | None:
-        """``wait_state``, shared by the ranks whose stack and /proc facts agree."""
-        if thread is None:
-            return wait_state(capture, thread, op, side_thread)
-        key = (stack, thread.active, thread.calls, op, side_thread, capture.state, capture.main_syscall,
-               capture.cuda, main)
-        found = self._waits.get(key, _UNSET)
-        if found is _UNSET:
-            found = self._waits[key] = wait_state(capture, thread, op, side_thread)
-        return found
-
-    def classify(self, capture: RankCapture, thread: ThreadStack | None, stack: int | None) -> Classified:
-        if thread is None or stack is None:
-            return classify_capture(capture)
-        key = (stack, thread.active)
-        found = self._classified.get(key)
-        if found is None:
-            found = self._classified[key] = classify_capture(capture)
-        return found
-
-    def direction(self, stack: int, frames: Stack) -> str | None:
-        """``next``/``prev``: the neighbour stage that known pipeline code in ``frames`` talks to."""
-        if stack not in self._direction:
-            self._direction[stack] = next(
-                (row.peer for row in map(lookup, map(site_of, frames)) if row is not None and row.peer), None)
-        return self._direction[stack]
-
-
-_UNSET: object = object()
-
-
-def _view(capture: RankCapture, layout: ParallelLayout | None, coords_of, read: _StackReader) -> RankView:
-    thread = capture.main_thread
-    stack = read.stack_id(thread.frames) if thread is not None and thread.frames else None
-    classified = read.classify(capture, thread, stack)
-    side_name = None
-    main = True
-    if classified.op is None and len(capture.threads) > 1:
-        side = side_collective(capture)
-        if side is not None:  # the rank's collective runs on another thread: that thread is what matters
-            thread, classified = side
-            side_name = thread.name or f"thread {thread.thread_id}"
-            stack = read.stack_id(thread.frames) if thread.frames else None
-            main = False
-    wait = read.wait(capture, thread, stack, classified.op, side_name, main)
-    state = read.state(capture, classified, wait)
-    in_layout = layout is not None and capture.rank is not None and 0 <= capture.rank < layout.world_size
-    peer = classified.peer
-    if peer is None and in_layout and stack is not None and classified.op is not None and \
-            is_p2p_op(classified.op, classified.site):
-        peer = _pipeline_peer(capture.rank, read.direction(stack, thread.frames), layout)
-    return RankView(
-        rank=capture.rank, pid=capture.pid, host=capture.host, state=state.state,
-        coords=coords_of(capture.rank) if in_layout else None,
-        op=classified.op, site=classified.site, stack=stack, peer=peer, error=state.error, wait=wait,
-    )
-
-
-def _pipeline_peer(rank: int, direction: str | None, layout: ParallelLayout) -> int | None:
-    """The neighbour stage that known pipeline code talks to (send_forward -> the next stage).
-
-    The direction comes from the innermost frame that names one: a bare wait inside megatron's
-    ``_communicate`` takes it from the ``send_forward``/``recv_backward``/... that called it.
-    """
-    if direction is None or layout.pp < 2:
-        return None
-    stages = layout.group_of("pp", rank)
-    here = stages.index(rank)
-    return stages[(here + (1 if direction == "next" else -1)) % len(stages)]
 
 
 def _index(views: tuple[RankView, ...], layout: ParallelLayout | None, notes: list[str]) -> dict[int, RankView]:
@@ -319,7 +220,7 @@ def _world_size(snapshot: Snapshot, layout: ParallelLayout | None, notes: list[s
         notes.append(f"captures disagree on WORLD_SIZE ({', '.join(map(str, sizes))}): using {sizes[-1]}")
     if sizes:
         return sizes[-1]
-    recorded = fr_evidence.world_size(fr) if fr is not None else None
+    recorded = _fr_evidence().world_size(fr) if fr is not None else None
     if recorded is not None:
         if layout is None or layout.world_size == recorded:
             return recorded

@@ -13,6 +13,7 @@ world group, and point-to-point ops are matched by peer elsewhere (``waits``), n
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Mapping, NamedTuple, Sequence
 
@@ -140,6 +141,12 @@ def choose_kind(entered: Sequence[int], kinds: Sequence[str], layout: ParallelLa
         if first_split is None:
             first_split = kind
     return first_split or kinds[0]
+
+
+def mismatch_key(m: Mismatch) -> tuple:
+    """What makes two reports of a split the same split: op, where it was called, and who is in the group."""
+    site = (os.path.basename(m.site.file), m.site.line) if m.site is not None else None
+    return (m.op, site, m.members)
 
 
 class _Split(NamedTuple):

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from mtpdiag.capture import procfs
 from mtpdiag.capture.fr_locate import dump_prefixes, pipe_prefix, request_live_dump
 from mtpdiag.errors import InputError
-from mtpdiag.inputs.flight_recorder import load_fr_dumps, read_dump_file
 from mtpdiag.model import RankCapture, Snapshot, replace
 from mtpdiag.model.flight_recorder import FRDump
 
@@ -59,6 +58,8 @@ def find_dumps(captures: tuple[RankCapture, ...], *, request: bool = False, wait
                      f"{wait_s:g} s")
     if not files:
         return FoundDumps(None, tuple(notes))
+    from mtpdiag.inputs.flight_recorder import load_fr_dumps  # only when there are dumps to read
+
     try:
         dumps = load_fr_dumps([files[r] for r in sorted(files)])
     except InputError as exc:
@@ -164,6 +165,8 @@ class LiveProgress:
 
 def _completed(path: str, rank: int) -> int | None:
     """The collectives a rank's dump says it completed, summed over its groups (pg_status)."""
+    from mtpdiag.inputs.flight_recorder import read_dump_file
+
     try:
         dump = read_dump_file(path, rank)
     except InputError:

@@ -4,7 +4,7 @@ NCCL watchdog's log lines (``watchdog_log``) of the same hang. Bundles are also 
 
 Rules (the same for every command that reads files):
 
-* Each file is read by the first reader in ``registry.READERS`` that recognises it (one module per
+* Each file is read by the first reader in ``registry.readers()`` that recognises it (one module per
   format, each a ``Reader``: ``sniff(text, path)`` and ``read(text, path, context)``).
 * A file that no reader recognises, or that is not text, is an input error when no file could be read
   at all; otherwise it is recorded, one line, in ``Snapshot.errors`` and the rest is diagnosed.
@@ -26,13 +26,26 @@ from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.files import DUMP_SUFFIXES, expand, read_bytes
 from mtpdiag.inputs.identity import compile_rank_from, rank_from_name
 from mtpdiag.inputs.merge import check_duplicate_ranks, check_world_sizes, merge
-from mtpdiag.inputs.pyspy_text import TextProcess, parse_text_dump
-from mtpdiag.inputs.registry import READERS, read_file
+from mtpdiag.inputs.registry import read_file
 from mtpdiag.model import STATE_UNKNOWN, STATE_UNREADABLE, Snapshot, who_and_why
 
 __all__ = ["DUMP_SUFFIXES", "READERS", "STATE_UNKNOWN", "STATE_UNREADABLE", "Dumped", "FileCaptures", "Inputs",
            "ReadContext", "Reader", "TextProcess", "load_file", "load_paths", "parse_text_dump", "rank_from_name",
            "read_inputs"]
+
+
+_LAZY = {"READERS": ("mtpdiag.inputs.registry", "READERS"),  # the text readers load with the first text file
+         "TextProcess": ("mtpdiag.inputs.pyspy_text", "TextProcess"),
+         "parse_text_dump": ("mtpdiag.inputs.pyspy_text", "parse_text_dump")}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from mtpdiag.model import (
     ThreadStack,
     decimal,
     printable,
+    replace,
 )
 from mtpdiag.model.fields import may_hold_unprintable, one_line_error
 from mtpdiag.vocabulary.stacks import display_path, kept_args
@@ -37,12 +38,12 @@ FORM = "py-spy JSON"
 LineCalls = Callable[[str, int], tuple[str, ...]]  # (file, line) -> the wait calls on that line
 
 
-class _Local(msgspec.Struct):
+class _Local(msgspec.Struct, gc=False):
     name: Optional[str] = None
     repr: Optional[str] = None
 
 
-class _Frame(msgspec.Struct):
+class _Frame(msgspec.Struct, gc=False):
     name: Optional[str] = None
     filename: Optional[str] = None
     short_filename: Optional[str] = None
@@ -51,7 +52,7 @@ class _Frame(msgspec.Struct):
     locals: msgspec.Raw = msgspec.Raw()  # decoded only for torch.distributed frames (and by watch)
 
 
-class _Thread(msgspec.Struct):
+class _Thread(msgspec.Struct, gc=False):
     frames: list[_Frame]
     pid: Optional[int] = None
     thread_id: Optional[int] = None
@@ -151,19 +152,37 @@ def _locals_key(frames: list[_Frame]) -> int:
 
 
 def _frame(f: _Frame, scrub: bool) -> Frame:
-    file = display_path(f.filename or f.short_filename or "<unknown>")
-    function = f.name or "<unknown>"
-    if scrub:
-        file, function = printable(file), printable(function)
-    native = f.module is not None  # py-spy --native names the shared object of a C frame
-    args = None
-    if f.locals and "torch/distributed/" in file and not (f.module and not is_python_file(file)):
-        try:
-            pairs = [(v.name or "", v.repr) for v in _LOCALS.decode(f.locals) or ()]
-        except msgspec.MsgspecError:  # locals that are not py-spy's: no argument is kept
-            pairs = []
-        args = FrameArgs.of(kept_args(file, pairs))
-    return Frame(function=function, file=file, line=f.line if f.line is not None else 0, args=args, native=native)
+    """The Frame of a py-spy frame. Made once per distinct frame (``_FRAMES``): the ranks of a big job
+    repeat a few stacks, and a Frame made before also carries its hash (``Frame`` caches it)."""
+    key = (f.name, f.filename, f.short_filename, f.module, f.line)
+    args = _args(f) if f.locals and f.filename is not None and "torch/distributed/" in f.filename else None
+    frame = _FRAMES.get(key)
+    if frame is None:
+        if len(_FRAMES) >= _MAX_FRAMES:
+            _FRAMES.clear()
+        file = display_path(f.filename or f.short_filename or "<unknown>")
+        function = f.name or "<unknown>"
+        if scrub:
+            file, function = printable(file), printable(function)
+        frame = _FRAMES[key] = Frame(function=function, file=file, line=f.line if f.line is not None else 0,
+                                     native=f.module is not None)  # --native names a C frame's library
+    if args is not None and not (f.module and not is_python_file(frame.file)):
+        return replace(frame, args=args)
+    return frame
+
+
+def _args(f: _Frame) -> FrameArgs | None:
+    """The kept arguments of a torch.distributed frame, from its locals."""
+    try:
+        pairs = [(v.name or "", v.repr) for v in _LOCALS.decode(f.locals) or ()]
+    except msgspec.MsgspecError:  # locals that are not py-spy's: no argument is kept
+        return None
+    return FrameArgs.of(kept_args(display_path(f.filename or ""), pairs))
+
+
+# Frames made, by the py-spy fields they were made from; bounded, as a long ``watch`` sees new ones.
+_FRAMES: dict[tuple, Frame] = {}
+_MAX_FRAMES = 1 << 16
 
 
 READER = Reader(name=FORM, sniff=sniff, read=read)

@@ -3,27 +3,35 @@
 JSON first (told apart by its first bytes and read from the bytes by msgspec: the 16k-rank path), then the
 text forms from the most to the least distinctive header: pystack's ``Traceback for thread``,
 faulthandler's ``(most recent call first)``, py-spy's ``Thread N (idle)``; then a tool's error output;
-last, bare frame lines. Every reader takes the file's text; the JSON readers take its bytes as well.
+last, bare frame lines. Every reader takes the file's text; the JSON readers take its bytes as well. The
+text readers are imported with the first file that is not JSON: ``analyze`` of bundles never loads them.
 """
 
 from __future__ import annotations
 
+import importlib
+from functools import lru_cache
+
 from mtpdiag.errors import InputError
-from mtpdiag.inputs import bundle, failed, faulthandler, pyspy_json, pyspy_text, pystack, snippet
+from mtpdiag.inputs import bundle, pyspy_json
 from mtpdiag.inputs.base import FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.files import decoded, json_start
 from mtpdiag.inputs.lines import without_escapes
 
-READERS: tuple[Reader, ...] = (
-    bundle.READER,
-    pyspy_json.READER,
-    pystack.READER,
-    faulthandler.READER,
-    pyspy_text.READER,
-    failed.READER,
-    snippet.READER,
-)
+# Modules under mtpdiag.inputs, each with its READER, in the order they are asked.
+ORDER = ("bundle", "pyspy_json", "pystack", "faulthandler", "pyspy_text", "failed", "snippet")
 _JSON = {"{": bundle.read, "[": pyspy_json.read}  # by the document's first character
+
+
+@lru_cache(maxsize=1)
+def readers() -> tuple[Reader, ...]:
+    return tuple(importlib.import_module(f"mtpdiag.inputs.{name}").READER for name in ORDER)
+
+
+def __getattr__(name: str) -> object:
+    if name == "READERS":
+        return readers()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def read_file(raw: bytes, path: str, context: ReadContext) -> FileCaptures:
@@ -38,7 +46,7 @@ def read_text(text: str, path: str, context: ReadContext) -> FileCaptures:
     """The captures of one file's text, read by the first reader that recognises it (colour codes do not
     count: what a terminal coloured is read as what the person saw)."""
     text = without_escapes(text)
-    for reader in READERS:
+    for reader in readers():
         if reader.sniff(text, path):
             return reader.read(text, path, context)
     raise InputError(f"{path}: not a py-spy dump, nor a bundle, faulthandler or pystack output, a tool's error, "

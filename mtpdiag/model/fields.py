@@ -13,7 +13,7 @@ class SchemaError(ValueError):
     """A document that is not a valid mtpdiag bundle or report."""
 
 
-class Record(msgspec.Struct, frozen=True, omit_defaults=True):
+class Record(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """A frozen Struct whose fields are its JSON keys: msgspec's compiled decoders check a document against
     the type as they build it, and its encoders write the type back. A field left at its default is not
     written (``omit_defaults``); a field that the JSON always carries has no default."""

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from mtpdiag.analysis.causes import Causes
-from mtpdiag.analysis.flight_recorder.evidence import SizeProblem, StuckGroup
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Mismatch, RankView
 from mtpdiag.vocabulary.states import StrEnum
+
+if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there are dumps
+    from mtpdiag.analysis.flight_recorder.evidence import SizeProblem, StuckGroup
 
 
 

@@ -26,6 +26,7 @@ from mtpdiag.analysis.flight_recorder.match import match_groups
 from mtpdiag.analysis.flight_recorder.results import Divergence, FRAnalysis, FRCallSplit, GroupMatch
 from mtpdiag.analysis.gate import read_gate
 from mtpdiag.analysis.known_sites import is_mtp_site
+from mtpdiag.analysis.mismatch import mismatch_key
 from mtpdiag.layout import GROUP_KINDS, ParallelLayout
 from mtpdiag.model import FlightRecorderSection, Mismatch, RankView, Report, Site, WaitState, replace
 from mtpdiag.model.flight_recorder import FRDump, FREntry
@@ -175,12 +176,6 @@ def fold(fr: FRDump, layout: ParallelLayout | None, coords_of: CoordsOf | None) 
                        for r in g.no_dump)
     return FREvidence(analysis=analysis, mismatches=tuple(mismatches), root_hints=frozenset(hints),
                       size_problems=tuple(sizes), stuck=stuck, pending=_pending(fr), waited_on_undumped=waited)
-
-
-def mismatch_key(m: Mismatch) -> tuple:
-    """What makes two reports of a split the same split: op, where it was called, and who is in the group."""
-    site = (os.path.basename(m.site.file), m.site.line) if m.site is not None else None
-    return (m.op, site, m.members)
 
 
 def merge(stack_mismatches: Sequence[Mismatch], fr_mismatches: Sequence[Mismatch]) -> tuple[Mismatch, ...]:
