@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot, replace, who_and_why
@@ -30,16 +30,16 @@ MAX_WORLD_SIZE = 1 << 18
 
 @dataclass(frozen=True)
 class LayoutOptions:
-    tp: Optional[int] = None
-    cp: Optional[int] = None
-    pp: Optional[int] = None
-    ep: Optional[int] = None
-    etp: Optional[int] = None
-    vpp: Optional[int] = None
-    order: Optional[str] = None
-    config: Optional[str] = None
+    tp: int | None = None
+    cp: int | None = None
+    pp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
+    vpp: int | None = None
+    order: str | None = None
+    config: str | None = None
     overrides: tuple[str, ...] = ()
-    world_size: Optional[int] = None
+    world_size: int | None = None
 
     def flags(self) -> dict:
         out = {k: getattr(self, k) for k in ("tp", "cp", "pp", "ep", "etp", "vpp")}
@@ -240,7 +240,7 @@ def progress_report(report: Report, tracker: StallTracker, now: float, interval:
                    progress=tracker.progress(now, interval, stall))
 
 
-def hang_bundle_path(out: Optional[Path], snapshot: Snapshot) -> str:
+def hang_bundle_path(out: Path | None, snapshot: Snapshot) -> str:
     """``--out FILE`` as given; in a directory (``--out DIR``, or the current one) a new file per hang, named
     for the host and the time, so that the bundle of an earlier hang is never overwritten."""
     directory = str(out) if out is not None and os.path.isdir(out) else None

@@ -34,19 +34,18 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions, _create_work_from_future
-from torch.futures import Future
-
 from device import Stream, current_stream
 from recorder import RECORDER, Entry, ProcessGroupStatus
+from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions, _create_work_from_future
+from torch.futures import Future
 
 BACKEND = "ncclcpu"
 HERE = str(Path(__file__).resolve().parent)
@@ -61,14 +60,14 @@ HOST_READERS = {"all_gather_object", "broadcast_object_list", "gather_object", "
                 "all_gather_object_coalesced", "send_object_list", "recv_object_list"}
 
 _LOCAL_IDS = itertools.count()
-GROUPS: list["ProcessGroupNCCLOnCPU"] = []  # every emulated group of this process, in creation order
+GROUPS: list[ProcessGroupNCCLOnCPU] = []  # every emulated group of this process, in creation order
 
 
 @dataclass
 class WorkNCCL:
     """What the watchdog knows of a queued op: WorkNCCL's seq_, opType_, numelIn_/numelOut_ and timeout."""
 
-    group: "ProcessGroupNCCLOnCPU"
+    group: ProcessGroupNCCLOnCPU
     seq: int
     op_type: str
     numel_in: int

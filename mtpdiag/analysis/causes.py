@@ -18,8 +18,8 @@ Instances are nodes of their own, so a group of 8192 ranks costs 8192 edges, not
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.mismatch import is_point_to_point, mismatch_key

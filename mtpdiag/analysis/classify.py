@@ -10,13 +10,22 @@ is running and its site is its innermost frame outside library and stdlib intern
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Sequence
 
 from mtpdiag.analysis.known_sites import lookup
-from mtpdiag.model import (STATE_DISK, STATE_GONE, STATE_STOPPED, STATE_UNREADABLE, STATE_ZOMBIE, Frame, RankCapture,
-                           Site, ThreadStack)
+from mtpdiag.model import (
+    STATE_DISK,
+    STATE_GONE,
+    STATE_STOPPED,
+    STATE_UNREADABLE,
+    STATE_ZOMBIE,
+    Frame,
+    RankCapture,
+    Site,
+    ThreadStack,
+)
 from mtpdiag.vocabulary.ops import KNOWN_OPS, RECV_OPS, SEND_OPS, WAIT_OP
 from mtpdiag.vocabulary.stacks import call_site_frame, is_torch_distributed, short_name, torch_block_end
 from mtpdiag.vocabulary.states import RankState

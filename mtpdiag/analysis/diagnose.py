@@ -7,8 +7,9 @@ ranks (groups are looked up by rank through the layout's cached index).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from mtpdiag.analysis import findings
 from mtpdiag.analysis.causes import find_causes

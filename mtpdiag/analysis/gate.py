@@ -7,11 +7,11 @@ collective splits nothing, since every member of a DP×CP group is on the same s
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple, Protocol
 
 from mtpdiag.vocabulary.groups import COORDINATES
 from mtpdiag.vocabulary.states import GateStrength
-
 
 CoordsOf = Callable[[int], Mapping[str, int]]
 

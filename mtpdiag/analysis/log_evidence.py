@@ -20,7 +20,6 @@ from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 from mtpdiag.vocabulary.states import GroupFrom, Source
 
 
-
 @dataclass(frozen=True)
 class LogEvidence:
     mismatches: tuple[Mismatch, ...]

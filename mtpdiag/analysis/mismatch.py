@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from mtpdiag.analysis.gate import CoordsOf, read_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, kinds_of, lookup

@@ -20,8 +20,8 @@ other hand, does not run at all, except for the tens of microseconds each py-spy
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Hashable, Mapping
 
 from mtpdiag.model import Progress, Snapshot, replace
 
@@ -74,7 +74,7 @@ class StallTracker:
     min_progress_ns: int = MIN_PROGRESS_NS
 
     @staticmethod
-    def start(now: float, min_progress_ns: int = MIN_PROGRESS_NS) -> "StallTracker":
+    def start(now: float, min_progress_ns: int = MIN_PROGRESS_NS) -> StallTracker:
         return StallTracker(started=now, quiet_since=now, min_progress_ns=min_progress_ns)
 
     def cpu_moved(self, cpu_ns: Mapping[Target, int | None]) -> bool:
@@ -82,7 +82,7 @@ class StallTracker:
         return cpu_moved(self.cpu_ns, cpu_ns, self.min_progress_ns)
 
     def observe(self, now: float, cpu_ns: Mapping[Target, int | None],
-                stacks: Mapping[Process, Signature] | None, fr_moved: bool = False) -> "StallTracker":
+                stacks: Mapping[Process, Signature] | None, fr_moved: bool = False) -> StallTracker:
         """Fold in one sample. ``stacks`` is None when the stacks were not captured this time;
         ``fr_moved``: the Flight Recorder shows a collective completed since the last sample."""
         if stacks is not None and self.stacks:
@@ -98,7 +98,7 @@ class StallTracker:
                        stack_samples_while_quiet=self.stack_samples_while_quiet + (stacks is not None),
                        cpu_ns=dict(cpu_ns), stacks=self.stacks if stacks is None else dict(stacks))
 
-    def after_pause(self, now: float, cpu_ns: Mapping[Target, int | None]) -> "StallTracker":
+    def after_pause(self, now: float, cpu_ns: Mapping[Target, int | None]) -> StallTracker:
         """Take the readings made right after the stacks as the new baseline.
 
         A py-spy pause costs a blocked thread tens of microseconds, which must not count as progress

@@ -5,7 +5,7 @@ its coordinates, with each distinct stack read once (``StackReader``), which is 
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from mtpdiag.analysis.classify import Classified, StateReading, classify_capture, rank_state, side_collective, site_of
 from mtpdiag.analysis.known_sites import lookup

@@ -21,7 +21,7 @@ Pure: no I/O. ``kind`` is a ``WaitKind``; ``confidence`` is certain, likely or p
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from mtpdiag.model import STATE_DISK, Frame, RankCapture, ThreadStack, WaitState
 from mtpdiag.vocabulary.ops import COMM_INIT_OPS

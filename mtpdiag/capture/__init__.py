@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Iterable
 
 import mtpdiag
 from mtpdiag.capture import procfs, pyspy
@@ -88,7 +87,7 @@ class _ProcFacts:
         return None
 
 
-def _read_proc(pid: int, hints: "_HintReader") -> _ProcFacts:
+def _read_proc(pid: int, hints: _HintReader) -> _ProcFacts:
     stat = procfs.read_stat(pid)
     return _ProcFacts(stat=stat, env=procfs.read_env(pid) or {}, main_cpu_ticks=procfs.main_thread_ticks(pid),
                       hints=hints.for_process(pid) if stat is not None else {},

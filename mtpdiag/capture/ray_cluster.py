@@ -85,7 +85,7 @@ class RayCluster:
         # This process and its ancestors run on the driver's node: never a rank, never a layout hint.
         self._driver = identify([os.getpid(), *procfs.ancestors(os.getpid())])
 
-    def __enter__(self) -> "RayCluster":
+    def __enter__(self) -> RayCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -32,8 +32,7 @@ from typing import Literal
 import libcst as cst
 import libcst.matchers as m
 
-from mtpdiag import atomic
-from mtpdiag import lint
+from mtpdiag import atomic, lint
 from mtpdiag.errors import InputError
 from mtpdiag.fix import engine
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.failed import failure_reason
@@ -259,7 +260,7 @@ def _split_at_main_threads(threads: list[_Thread]) -> list[list[_Thread]]:
     if len(mains) < 2:
         return [threads]
     cuts = [0] + mains[1:] + [len(threads)]
-    return [threads[a:b] for a, b in zip(cuts, cuts[1:]) if a < b]
+    return [threads[a:b] for a, b in pairwise(cuts) if a < b]
 
 
 def _pid_of_main(threads: list[_Thread]) -> int | None:

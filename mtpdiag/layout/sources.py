@@ -8,12 +8,13 @@ the only I/O here.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
 
 from mtpdiag.errors import InputError
 from mtpdiag.layout.megatron import LayoutError, ParallelLayout
 from mtpdiag.vocabulary.sizes import COMMAND_LINE_FLAGS, CONFIG_NAMES, SOURCE_KEYS
+
 
 @dataclass(frozen=True)
 class _Source:

@@ -4,7 +4,7 @@ nothing (docs/design.md, "When is a rank-dependent gate harmless?")."""
 from __future__ import annotations
 
 import ast
-from typing import Iterable
+from collections.abc import Iterable
 
 from mtpdiag.analysis import known_sites
 from mtpdiag.analysis.known_sites import KnownSite

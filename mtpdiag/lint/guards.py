@@ -161,7 +161,7 @@ class _GuardWalker:
                     qualname = _qualname(self.scope) if self.function is not None else None
                     self.found.append(GuardedCall(node, found[0], found[1], guards, self.function, found[2],
                                                   qualname))
-            for field, value in ast.iter_fields(node):
+            for _field, value in ast.iter_fields(node):
                 if isinstance(value, list):
                     if value and isinstance(value[0], ast.stmt):
                         self.block(value, guards)

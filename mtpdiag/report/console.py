@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from typing import Mapping
+from collections.abc import Mapping
 
 from rich.console import Console
 from rich.table import Table
@@ -154,7 +154,7 @@ def _grid(report: Report) -> Table | Text | None:
     table = Table(title="Rank grid (letter = site group)", title_justify="left")
     table.add_column("", no_wrap=True)
     for col in columns:
-        table.add_column(coords_label(dict(zip(COLUMN, col)), keys=COLUMN), no_wrap=True, justify="center")
+        table.add_column(coords_label(dict(zip(COLUMN, col, strict=True)), keys=COLUMN), no_wrap=True, justify="center")
     cells: dict[tuple[int, tuple[int, int, int]], RankView] = {
         (v.coords["pp"], _column_key(v.coords)): v for v in views}
     for stage in stages:

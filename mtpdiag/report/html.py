@@ -13,10 +13,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from functools import lru_cache
+from collections.abc import Iterable, Mapping
+from functools import cache
 from html import escape
 from importlib import resources
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from mtpdiag import __version__
 from mtpdiag.layout import DEFAULT_ORDER, LayoutError, ParallelLayout
@@ -170,7 +171,7 @@ def _layout_grid(report: Report, group_of: Mapping[int, int]) -> str | None:
     if len(columns) <= TABLE_MAX_COLUMNS and len(cell_at) <= TABLE_MAX_CELLS:
         out = [f'<div class=tbl style="grid-template-columns:auto repeat({len(columns)},minmax(4.2em,auto))">',
                "<span></span>"]
-        out += [f"<span class=colh>{coords_label(dict(zip(COLUMN, col)), keys=COLUMN, sep='<br>')}</span>"
+        out += [f"<span class=colh>{coords_label(dict(zip(COLUMN, col, strict=True)), keys=COLUMN, sep='<br>')}</span>"
                 for col in columns]
         for stage in stages:
             out.append(f"<span class=rowh>pp{stage}</span>")
@@ -357,7 +358,7 @@ def _sha256(text: str) -> str:
     return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
 
 
-@lru_cache(maxsize=None)
+@cache
 def asset(name: str) -> str:
     """A file of ``report/assets`` (package data: the page's CSS and script), as text."""
     return resources.files("mtpdiag.report").joinpath("assets", name).read_text(encoding="utf-8")

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from mtpdiag.analysis.findings import provenance
 from mtpdiag.analysis.gate import describe_gate, gate_terms
 from mtpdiag.model import Mismatch, RankView, Report, Site
 from mtpdiag.vocabulary.groups import COORDINATES, GROUP_NAMES
 from mtpdiag.vocabulary.labels import coords_label, rank_list
-
-
 
 
 def site_label(site: Site | None) -> str:

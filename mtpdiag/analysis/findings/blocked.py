@@ -4,7 +4,7 @@ says who waits on them; without one, a rank that holds up a world waiting in col
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from mtpdiag.analysis.causes import Causes, Waiter, holds_up
 from mtpdiag.analysis.findings.facts import Facts, Mode

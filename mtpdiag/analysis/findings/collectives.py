@@ -3,11 +3,18 @@ entered differently (``size-mismatch``, ``dtype-mismatch``). Only root splits ge
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from mtpdiag.analysis.findings.facts import Facts
-from mtpdiag.analysis.findings.words import (TRACKER_WORDS, Words, doing_phrase, gate_source_phrase, grouped,
-                                             groups_phrase, union)
+from mtpdiag.analysis.findings.words import (
+    TRACKER_WORDS,
+    Words,
+    doing_phrase,
+    gate_source_phrase,
+    grouped,
+    groups_phrase,
+    union,
+)
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, signature_of, skip_of
 from mtpdiag.layout import ParallelLayout

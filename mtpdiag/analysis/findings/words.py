@@ -4,7 +4,7 @@ from, how strong a gate is, and the hints on what to collect next."""
 from __future__ import annotations
 
 import os
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.analysis.known_sites import is_mtp_site
@@ -79,7 +79,7 @@ class Words:
         return one if len(ranks) == 1 else many
 
 
-def groups_phrase(kind: str, instances: Sequence[Mismatch], words: "Words") -> str:
+def groups_phrase(kind: str, instances: Sequence[Mismatch], words: Words) -> str:
     """``the DP×CP group [2, 3]``, ``the TP groups [0, 1] and [2, 3]``, ``4096 CP groups ([0, 1], …)``,
     followed by where the group kind came from when it was not the known-site table."""
     name = words.group(kind)

@@ -3,7 +3,7 @@ that all wait at one number) and ``unexplained-wait``, the finding of an incompl
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from mtpdiag.analysis.findings.facts import Facts
 from mtpdiag.analysis.findings.words import FLIGHT_RECORDER_HINT, FR_HOW, Words, union

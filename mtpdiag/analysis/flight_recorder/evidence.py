@@ -18,8 +18,8 @@ Stacks say where each rank is now; the recorder says which collective hangs. Whe
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from mtpdiag.analysis.flight_recorder.correlate import correlate
 from mtpdiag.analysis.flight_recorder.match import match_groups

@@ -18,12 +18,21 @@ see ``order``). Point-to-point ops are matched per pair of ranks instead (``P2PM
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from mtpdiag.analysis.flight_recorder.order import BEHIND, SHIFTED, SKIPPED, AbsentWhy, RankIndex, absent_why
 from mtpdiag.analysis.flight_recorder.progress import group_sort_key
-from mtpdiag.analysis.flight_recorder.results import (Divergence, FRAnalysis, FRCallSplit, GroupMatch, P2PMismatch,
-                                                      RankAt, culprits, signature, size_key)
+from mtpdiag.analysis.flight_recorder.results import (
+    Divergence,
+    FRAnalysis,
+    FRCallSplit,
+    GroupMatch,
+    P2PMismatch,
+    RankAt,
+    culprits,
+    signature,
+    size_key,
+)
 from mtpdiag.inputs.flight_recorder.calls import Call, group_calls
 from mtpdiag.model import Mismatch, Site
 from mtpdiag.model.flight_recorder import FRDump, FREntry

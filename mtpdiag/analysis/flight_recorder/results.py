@@ -3,8 +3,8 @@ there and who did not (and why), unmatched sends and receives. Typed, frozen, JS
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from mtpdiag.analysis.flight_recorder.order import AbsentWhy
 from mtpdiag.inputs.flight_recorder.calls import Call

@@ -107,7 +107,7 @@ class Job:
         except OSError:
             return ""
 
-    def __enter__(self) -> "Job":
+    def __enter__(self) -> Job:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import sys
 
-from mtpdiag.fix.verify import (METRIC_NAME, OUTCOME_COMPLETED, OUTCOME_DEADLOCK, FINDING_ID, RunResult, VerifyResult,
-                                expected_outcome)
+from mtpdiag.fix.verify import (
+    FINDING_ID,
+    METRIC_NAME,
+    OUTCOME_COMPLETED,
+    OUTCOME_DEADLOCK,
+    RunResult,
+    VerifyResult,
+    expected_outcome,
+)
 from mtpdiag.fix.verify.plan import EngineChoice
 from mtpdiag.layout import ParallelLayout
 

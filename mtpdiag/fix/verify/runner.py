@@ -17,9 +17,9 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from mtpdiag.analysis.stall import cpu_moved
 from mtpdiag.capture import procfs
