@@ -19,9 +19,12 @@ CoordsOf = Callable[[int], Mapping[str, int]]
 class SplitInstance(Protocol):
     """A partly entered group instance: a ``Mismatch``, or the analysis's lighter form of one."""
 
-    members: Sequence[int]
-    entered: Sequence[int]
-    absent: Sequence[int]
+    @property
+    def members(self) -> Sequence[int]: ...
+    @property
+    def entered(self) -> Sequence[int]: ...
+    @property
+    def absent(self) -> Sequence[int]: ...
 
 
 def varying_coordinates(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> tuple[str, ...]:

@@ -395,5 +395,5 @@ def group_label(rows: tuple[KnownSite, ...]) -> str:
 _SOURCE_ROWS = tuple(row for row in KNOWN_SITES if row.role is not None)
 
 # One source of truth for the names: the MTP collection's qualified and short names.
-MTP_COLLECTIONS = tuple(dict.fromkeys(row.function for row in collection_rows("mtp")))
+MTP_COLLECTIONS = tuple(dict.fromkeys(row.function for row in collection_rows("mtp") if row.function is not None))
 MTP_FUNCTIONS = frozenset(name.rsplit(".", 1)[-1] for name in MTP_COLLECTIONS)  # compatibility

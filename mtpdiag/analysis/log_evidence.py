@@ -48,7 +48,7 @@ def fold_log(log: WatchdogLog, layout: ParallelLayout | None, coords_of: CoordsO
             ops.setdefault(op, []).append(rank)
         if len(ops) == 1 and len(members) == len(ranks):
             (op,) = ops
-            numels = {}
+            numels: dict[str, list[int]] = {}
             for rank, (_, numel) in sorted(ranks.items()):
                 numels.setdefault(f"{numel} element{'s' if numel != 1 else ''}", []).append(rank)
             if len(numels) > 1:

@@ -105,7 +105,7 @@ def read_kind(op: str, site: Site | None, entered: Sequence[int], layout: Parall
     fits = [k for k in kinds if _all_split(entered, k, layout)]
     if not fits:
         return KindReading(kind, GroupFrom.GUESS, (kind,))
-    distinct: dict[tuple, str] = {}  # membership -> the first (smallest) kind that has it
+    distinct: dict[tuple[tuple[int, ...], ...], str] = {}  # membership -> the first (smallest) kind that has it
     for k in fits:
         distinct.setdefault(tuple(sorted({layout.group_of(k, r) for r in entered})), k)
     source = GroupFrom.UNIQUE_FIT if len(distinct) == 1 else GroupFrom.GUESS

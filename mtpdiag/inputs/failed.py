@@ -82,7 +82,7 @@ def read(text: str, path: str, context: ReadContext) -> FileCaptures:
     return captures_of(path, "failed capture", dumps, lines, context)
 
 
-def _chunks(lines: list[Line]):
+def _chunks(lines: list[Line]) -> list[tuple[int | None, list[Line], str]]:
     """(pid, lines, reason) per command that failed: a paste of a loop over pids holds several."""
     starts = [i for i, line in enumerate(lines) if command(line.body) or _FAILED_PID.search(line.body)]
     if not starts or starts[0] != 0:

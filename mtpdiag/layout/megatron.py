@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NoReturn
 
 from mtpdiag.vocabulary.labels import coords_label
 
@@ -237,5 +238,5 @@ class ParallelLayout:
         return coords_label(self.coords(rank), {"ep": self.ep, "dp": self.dp})
 
 
-def _unknown_kind(kind: str):
+def _unknown_kind(kind: str) -> NoReturn:
     raise LayoutError(f"unknown group kind {kind!r}; known: {', '.join(GROUP_KINDS)}")

@@ -28,9 +28,14 @@ _INT_LITERAL = re.compile(r"-?[0-9]{1,19}")  # ASCII and bounded: int() refuses 
 
 
 class FrameLike(Protocol):
-    file: str
-    line: int
-    function: str
+    """A frame or a site: read-only, so frozen records fit."""
+
+    @property
+    def file(self) -> str: ...
+    @property
+    def line(self) -> int: ...
+    @property
+    def function(self) -> str: ...
 
 
 F = TypeVar("F", bound=FrameLike)

@@ -4,7 +4,8 @@ from, how strong a gate is, and the hints on what to collect next."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.analysis.known_sites import is_mtp_site
@@ -12,6 +13,9 @@ from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
 from mtpdiag.vocabulary.groups import GROUP_NAMES
 from mtpdiag.vocabulary.labels import rank_list
+
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 SHOW = 6  # ranks named in a summary before "…"
 # Megatron's metric trackers other than MTP that hang the same way: what to call them, and the fix.
@@ -158,8 +162,8 @@ def union(values: Iterable[Sequence[int]]) -> tuple[int, ...]:
     return tuple(sorted({r for v in values for r in v}))
 
 
-def grouped(items: Iterable, key) -> dict:
-    out: dict = {}
+def grouped(items: Iterable[T], key: Callable[[T], K]) -> dict[K, list[T]]:
+    out: dict[K, list[T]] = {}
     for item in items:
         out.setdefault(key(item), []).append(item)
     return out

@@ -62,7 +62,8 @@ class RankIndex:
     def latest(self) -> FREntry | None:
         """What the rank is doing: its latest pending op, else its latest op."""
         pending = [e for e in self.entries if not e.done]
-        return (pending or list(self.entries) or [None])[-1]
+        latest = pending or self.entries
+        return latest[-1] if latest else None
 
 
 def _key(e: FREntry) -> tuple[str, bool, int]:

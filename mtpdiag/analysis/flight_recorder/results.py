@@ -182,7 +182,10 @@ def size_key(c: Call) -> tuple[int | None, int | None]:
             None if c.op in UNEVEN_OUTPUT_OPS else c.output_numel)
 
 
-def signature(c: Call) -> tuple:
+Signature = tuple[str, tuple[int | None, int | None], frozenset[str], frozenset[str]]  # op, sizes, dtypes
+
+
+def signature(c: Call) -> Signature:
     return (c.op, size_key(c), c.input_dtypes, c.output_dtypes)
 
 

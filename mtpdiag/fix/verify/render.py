@@ -16,6 +16,7 @@ from mtpdiag.fix.verify import (
 )
 from mtpdiag.fix.verify.plan import EngineChoice
 from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import Report
 
 
 def intro_line(layout: ParallelLayout, source: str, choice: EngineChoice) -> str:
@@ -100,7 +101,7 @@ def _layout_label(layout: ParallelLayout) -> str:
     return out
 
 
-def report_text(report) -> str:
+def report_text(report: Report) -> str:
     from mtpdiag.report import render, terminal_width
 
     return render(report, "console", color=sys.stdout.isatty(), width=terminal_width()).rstrip("\n")
