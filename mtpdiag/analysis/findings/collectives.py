@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from mtpdiag.analysis.findings.facts import Facts
-from mtpdiag.analysis.flight_recorder.evidence import SizeProblem
 from mtpdiag.analysis.findings.words import (
     TRACKER_WORDS,
     Words,
@@ -16,6 +15,7 @@ from mtpdiag.analysis.findings.words import (
     groups_phrase,
     union,
 )
+from mtpdiag.analysis.flight_recorder.evidence import SizeProblem
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, signature_of, skip_of
 from mtpdiag.layout import ParallelLayout

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mtpdiag.analysis.findings.facts import Facts
-from mtpdiag.analysis.flight_recorder.evidence import StuckGroup
 from mtpdiag.analysis.findings.words import FLIGHT_RECORDER_HINT, FR_HOW, Words, union
+from mtpdiag.analysis.flight_recorder.evidence import StuckGroup
 from mtpdiag.analysis.wait import is_stuck
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Finding, RankView
