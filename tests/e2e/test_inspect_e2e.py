@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from support.jobs_e2e import GATED_WORKER, MTP_WORKER, by_rank, hung_job, run_cli, run_json, worker_pids
+
+from support.jobs_e2e import MTP_WORKER, by_rank, hung_job, run_cli, run_json, worker_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -103,53 +104,3 @@ def test_markdown_report_for_a_ticket(mtp_cp_pp):
     assert result.stdout.startswith("## mtpdiag: problem")
     assert "**`mtp-cp-gated-reduce`** ranks [2, 3]" in result.stdout
     assert "| 2 |" in result.stdout
-
-
-def _diagnose(tmp_path, script, args, **kw) -> dict:
-    with hung_job(script, args, tmp_path, **kw) as job:
-        return run_json("inspect", "--pid", str(job.pid))
-
-
-def test_mtp_cp2_dp2(tmp_path):
-    report = _diagnose(tmp_path, MTP_WORKER, ["--gate", "buggy", "--cp", "2", "--pp", "1"])
-    assert report["layout"]["dp"] == 2
-    assert report["findings"][0]["id"] == "mtp-cp-gated-reduce"
-    root = next(m for m in report["mismatches"] if m["role"] == "root")
-    assert (root["group"], root["members"], root["entered"], root["absent"], root["gate"]) == (
-        "dp_cp", [0, 1, 2, 3], [0, 2], [1, 3], {"cp": 0})
-
-
-def test_tp_broadcast_gated_on_tp_rank_0(tmp_path):
-    report = _diagnose(tmp_path, GATED_WORKER, ["--scenario", "tp-broadcast", "--tp", "2"])
-    first = report["findings"][0]
-    assert first["id"] == "gated-collective"
-    roots = [m for m in report["mismatches"] if m["role"] == "root"]
-    assert {m["op"] for m in roots} == {"broadcast"}
-    assert all(m["group"] == "tp" and m["gate"] == {"tp": 0} for m in roots)
-    assert sorted(r for m in roots for r in m["absent"]) == [1, 3]
-
-
-def test_pipeline_send_recv_count_mismatch(tmp_path):
-    report = _diagnose(tmp_path, GATED_WORKER, ["--scenario", "p2p-count", "--pp", "2"])
-    assert report["findings"][0]["id"] == "p2p-unmatched"
-    assert {r["op"] for r in report["ranks"]} == {"send"}
-    assert not [f for f in report["findings"] if f["id"] in ("gated-collective", "mtp-cp-gated-reduce")]
-
-
-def test_straggler_outside_any_collective(tmp_path):
-    report = _diagnose(tmp_path, GATED_WORKER, ["--scenario", "straggler", "--cp", "2"])
-    assert report["findings"][0]["id"] == "straggler"
-    assert report["findings"][0]["ranks"] == [3]
-    rank3 = by_rank(report)[3]  # polling for its batch with time.sleep: waiting, on nothing of the group's
-    assert (rank3["state"], rank3["op"], rank3["wait"]["kind"]) == ("waiting", None, "sleep")
-    assert "in the clock_nanosleep system call" in rank3["wait"]["evidence"]
-
-
-def test_sigstopped_rank_is_frozen(tmp_path):
-    report = _diagnose(tmp_path, GATED_WORKER, ["--scenario", "healthy", "--steps", "0", "--log-every", "5"],
-                       stop_rank=1)
-    assert report["findings"][0]["id"] == "frozen-rank"
-    assert report["findings"][0]["ranks"] == [1]
-    assert by_rank(report)[1]["state"] == "stopped"
-    assert report["stacks"][by_rank(report)[1]["stack"]], "a stopped rank is still read with --nonblocking"
-    assert {by_rank(report)[r]["op"] for r in (0, 2, 3)} == {"all_reduce"}

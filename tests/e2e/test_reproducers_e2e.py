@@ -20,7 +20,7 @@ import pytest
 from mtpdiag.capture import procfs
 from mtpdiag.fix.verify.launch import start_torchrun
 from mtpdiag.layout import ParallelLayout
-from support.jobs_e2e import require_private_network
+from support.jobs_e2e import by_rank, require_private_network, run_json
 
 _spec = importlib.util.spec_from_file_location("fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py")
 record = importlib.util.module_from_spec(_spec)
@@ -150,18 +150,23 @@ def test_mtp_buggy_gate_without_context_parallelism_completes(tmp_path):
     assert {rank for rank, _, _ in _metric_lines(log)} == {2, 3}  # dp 2 on the last stage, cp 1
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize("scenario", sorted(EXPECTED))
-def test_scenario_hangs_where_expected(scenario):
-    spec = record.SCENARIOS[scenario]
+@pytest.fixture(scope="module", params=sorted(EXPECTED))
+def hung(request):
+    """Each scenario's job, hung, once for every test of this module that reads it (none changes it)."""
+    spec = record.SCENARIOS[request.param]
     if spec.cut_network:
         require_private_network()
     with record.hung_job(spec) as (job, ranks, stopped):
-        assert job.proc.poll() is None
-        got = {}
-        for rank, pid in ranks.items():
-            got[rank] = op_and_site(json.loads(record.py_spy_dump(pid, as_json=True, stopped=rank in stopped)))
-        states = {rank: procfs.read_stat(pid).state for rank, pid in ranks.items()}
+        yield request.param, job, ranks, stopped
+
+
+def test_scenario_hangs_where_expected(hung):
+    scenario, job, ranks, stopped = hung
+    assert job.proc.poll() is None
+    got = {}
+    for rank, pid in ranks.items():
+        got[rank] = op_and_site(json.loads(record.py_spy_dump(pid, as_json=True, stopped=rank in stopped)))
+    states = {rank: procfs.read_stat(pid).state for rank, pid in ranks.items()}
     expected = dict(EXPECTED[scenario])
     for rank in stopped:
         # Where a SIGSTOP lands in the step is chance: only "outside any collective" is promised.
@@ -169,3 +174,58 @@ def test_scenario_hangs_where_expected(scenario):
         expected.pop(rank)
     assert got == expected
     assert [r for r, s in sorted(states.items()) if s == "T"] == stopped
+
+
+def _mtp_cp_dp(report: dict) -> None:
+    assert report["layout"]["dp"] == 2
+    assert report["findings"][0]["id"] == "mtp-cp-gated-reduce"
+    root = next(m for m in report["mismatches"] if m["role"] == "root")
+    assert (root["group"], root["members"], root["entered"], root["absent"], root["gate"]) == (
+        "dp_cp", [0, 1, 2, 3], [0, 2], [1, 3], {"cp": 0})
+
+
+def _tp_broadcast(report: dict) -> None:
+    first = report["findings"][0]
+    assert first["id"] == "gated-collective"
+    roots = [m for m in report["mismatches"] if m["role"] == "root"]
+    assert {m["op"] for m in roots} == {"broadcast"}
+    assert all(m["group"] == "tp" and m["gate"] == {"tp": 0} for m in roots)
+    assert sorted(r for m in roots for r in m["absent"]) == [1, 3]
+
+
+def _p2p_count(report: dict) -> None:
+    assert report["findings"][0]["id"] == "p2p-unmatched"
+    assert {r["op"] for r in report["ranks"]} == {"send"}
+    assert not [f for f in report["findings"] if f["id"] in ("gated-collective", "mtp-cp-gated-reduce")]
+
+
+def _straggler(report: dict) -> None:
+    assert report["findings"][0]["id"] == "straggler"
+    assert report["findings"][0]["ranks"] == [3]
+    rank3 = by_rank(report)[3]  # polling for its batch with time.sleep: waiting, on nothing of the group's
+    assert (rank3["state"], rank3["op"], rank3["wait"]["kind"]) == ("waiting", None, "sleep")
+    assert "in the clock_nanosleep system call" in rank3["wait"]["evidence"]
+
+
+def _frozen(report: dict) -> None:
+    assert report["findings"][0]["id"] == "frozen-rank"
+    assert report["findings"][0]["ranks"] == [1]
+    assert by_rank(report)[1]["state"] == "stopped"
+    assert report["stacks"][by_rank(report)[1]["stack"]], "a stopped rank is still read with --nonblocking"
+    assert {by_rank(report)[r]["op"] for r in (0, 2, 3)} == {"all_reduce"}
+
+
+# What ``mtpdiag inspect`` must conclude, beyond every rank's op, where the scenario has a finding of its own.
+DIAGNOSES = {"mtp_cp_dp": _mtp_cp_dp, "tp_broadcast": _tp_broadcast, "p2p_count": _p2p_count,
+             "straggler": _straggler, "frozen": _frozen}
+
+
+def test_inspect_diagnoses_the_scenario(hung):
+    """The real ``mtpdiag inspect --pid <agent>`` on the same job: every rank, in the op the table says."""
+    scenario, job, ranks, stopped = hung
+    report = run_json("inspect", "--pid", str(job.pid))
+    assert sorted(by_rank(report)) == sorted(EXPECTED[scenario])
+    assert {r: v["op"] for r, v in by_rank(report).items() if r not in stopped} == \
+        {r: op for r, (op, _) in EXPECTED[scenario].items() if r not in stopped}
+    if scenario in DIAGNOSES:
+        DIAGNOSES[scenario](report)

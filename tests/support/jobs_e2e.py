@@ -55,26 +55,14 @@ def run_json(*args: str, expect: int = 1) -> dict:
 
 
 @contextmanager
-def hung_job(script: str, args: list[str], tmp_path, nproc: int = 4, env: dict | None = None,
-             stop_rank: int | None = None):
+def hung_job(script: str, args: list[str], tmp_path, nproc: int = 4, env: dict | None = None):
     """A real job that has stopped making progress; killed (every descendant) on exit."""
     job = start_torchrun(script, args, nproc, env=env, log_path=str(tmp_path / "job.log"))
     try:
-        if stop_rank is not None:
-            pids = job.wait_for_workers(timeout=120)
-            _wait_for_log(tmp_path / "job.log", "step", timeout=120)
-            os.kill(_pid_of_rank(pids, stop_rank), signal.SIGSTOP)
         job.wait_until_stuck(quiet_s=2.5, timeout=180)
         yield job
     finally:
         job.kill()
-
-
-def _pid_of_rank(pids: list[int], rank: int) -> int:
-    for pid in pids:
-        if (procfs.read_env(pid) or {}).get("RANK") == str(rank):
-            return pid
-    raise AssertionError(f"no worker with RANK={rank}")
 
 
 def _wait_for_log(path, needle: str, timeout: float) -> None:
