@@ -2,7 +2,8 @@
 
 The others of that list have their tests where their code is tested: the HTML grid with ``etp``
 (test_html_report), frame validation order (test_model), contradictory formats refused before a capture and
-``analyze --fr --html`` (test_formats), ``watch --out`` per-hang bundles (test_watch), the e2e marks (conftest).
+``analyze --fr --html`` (test_formats), ``watch --out`` per-hang bundles (test_watch), the e2e marks (tests/conftest.py,
+test_conftest).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.report.words import gate_phrase
 
-CAPTURES = Path(__file__).resolve().parent / "fixtures" / "captures"
+CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures"
 
 
 def _analyze(*args: str) -> subprocess.CompletedProcess:
