@@ -42,10 +42,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from device import Stream, current_stream
-from recorder import RECORDER, Entry, ProcessGroupStatus
 from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions, _create_work_from_future
 from torch.futures import Future
+
+from device import Stream, current_stream
+from recorder import RECORDER, Entry, ProcessGroupStatus
 
 BACKEND = "ncclcpu"
 HERE = str(Path(__file__).resolve().parent)

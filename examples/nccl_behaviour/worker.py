@@ -28,13 +28,14 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-import process_group
 import torch
 import torch.distributed as dist
-import watchdog
-from device import SYNC_MODES, Stream, current_stream
 from megatron.core import parallel_state as mpu
 from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+import process_group
+import watchdog
+from device import SYNC_MODES, Stream, current_stream
 
 HERE = Path(__file__).resolve().parent
 HIDDEN = 8
