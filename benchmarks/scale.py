@@ -45,11 +45,10 @@ from mtpdiag.model import replace
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from support.captures import load_scenario, scenario_dir, tile
-
 from mtpdiag.inputs.bundle import bundle_path, bundle_text
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Env, Snapshot
+from support.captures import load_scenario, scenario_dir, tile
 
 SCENARIO = "mtp_cp_pp"
 GOAL_RATIO = 1.0
@@ -175,7 +174,7 @@ def measure(directory: str, repeat: int, layout_flags: list[str]) -> dict:
         out[name + "_cpu"] = statistics.median(r[1] for r in rows)
         out[name + "_mb"] = max(r[2] for r in rows)
         out[name + "_exit"] = rows[-1][3]
-    pairs = list(zip(runs["analyze"], runs["baseline"]))
+    pairs = list(zip(runs["analyze"], runs["baseline"], strict=True))
     out["ratio"] = statistics.median(a[0] / b[0] for a, b in pairs)
     out["cpu_ratio"] = statistics.median(a[1] / b[1] for a, b in pairs)
     return out

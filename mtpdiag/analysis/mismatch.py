@@ -144,7 +144,7 @@ def choose_kind(entered: Sequence[int], kinds: Sequence[str], layout: ParallelLa
     return first_split or kinds[0]
 
 
-def mismatch_key(m: Mismatch) -> tuple:
+def mismatch_key(m: Mismatch) -> tuple[object, ...]:
     """What makes two reports of a split the same split: op, where it was called, and who is in the group."""
     site = (os.path.basename(m.site.file), m.site.line) if m.site is not None else None
     return (m.op, site, m.members)

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from mtpdiag.model import Progress, Snapshot, replace
 
-Signature = tuple  # the main thread's frames, innermost first ((function, file, line), ...), and its locals key
-Process = tuple  # (host, pid): the ranks of a Ray cluster's nodes may share pids (a pid namespace per pod)
+Signature = tuple[tuple[tuple[str, str, int], ...], object]  # the main thread's frames, innermost first ((function, file, line), ...), and its locals key
+Process = tuple[str, int]  # (host, pid): the ranks of a Ray cluster's nodes may share pids (a pid namespace per pod)
 Target = Hashable  # what a CPU reading is keyed by: a pid, or (node id, pid) on a Ray cluster
+
+K = TypeVar("K", bound=Target)  # a reading's key: pids or (node id, pid), the same in both readings
 
 MIN_PROGRESS_NS = 1_000_000  # main-thread CPU between two readings that counts as progress
 
@@ -42,7 +45,7 @@ def stack_signatures(snapshot: Snapshot) -> dict[Process, Signature]:
     return out
 
 
-def cpu_moved(before: Mapping[Target, int | None], after: Mapping[Target, int | None],
+def cpu_moved(before: Mapping[K, int | None], after: Mapping[K, int | None],
               min_progress_ns: int = MIN_PROGRESS_NS) -> bool:
     """Whether any main thread ran ``min_progress_ns`` between two readings (pid -> CPU ns, None when
     unreadable), or the set of ranks changed."""
@@ -52,7 +55,7 @@ def cpu_moved(before: Mapping[Target, int | None], after: Mapping[Target, int | 
         then = before[pid]
         if (now is None) != (then is None):
             return True
-        if now is not None and abs(now - then) >= min_progress_ns:
+        if now is not None and then is not None and abs(now - then) >= min_progress_ns:
             return True
     return False
 

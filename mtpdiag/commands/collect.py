@@ -24,7 +24,7 @@ def collect(
     timeout: float = o.TIMEOUT,
     fr_dump: bool = typer.Option(False, "--fr-dump", help="Ask every rank for a fresh Flight Recorder dump through "
                                  "the job's TORCH_NCCL_DEBUG_INFO_PIPE_FILE, and put it in the bundle."),
-    ray: Optional[str] = o.RAY,
+    ray: str | None = o.RAY,
     ray_timeout: float = o.RAY_TIMEOUT,
 ) -> None:
     """Capture every rank (py-spy, in parallel) and write one bundle; without --pid, like --all."""

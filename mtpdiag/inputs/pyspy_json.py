@@ -63,7 +63,7 @@ class _Thread(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(list[_Thread])
-_LOCALS = msgspec.json.Decoder(Optional[list[_Local]])
+_LOCALS = msgspec.json.Decoder(Optional[list[_Local]])  # noqa: UP045 - a run-time type: typing.Optional reads the same on Python 3.10 to 3.13
 
 
 def sniff(text: str | bytes, path: str) -> bool:
@@ -142,7 +142,7 @@ def _thread(t: _Thread, line_calls: LineCalls | None, live: bool, scrub: bool) -
 
 def _locals_key(frames: list[_Frame]) -> int:
     """A hash of each frame's locals (names and py-spy's reprs): the value is kept, never the locals."""
-    parts = []
+    parts: list[tuple[object, ...]] = []
     for f in frames:
         if f.locals:
             try:

@@ -82,7 +82,7 @@ _env_number = functools.lru_cache(maxsize=256)(decimal)
 
 def world_sizes(captures: Iterable[RankCapture]) -> list[int]:
     """The distinct WORLD_SIZEs some captures carry, smallest first (more than one is a conflict)."""
-    return sorted({c.world_size for c in captures} - {None, 0})
+    return sorted({c.world_size for c in captures if c.world_size})
 
 
 def who_and_why(item: Any) -> str:

@@ -30,8 +30,17 @@ from pathlib import Path
 
 import pytest
 
-from support.jobs_e2e import ROOT, check_ray_verl_hang, end_sessions, free_port, run_cli, session_members, wait_until_quiet
+from conftest import unavailable
 from mtpdiag.capture import procfs
+from support.jobs_e2e import (
+    ROOT,
+    check_ray_verl_hang,
+    end_sessions,
+    free_port,
+    run_cli,
+    session_members,
+    wait_until_quiet,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
@@ -61,10 +70,8 @@ def _require_ray(mode: str) -> None:
     needed = ("ray", "aiohttp") if mode == "ray job submit" else ("ray",)
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"{', '.join(missing)} not installed (requirements-ci.txt pins ray[default]; run "
-                        "scripts/setup.sh)")
-        pytest.skip(f"{', '.join(missing)} not installed (pip install -r requirements-ci.txt)")
+        unavailable(f"{', '.join(missing)} not installed (requirements-ci.txt pins ray[default]; bash scripts/test.sh "
+                    "installs it)")
 
 
 def _session_members(session: int) -> list[int]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from support.captures import load_scenario
 
 from mtpdiag.analysis.classify import classify_capture, rank_state
 from mtpdiag.analysis.gate import gate_of
@@ -11,6 +10,7 @@ from mtpdiag.analysis.known_sites import is_mtp_site, lookup
 from mtpdiag.analysis.mismatch import choose_kind, doing
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Mismatch, RankView, replace
+from support.captures import load_scenario
 
 
 def _captures(name: str) -> dict:

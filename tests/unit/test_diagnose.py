@@ -6,12 +6,12 @@ import json
 import os
 
 import pytest
-from support.captures import load_scenario, scenario_dir, scenarios, tile
 
 from mtpdiag.analysis import diagnose
 from mtpdiag.analysis.diagnose import NO_LAYOUT_NOTE
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Env, Snapshot, replace
+from support.captures import load_scenario, scenario_dir, scenarios, tile
 
 ROOT_IDS = {"mtp-cp-gated-reduce", "gated-collective", "p2p-unmatched", "straggler", "frozen-rank"}
 # The finding each recorded hang must lead with; a newly recorded scenario has to say what it shows.
@@ -146,7 +146,7 @@ def test_every_recorded_hang_is_a_problem_and_serializes(name):
     assert all(r["ranks"] == sorted(r["ranks"]) for r in data["sites"])
     # report/2: each distinct stack once, each rank naming its own
     assert len(data["stacks"]) == len({tuple(s) for s in report.stacks}) <= len(report.ranks)
-    for view, row in zip(report.ranks, data["ranks"]):
+    for view, row in zip(report.ranks, data["ranks"], strict=True):
         assert row["stack"] == view.stack and report.stack_of(view) == \
             (report.stacks[row["stack"]] if row["stack"] is not None else ())
     assert sum(len(s.ranks) for s in report.sites) == len(report.ranks) - \

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from support.captures import load_scenario
-
 from mtpdiag.analysis import diagnose
 from mtpdiag.analysis.findings import RULES, ordered
 from mtpdiag.model import Finding
 from mtpdiag.vocabulary.states import FindingId, Verdict
+from support.captures import load_scenario
 
 # The stable ids of docs/design.md, as users script against them.
 DOCUMENTED = {"mtp-cp-gated-reduce", "gated-collective", "p2p-unmatched", "straggler", "frozen-rank", "missing-rank",

@@ -7,6 +7,7 @@ import json
 from html import escape
 
 import pytest
+
 from support.captures import scenario_dir
 from support.jobs_e2e import run_cli_here
 

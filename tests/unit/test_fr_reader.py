@@ -13,7 +13,6 @@ import shutil
 import threading
 
 import pytest
-from support.fr_fixtures import FR_FIXTURES, entries_of, group_name, raw, write_set
 
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder import load_fr_dumps, op_name, parse_profiling_name, read_dump_file
@@ -21,6 +20,7 @@ from mtpdiag.inputs.flight_recorder.calls import group_calls
 from mtpdiag.inputs.flight_recorder.sites import SourceIndex
 from mtpdiag.model import Site, replace
 from mtpdiag.model.flight_recorder import FRDump
+from support.fr_fixtures import FR_FIXTURES, entries_of, group_name, raw, write_set
 
 PP = FR_FIXTURES / "gloo_mtp_cp_pp"
 DP_CP = "DATA_PARALLEL_GROUP_WITH_CP"
@@ -78,7 +78,7 @@ def test_pg_config_and_pg_status_give_groups_and_progress(pp):
 def test_torchs_json_form_reads_the_same_as_its_pickle(pp):
     js = load_fr_dumps(str(PP / "json" / "rank_"))
     assert {d.format for d in js.ranks} == {"json"}
-    for a, b in zip(pp.ranks, js.ranks):
+    for a, b in zip(pp.ranks, js.ranks, strict=True):
         keys = lambda d: [(e.record_id, e.group, e.op, e.seq, e.input_sizes, e.input_dtypes, e.state, e.retired,
                            e.timeout_ms) for e in d.entries]
         assert keys(a) == keys(b)

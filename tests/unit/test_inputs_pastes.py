@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import re
 
-from support import pastes as P
 import pytest
 
 from mtpdiag.analysis import diagnose
 from mtpdiag.inputs import load_paths, read_inputs
 from mtpdiag.vocabulary.stacks import KEPT_ARGS
+from support import pastes as P
 
 SCENARIOS = P.scenarios()
 pytestmark = pytest.mark.skipif(not SCENARIOS, reason="no recorded pastes (run tests/fixtures/record_pastes.py)")

@@ -8,7 +8,6 @@ dump (shortened paths) and the Flight Recorder (short names, full paths) report 
 from __future__ import annotations
 
 import pytest
-from support.captures import load_scenario
 
 from mtpdiag.analysis.classify import classify_capture
 from mtpdiag.analysis.known_sites import (
@@ -28,6 +27,7 @@ from mtpdiag.analysis.known_sites import (
 from mtpdiag.fix import engine
 from mtpdiag.layout import GROUP_KINDS
 from mtpdiag.model import replace
+from support.captures import load_scenario
 
 MTP_FILE = "megatron/core/transformer/multi_token_prediction.py"
 DSA_FILE = "megatron/core/transformer/experimental_attention_variant/dsa.py"

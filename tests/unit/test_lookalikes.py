@@ -19,10 +19,10 @@ And the verl bug itself on NCCL: the MTP reduce is the root, the optimizer's col
 from __future__ import annotations
 
 import pytest
-from support.captures import load_scenario
 
 from mtpdiag.analysis import diagnose
 from mtpdiag.model import replace
+from support.captures import load_scenario
 
 PP_GROUPS = {(0, 2), (1, 3)}
 

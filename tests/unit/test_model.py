@@ -7,12 +7,12 @@ import json
 
 import msgspec
 import pytest
-from support.captures import load_scenario, scenarios
 
 from mtpdiag.analysis import diagnose
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.bundle import bundle_text, snapshot_from_data, snapshot_from_json
 from mtpdiag.model import Frame, FrameArgs, Report, ThreadStack, replace
+from support.captures import load_scenario, scenarios
 
 
 def _bundle(*frames: dict) -> dict:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from support.captures import load_scenario
-
 from mtpdiag.analysis import diagnose
 from mtpdiag.model import Site, replace
 from mtpdiag.report import console, json_report, markdown
+from support.captures import load_scenario
 
 HOSTILE = "ring_attention[bold red]X[/]|`<b>"
 

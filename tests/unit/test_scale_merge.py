@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-from support.captures import load_scenario, tile
 
 from mtpdiag.analysis import diagnose
 from mtpdiag.errors import InputError
@@ -20,6 +19,7 @@ from mtpdiag.inputs import load_paths
 from mtpdiag.inputs.bundle import save_bundle
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Snapshot, replace
+from support.captures import load_scenario, tile
 
 WORLD, PER_HOST = 64, 8
 

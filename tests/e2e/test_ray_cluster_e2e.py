@@ -31,13 +31,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from jobs_e2e import ROOT, check_ray_verl_hang, end_sessions, free_port, run_cli, wait_until_quiet
+from conftest import unavailable
 from mtpdiag.capture import procfs
+from support.jobs_e2e import ROOT, check_ray_verl_hang, end_sessions, free_port, run_cli, wait_until_quiet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
@@ -82,9 +83,7 @@ class Cluster:
 
 def _require_ray() -> None:
     if importlib.util.find_spec("ray") is None:
-        if os.environ.get("CI"):
-            pytest.fail("ray not installed (requirements-ci.txt pins ray[default])")
-        pytest.skip("ray not installed (pip install -r requirements-ci.txt)")
+        unavailable("ray not installed (requirements-ci.txt pins ray[default]; bash scripts/test.sh installs it)")
 
 
 def _wait_for(ready, what: str, timeout: float, log: Path | None = None):
