@@ -157,9 +157,9 @@ def main() -> None:
             print(f"{name:>18}: median {statistics.median(walls):.2f} s wall (min {min(walls):.2f}, "
                   f"max {max(walls):.2f}), median {statistics.median(r[1] for r in rows):.2f} s cpu, "
                   f"exit {rows[-1][2]}")
-        ratios = [i[0] / b[0] for i, b in zip(runs["inspect"], runs["baseline"])]
+        ratios = [i[0] / b[0] for i, b in zip(runs["inspect"], runs["baseline"], strict=True)]
         ratio = statistics.median(ratios)
-        cpu_ratio = statistics.median(i[1] / b[1] for i, b in zip(runs["inspect"], runs["baseline"]))
+        cpu_ratio = statistics.median(i[1] / b[1] for i, b in zip(runs["inspect"], runs["baseline"], strict=True))
         verdict = "within" if ratio <= GOAL_RATIO else "ABOVE"
         print(f"inspect / baseline: median ratio {ratio:.2f} over {len(ratios)} alternated pairs "
               f"(min {min(ratios):.2f}, max {max(ratios):.2f}; {verdict} the goal of {GOAL_RATIO}); "

@@ -7,7 +7,7 @@ The captures are the recorded MTP-CP hang (tests/fixtures/captures/mtp_cp_pp: cp
 dumps of a real torchrun+gloo job) tiled over dp replicas until the world has N ranks, in two shapes:
 
 * ``bundle``: one real ``mtpdiag.bundle/1`` per host (``node-0000`` ...), ``--per-host`` ranks each, with
-  the environment a ``collect`` bundle carries (tiled with ``tests/captures.py:tile``);
+  the environment a ``collect`` bundle carries (tiled with ``tests/support/captures.py:tile``);
 * ``pyspy``: one ``py-spy dump --json --locals`` file per rank (``rank0.json`` ...): the recorded rank's own
   file with the same (tp, cp, pp) coordinates, its pids and its send's ``dst``/``src`` moved to the new
   rank (py-spy files carry no WORLD_SIZE, so analyze gets ``--world-size N``).
@@ -45,11 +45,10 @@ from mtpdiag.model import replace
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from captures import load_scenario, scenario_dir, tile
-
 from mtpdiag.inputs.bundle import bundle_path, bundle_text
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Env, Snapshot
+from support.captures import load_scenario, scenario_dir, tile
 
 SCENARIO = "mtp_cp_pp"
 GOAL_RATIO = 1.0
@@ -175,7 +174,7 @@ def measure(directory: str, repeat: int, layout_flags: list[str]) -> dict:
         out[name + "_cpu"] = statistics.median(r[1] for r in rows)
         out[name + "_mb"] = max(r[2] for r in rows)
         out[name + "_exit"] = rows[-1][3]
-    pairs = list(zip(runs["analyze"], runs["baseline"]))
+    pairs = list(zip(runs["analyze"], runs["baseline"], strict=True))
     out["ratio"] = statistics.median(a[0] / b[0] for a, b in pairs)
     out["cpu_ratio"] = statistics.median(a[1] / b[1] for a, b in pairs)
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Any
 
 import typer
 
@@ -43,7 +44,7 @@ def build_app(commands: tuple[str, ...] = COMMAND_MODULES) -> typer.Typer:
     return app
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> typer.Typer:
     """``from mtpdiag.cli import app``: the full app, built on first use."""
     if name == "app":
         return build_app()
@@ -59,10 +60,10 @@ def invoked_command(argv: list[str]) -> str | None:
     return first if first in COMMAND_MODULES else None
 
 
-def _click_exceptions() -> tuple[type, ...]:
+def _click_exceptions() -> tuple[type[Any], ...]:
     """Usage errors: those of the copy of click that typer vendors (``typer._click``), and click's own
     where it is installed (older typer depends on it)."""
-    types: list[type] = []
+    types: list[type[Any]] = []
     for module in ("typer._click.exceptions", "click.exceptions"):
         try:
             types.append(importlib.import_module(module).ClickException)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any
 
 from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot, replace, who_and_why
@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # watch's and --ray's parts, imported where they run
     from mtpdiag.analysis.stall import StallTracker
     from mtpdiag.capture.flight_recorder import LiveProgress
     from mtpdiag.capture.ray_cluster import RayCluster
+    from mtpdiag.model.flight_recorder import FRDump
+    from mtpdiag.model.watchdog import WatchdogLog
 
 # The largest world mtpdiag diagnoses; the analysis and the reports are linear in it.
 MAX_WORLD_SIZE = 1 << 18
@@ -30,16 +32,16 @@ MAX_WORLD_SIZE = 1 << 18
 
 @dataclass(frozen=True)
 class LayoutOptions:
-    tp: Optional[int] = None
-    cp: Optional[int] = None
-    pp: Optional[int] = None
-    ep: Optional[int] = None
-    etp: Optional[int] = None
-    vpp: Optional[int] = None
-    order: Optional[str] = None
-    config: Optional[str] = None
+    tp: int | None = None
+    cp: int | None = None
+    pp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
+    vpp: int | None = None
+    order: str | None = None
+    config: str | None = None
     overrides: tuple[str, ...] = ()
-    world_size: Optional[int] = None
+    world_size: int | None = None
 
     def flags(self) -> dict:
         out = {k: getattr(self, k) for k in ("tp", "cp", "pp", "ep", "etp", "vpp")}
@@ -65,7 +67,7 @@ def with_flight_recorder(snapshot: Snapshot, request: bool = False, wait_s: floa
     return snapshot
 
 
-def capture_ray(cluster: RayCluster, said: set[str] | None = None, **options) -> Snapshot:
+def capture_ray(cluster: RayCluster, said: set[str] | None = None, **options: Any) -> Snapshot:
     """``--ray``: every node's ranks, captured through Ray (``capture.ray_cluster``). Each node that could not be
     captured is a stderr line with the reason (once: not again when it is in ``said``), and a line of the
     snapshot's errors (so of the report's notes and of a bundle); the nodes that answered make the snapshot."""
@@ -95,7 +97,8 @@ def with_world_size(snapshot: Snapshot, world_size: int) -> Snapshot:
     return replace(snapshot, captures=captures)
 
 
-def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions, fr=None, log=None) -> Report:
+def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions, fr: FRDump | None = None,
+                      log: WatchdogLog | None = None) -> Report:
     """Resolve the layout (flags, config, target command lines) and diagnose the snapshot.
 
     The world size is the captures' WORLD_SIZE (``analyze --world-size`` fills it in), else the config's;
@@ -227,7 +230,7 @@ def hang_report(report: Report, tracker: StallTracker, now: float, interval: flo
     """The diagnosis of the last sample; a hang is a problem even when the stacks explain nothing."""
     stalled = (f"no rank's stack changed and no collective completed for {tracker.stalled_for(now):.1f} s "
                f"({tracker.stack_samples_while_quiet} stack samples)")
-    return replace(report, verdict="problem", notes=(*report.notes, stalled),
+    return replace(report, verdict=Verdict.PROBLEM, notes=(*report.notes, stalled),
                    progress=tracker.progress(now, interval, stall))
 
 
@@ -236,11 +239,11 @@ def progress_report(report: Report, tracker: StallTracker, now: float, interval:
     """The job kept moving: a momentary stack sample is not a diagnosis, so no findings are claimed."""
     note = (f"the job made progress: in {tracker.samples} samples over {now - tracker.started:.1f} s, "
             f"no {stall:g} s window passed without a stack changing or a collective completing")
-    return replace(report, verdict="ok", findings=(), mismatches=(), notes=(note,),
+    return replace(report, verdict=Verdict.OK, findings=(), mismatches=(), notes=(note,),
                    progress=tracker.progress(now, interval, stall))
 
 
-def hang_bundle_path(out: Optional[Path], snapshot: Snapshot) -> str:
+def hang_bundle_path(out: Path | None, snapshot: Snapshot) -> str:
     """``--out FILE`` as given; in a directory (``--out DIR``, or the current one) a new file per hang, named
     for the host and the time, so that the bundle of an earlier hang is never overwritten."""
     directory = str(out) if out is not None and os.path.isdir(out) else None

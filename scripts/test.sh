@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The test suite: install, then run every test (real torchrun/gloo jobs, real py-spy, real verl wheels,
-# headless Chromium for the HTML report).
+# The test suite: install everything requirements-ci.txt pins into .venv (once), then run pytest with any
+# arguments given (e.g. -m "not e2e", -k layout). The HTML tests install Chromium themselves when they run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-bash scripts/install-chromium.sh
-exec python3 -m pytest -q -p no:cacheprovider "$@"
+source scripts/venv.sh
+ensure_venv test
+exec python -m pytest -q -p no:cacheprovider "$@"

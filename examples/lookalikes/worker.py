@@ -35,10 +35,10 @@ import contextlib
 import importlib.util
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterator
 
 import torch
 import torch.distributed as dist

@@ -34,10 +34,10 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -61,14 +61,14 @@ HOST_READERS = {"all_gather_object", "broadcast_object_list", "gather_object", "
                 "all_gather_object_coalesced", "send_object_list", "recv_object_list"}
 
 _LOCAL_IDS = itertools.count()
-GROUPS: list["ProcessGroupNCCLOnCPU"] = []  # every emulated group of this process, in creation order
+GROUPS: list[ProcessGroupNCCLOnCPU] = []  # every emulated group of this process, in creation order
 
 
 @dataclass
 class WorkNCCL:
     """What the watchdog knows of a queued op: WorkNCCL's seq_, opType_, numelIn_/numelOut_ and timeout."""
 
-    group: "ProcessGroupNCCLOnCPU"
+    group: ProcessGroupNCCLOnCPU
     seq: int
     op_type: str
     numel_in: int

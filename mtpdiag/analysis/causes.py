@@ -18,8 +18,8 @@ Instances are nodes of their own, so a group of 8192 ranks costs 8192 edges, not
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.mismatch import is_point_to_point, mismatch_key
@@ -187,8 +187,11 @@ class _Graph:
         return seen
 
 
+SiteKey = tuple[object, ...]  # which split or unmatched p2p call: kind, op, site (and group)
+
+
 def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
-                layout: ParallelLayout | None, root_hints: frozenset = frozenset()) -> Causes:
+                layout: ParallelLayout | None, root_hints: frozenset[SiteKey] = frozenset()) -> Causes:
     """Assign root/consequence roles and find the problem ranks others wait on. ``root_hints``: the keys
     (``mismatch.mismatch_key``) of splits the Flight Recorder's program order shows some rank skipped."""
     p2p = unmatched_p2p(views)
@@ -229,7 +232,8 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
             root = node not in downstream
         role = Role.ROOT if root else Role.CONSEQUENCE
         roles.append(m if m.role == role else replace(m, role=role))
-    root_p2p, consequence_p2p = [], []
+    root_p2p: list[P2PWait] = []
+    consequence_p2p: list[P2PWait] = []
     for w in p2p:
         node = graph.rank_nodes[w.rank]
         if comp[node] in cyclic:
@@ -241,17 +245,17 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
                   blocked_on={r: tuple(ws) for r, ws in sorted(blocked.items())})
 
 
-def _mismatch_key(m: Mismatch) -> tuple:
+def _mismatch_key(m: Mismatch) -> SiteKey:
     return ("m", m.op, m.site, m.group)
 
 
-def _p2p_key(w: P2PWait) -> tuple:
+def _p2p_key(w: P2PWait) -> SiteKey:
     return ("p", w.op, w.site)
 
 
 @dataclass
 class _Candidate:
-    key: tuple
+    key: SiteKey
     mtp: bool
     barrier: bool
     rank0_gate: bool
@@ -263,9 +267,9 @@ class _Candidate:
 
 def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views: Mapping[int, RankView],
                   graph: _Graph, comp: list[int], cyclic: set[int],
-                  layout: ParallelLayout | None, root_hints: frozenset = frozenset()) -> dict[int, tuple]:
+                  layout: ParallelLayout | None, root_hints: frozenset[SiteKey] = frozenset()) -> dict[int, SiteKey]:
     """The root site of each cyclic core."""
-    candidates: dict[int, dict[tuple, _Candidate]] = {}
+    candidates: dict[int, dict[SiteKey, _Candidate]] = {}
 
     def in_barrier(rank: int) -> bool:
         view = views.get(rank)
@@ -301,7 +305,7 @@ def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views:
     return {c: min(cands.values(), key=_root_score).key for c, cands in candidates.items()}
 
 
-def _root_score(c: _Candidate) -> tuple:
+def _root_score(c: _Candidate) -> tuple[bool, bool, bool, bool, bool, int, int, str]:
     """Lower is more likely the cause.
 
     A known signature first; then a split the Flight Recorder shows an absent rank skipped (it went on to

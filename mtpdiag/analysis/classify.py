@@ -10,13 +10,22 @@ is running and its site is its innermost frame outside library and stdlib intern
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Sequence
 
 from mtpdiag.analysis.known_sites import lookup
-from mtpdiag.model import (STATE_DISK, STATE_GONE, STATE_STOPPED, STATE_UNREADABLE, STATE_ZOMBIE, Frame, RankCapture,
-                           Site, ThreadStack)
+from mtpdiag.model import (
+    STATE_DISK,
+    STATE_GONE,
+    STATE_STOPPED,
+    STATE_UNREADABLE,
+    STATE_ZOMBIE,
+    Frame,
+    RankCapture,
+    Site,
+    ThreadStack,
+)
 from mtpdiag.vocabulary.ops import KNOWN_OPS, RECV_OPS, SEND_OPS, WAIT_OP
 from mtpdiag.vocabulary.stacks import call_site_frame, is_torch_distributed, short_name, torch_block_end
 from mtpdiag.vocabulary.states import RankState
@@ -50,6 +59,11 @@ class StateReading:
 
 def site_of(frame: Frame) -> Site:
     return Site(file=frame.file, line=frame.line, function=frame.function)
+
+
+def _call_site(frames: Sequence[Frame]) -> Site | None:
+    frame = call_site_frame(frames)
+    return site_of(frame) if frame is not None else None
 
 
 def _op_of(block: Sequence[Frame]) -> tuple[str, int]:
@@ -86,7 +100,7 @@ def classify_stack(frames: tuple[Frame, ...], active: bool | None = None) -> Cla
     if any(is_torch_distributed(f) for f in block):
         op, at = _op_of(block)
         p2p = op in SEND_OPS or op in RECV_OPS
-        return Classified(op=op, site=site_of(call_site_frame(frames)), peer=_peer_of(op, frames[at]),
+        return Classified(op=op, site=_call_site(frames), peer=_peer_of(op, frames[at]),
                           peer_frame=at if p2p else None)
     if not block and active is False:
         # An idle thread whose innermost frame is code known to wait on Work handles itself
@@ -94,7 +108,7 @@ def classify_stack(frames: tuple[Frame, ...], active: bool | None = None) -> Cla
         known = lookup(site_of(frames[0]))
         if known is not None and known.waits:
             return Classified(op=WAIT_OP, site=site_of(frames[0]))
-    return Classified(op=None, site=site_of(call_site_frame(frames)))
+    return Classified(op=None, site=_call_site(frames))
 
 
 def classify_thread(thread: ThreadStack) -> Classified:

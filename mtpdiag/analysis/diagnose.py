@@ -7,12 +7,14 @@ ranks (groups are looked up by rank through the layout's cached index).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from mtpdiag.analysis import findings
 from mtpdiag.analysis.causes import find_causes
 from mtpdiag.analysis.findings.facts import Facts, Mode
+from mtpdiag.analysis.gate import CoordsOf
 from mtpdiag.analysis.mismatch import find_mismatches, is_point_to_point
 from mtpdiag.analysis.sites import group_sites
 from mtpdiag.analysis.views import StackReader, rank_view
@@ -59,23 +61,27 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
     def coords_of(rank: int) -> Mapping[str, int]:
         c = coords_cache.get(rank)
         if c is None:
+            if layout is None:
+                raise LayoutError(f"rank {rank} has no coordinates without a layout")
             c = coords_cache[rank] = layout.coords(rank)
         return c
 
     fr_evidence = _fr_evidence() if fr is not None else None
     read = StackReader()
-    views = [rank_view(c, layout, coords_of, read) for c in snapshot.captures]
+    captured = [rank_view(c, layout, coords_of, read) for c in snapshot.captures]
     stacks = read.stacks()
-    evidence = fr_evidence.fold(fr, layout, coords_of if layout is not None else None) if fr else None
+    evidence = fr_evidence.fold(fr, layout, coords_of if layout is not None else None) \
+        if fr and fr_evidence is not None else None
     fr_only: set[int] = set()
-    if evidence is not None:
-        views, fr_only = _with_flight_recorder(views, fr, evidence, layout, coords_of)
+    if fr is not None and evidence is not None:
+        captured, fr_only = _with_flight_recorder(captured, fr, evidence, layout, coords_of)
         notes += [f"Flight Recorder: {n}" for n in (*fr.notes, *evidence.analysis.notes)]
-    views = tuple(sorted(views, key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.pid or 0)))
+    views = tuple(sorted(captured, key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.pid or 0)))
     by_rank = _index(views, layout, notes)
     missing = [r for r in range(world_size) if r not in by_rank] if world_size is not None else []
 
-    mode, causes, mismatches = Mode.LAYOUT_FREE, None, ()
+    mode, causes = Mode.LAYOUT_FREE, None
+    mismatches: tuple[Mismatch, ...] = ()
     if log is not None:  # the watchdog's log, like the recorder, is read only when given
         from mtpdiag.analysis.log_evidence import fold_log
     logged = fold_log(log, layout, coords_of if layout is not None else None) if log and not evidence else None
@@ -83,7 +89,8 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         mode = Mode.GROUPS
         from_stacks = find_mismatches({r: v for r, v in by_rank.items() if r not in fr_only}, layout, coords_of) \
             if layout is not None else []
-        split = fr_evidence.merge(from_stacks, evidence.mismatches) if evidence else tuple(from_stacks)
+        split = fr_evidence.merge(from_stacks, evidence.mismatches) if evidence and fr_evidence is not None \
+            else tuple(from_stacks)
         if logged is not None:
             split = (*split, *logged.mismatches)
         causes = find_causes(split, by_rank, layout, evidence.root_hints if evidence else frozenset())
@@ -107,7 +114,7 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         notes.append("no stacks: the diagnosis rests on the " + ("Flight Recorder" if evidence else "watchdog log"))
     elif missing and (layout is None and evidence is None and logged is None or set(missing) & waited_on):
         missing_is_a_finding = True
-    elif missing:  # a partial capture (one node of many) is normal: say what it covers
+    elif missing and world_size is not None:  # a partial capture (one node of many) is normal: say what it covers
         notes.append(f"{world_size - len(missing)} of {world_size} ranks captured; rank"
                      f"{'s' if len(missing) > 1 else ''} {_list(missing)} not captured, and nothing captured "
                      "waits on them")
@@ -132,7 +139,7 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         layout_source=layout_source,
         notes=tuple(notes),
     )
-    if fr is not None and evidence is not None:
+    if fr is not None and evidence is not None and fr_evidence is not None:
         report = replace(report, flight_recorder=fr_evidence.section(report, fr, evidence))
     if log is not None:
         shown = logged or fold_log(log, layout, coords_of if layout is not None else None)
@@ -164,7 +171,7 @@ def _fr_evidence() -> ModuleType:
 
 
 def _with_flight_recorder(views: list[RankView], fr: FRDump, evidence: FREvidence,
-                          layout: ParallelLayout | None, coords_of) -> tuple[list[RankView], set[int]]:
+                          layout: ParallelLayout | None, coords_of: CoordsOf) -> tuple[list[RankView], set[int]]:
     """Each captured rank's wait with what the recorder has pending for it; a view for each rank that has a
     dump but no stack (``analyze --fr`` alone), and the set of those ranks."""
     fr_evidence = _fr_evidence()
@@ -220,7 +227,7 @@ def _world_size(snapshot: Snapshot, layout: ParallelLayout | None, notes: list[s
         notes.append(f"captures disagree on WORLD_SIZE ({', '.join(map(str, sizes))}): using {sizes[-1]}")
     if sizes:
         return sizes[-1]
-    recorded = _fr_evidence().world_size(fr) if fr is not None else None
+    recorded: int | None = _fr_evidence().world_size(fr) if fr is not None else None
     if recorded is not None:
         if layout is None or layout.world_size == recorded:
             return recorded

@@ -7,11 +7,11 @@ collective splits nothing, since every member of a DP×CP group is on the same s
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple, Protocol
 
 from mtpdiag.vocabulary.groups import COORDINATES
 from mtpdiag.vocabulary.states import GateStrength
-
 
 CoordsOf = Callable[[int], Mapping[str, int]]
 
@@ -19,9 +19,12 @@ CoordsOf = Callable[[int], Mapping[str, int]]
 class SplitInstance(Protocol):
     """A partly entered group instance: a ``Mismatch``, or the analysis's lighter form of one."""
 
-    members: Sequence[int]
-    entered: Sequence[int]
-    absent: Sequence[int]
+    @property
+    def members(self) -> Sequence[int]: ...
+    @property
+    def entered(self) -> Sequence[int]: ...
+    @property
+    def absent(self) -> Sequence[int]: ...
 
 
 def varying_coordinates(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ the peer (``next``/``prev`` pipeline stage) so a peer can be named when torch's 
 
 The metric-tracker rows (MTP, DeepSeek indexer, MoE aux loss) also say which collectives the function
 issues, in order, on which group, over how many elements, and in which releases it has that form;
-``tests/test_known_sites_megatron.py`` checks every such claim against the released megatron-core
+``tests/unit/test_known_sites_megatron.py`` checks every such claim against the released megatron-core
 wheels. ``mtpdiag check`` and ``mtpdiag lint`` read the same rows (``collection_rows``, ``lint_rows``).
 """
 
@@ -395,5 +395,5 @@ def group_label(rows: tuple[KnownSite, ...]) -> str:
 _SOURCE_ROWS = tuple(row for row in KNOWN_SITES if row.role is not None)
 
 # One source of truth for the names: the MTP collection's qualified and short names.
-MTP_COLLECTIONS = tuple(dict.fromkeys(row.function for row in collection_rows("mtp")))
+MTP_COLLECTIONS = tuple(dict.fromkeys(row.function for row in collection_rows("mtp") if row.function is not None))
 MTP_FUNCTIONS = frozenset(name.rsplit(".", 1)[-1] for name in MTP_COLLECTIONS)  # compatibility

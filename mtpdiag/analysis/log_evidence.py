@@ -20,7 +20,6 @@ from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 from mtpdiag.vocabulary.states import GroupFrom, Source
 
 
-
 @dataclass(frozen=True)
 class LogEvidence:
     mismatches: tuple[Mismatch, ...]
@@ -49,7 +48,7 @@ def fold_log(log: WatchdogLog, layout: ParallelLayout | None, coords_of: CoordsO
             ops.setdefault(op, []).append(rank)
         if len(ops) == 1 and len(members) == len(ranks):
             (op,) = ops
-            numels = {}
+            numels: dict[str, list[int]] = {}
             for rank, (_, numel) in sorted(ranks.items()):
                 numels.setdefault(f"{numel} element{'s' if numel != 1 else ''}", []).append(rank)
             if len(numels) > 1:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from mtpdiag.analysis.gate import CoordsOf, read_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, kinds_of, lookup
@@ -104,7 +105,7 @@ def read_kind(op: str, site: Site | None, entered: Sequence[int], layout: Parall
     fits = [k for k in kinds if _all_split(entered, k, layout)]
     if not fits:
         return KindReading(kind, GroupFrom.GUESS, (kind,))
-    distinct: dict[tuple, str] = {}  # membership -> the first (smallest) kind that has it
+    distinct: dict[tuple[tuple[int, ...], ...], str] = {}  # membership -> the first (smallest) kind that has it
     for k in fits:
         distinct.setdefault(tuple(sorted({layout.group_of(k, r) for r in entered})), k)
     source = GroupFrom.UNIQUE_FIT if len(distinct) == 1 else GroupFrom.GUESS
@@ -143,7 +144,7 @@ def choose_kind(entered: Sequence[int], kinds: Sequence[str], layout: ParallelLa
     return first_split or kinds[0]
 
 
-def mismatch_key(m: Mismatch) -> tuple:
+def mismatch_key(m: Mismatch) -> tuple[object, ...]:
     """What makes two reports of a split the same split: op, where it was called, and who is in the group."""
     site = (os.path.basename(m.site.file), m.site.line) if m.site is not None else None
     return (m.op, site, m.members)

@@ -20,14 +20,17 @@ other hand, does not run at all, except for the tens of microseconds each py-spy
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Hashable, Mapping
+from typing import TypeVar
 
 from mtpdiag.model import Progress, Snapshot, replace
 
-Signature = tuple  # the main thread's frames, innermost first ((function, file, line), ...), and its locals key
-Process = tuple  # (host, pid): the ranks of a Ray cluster's nodes may share pids (a pid namespace per pod)
+Signature = tuple[tuple[tuple[str, str, int], ...], object]  # the main thread's frames, innermost first ((function, file, line), ...), and its locals key
+Process = tuple[str, int]  # (host, pid): the ranks of a Ray cluster's nodes may share pids (a pid namespace per pod)
 Target = Hashable  # what a CPU reading is keyed by: a pid, or (node id, pid) on a Ray cluster
+
+K = TypeVar("K", bound=Target)  # a reading's key: pids or (node id, pid), the same in both readings
 
 MIN_PROGRESS_NS = 1_000_000  # main-thread CPU between two readings that counts as progress
 
@@ -42,7 +45,7 @@ def stack_signatures(snapshot: Snapshot) -> dict[Process, Signature]:
     return out
 
 
-def cpu_moved(before: Mapping[Target, int | None], after: Mapping[Target, int | None],
+def cpu_moved(before: Mapping[K, int | None], after: Mapping[K, int | None],
               min_progress_ns: int = MIN_PROGRESS_NS) -> bool:
     """Whether any main thread ran ``min_progress_ns`` between two readings (pid -> CPU ns, None when
     unreadable), or the set of ranks changed."""
@@ -52,7 +55,7 @@ def cpu_moved(before: Mapping[Target, int | None], after: Mapping[Target, int | 
         then = before[pid]
         if (now is None) != (then is None):
             return True
-        if now is not None and abs(now - then) >= min_progress_ns:
+        if now is not None and then is not None and abs(now - then) >= min_progress_ns:
             return True
     return False
 
@@ -74,7 +77,7 @@ class StallTracker:
     min_progress_ns: int = MIN_PROGRESS_NS
 
     @staticmethod
-    def start(now: float, min_progress_ns: int = MIN_PROGRESS_NS) -> "StallTracker":
+    def start(now: float, min_progress_ns: int = MIN_PROGRESS_NS) -> StallTracker:
         return StallTracker(started=now, quiet_since=now, min_progress_ns=min_progress_ns)
 
     def cpu_moved(self, cpu_ns: Mapping[Target, int | None]) -> bool:
@@ -82,7 +85,7 @@ class StallTracker:
         return cpu_moved(self.cpu_ns, cpu_ns, self.min_progress_ns)
 
     def observe(self, now: float, cpu_ns: Mapping[Target, int | None],
-                stacks: Mapping[Process, Signature] | None, fr_moved: bool = False) -> "StallTracker":
+                stacks: Mapping[Process, Signature] | None, fr_moved: bool = False) -> StallTracker:
         """Fold in one sample. ``stacks`` is None when the stacks were not captured this time;
         ``fr_moved``: the Flight Recorder shows a collective completed since the last sample."""
         if stacks is not None and self.stacks:
@@ -98,7 +101,7 @@ class StallTracker:
                        stack_samples_while_quiet=self.stack_samples_while_quiet + (stacks is not None),
                        cpu_ns=dict(cpu_ns), stacks=self.stacks if stacks is None else dict(stacks))
 
-    def after_pause(self, now: float, cpu_ns: Mapping[Target, int | None]) -> "StallTracker":
+    def after_pause(self, now: float, cpu_ns: Mapping[Target, int | None]) -> StallTracker:
         """Take the readings made right after the stacks as the new baseline.
 
         A py-spy pause costs a blocked thread tens of microseconds, which must not count as progress

@@ -5,7 +5,7 @@ its coordinates, with each distinct stack read once (``StackReader``), which is 
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from mtpdiag.analysis.classify import Classified, StateReading, classify_capture, rank_state, side_collective, site_of
 from mtpdiag.analysis.known_sites import lookup
@@ -35,8 +35,8 @@ class StackReader:
         self._by_shape: dict[tuple[int, bool | None], Classified] = {}
         self._classified: dict[tuple[int, bool | None], Classified] = {}
         self._direction: dict[int, str | None] = {}
-        self._states: dict[tuple, StateReading] = {}
-        self._waits: dict[tuple, WaitState | None] = {}
+        self._states: dict[tuple[object, ...], StateReading] = {}
+        self._waits: dict[tuple[object, ...], WaitState | None] = {}
 
     def stack_id(self, frames: Stack) -> int:
         """The index of ``frames`` in the report's stack table (``stacks``), added when new."""
@@ -114,14 +114,15 @@ def rank_view(capture: RankCapture, layout: ParallelLayout | None, coords_of: Co
             main = False
     wait = read.wait(capture, thread, stack, classified.op, side_name, main)
     state = read.state(capture, classified, wait)
-    in_layout = layout is not None and capture.rank is not None and 0 <= capture.rank < layout.world_size
+    rank = capture.rank
+    placed = rank if layout is not None and rank is not None and 0 <= rank < layout.world_size else None
     peer = classified.peer
-    if peer is None and in_layout and stack is not None and classified.op is not None and \
-            is_p2p_op(classified.op, classified.site):
-        peer = _pipeline_peer(capture.rank, read.direction(stack, thread.frames), layout)
+    if peer is None and placed is not None and layout is not None and stack is not None and thread is not None \
+            and classified.op is not None and is_p2p_op(classified.op, classified.site):
+        peer = _pipeline_peer(placed, read.direction(stack, thread.frames), layout)
     return RankView(
-        rank=capture.rank, pid=capture.pid, host=capture.host, state=state.state,
-        coords=coords_of(capture.rank) if in_layout else None,
+        rank=rank, pid=capture.pid, host=capture.host, state=state.state,
+        coords=dict(coords_of(placed)) if placed is not None else None,
         op=classified.op, site=classified.site, stack=stack, peer=peer, error=state.error, wait=wait,
     )
 

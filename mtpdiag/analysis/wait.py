@@ -21,7 +21,7 @@ Pure: no I/O. ``kind`` is a ``WaitKind``; ``confidence`` is certain, likely or p
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from mtpdiag.model import STATE_DISK, Frame, RankCapture, ThreadStack, WaitState
 from mtpdiag.vocabulary.ops import COMM_INIT_OPS
@@ -29,7 +29,7 @@ from mtpdiag.vocabulary.stacks import is_plumbing, short_name, slash_path
 from mtpdiag.vocabulary.waits import CALL_KINDS, Confidence, WaitKind
 
 # Python functions (by file suffix and function name) that are the wait itself.
-_PY_WAITS: tuple[tuple[str, frozenset[str], str], ...] = (
+_PY_WAITS: tuple[tuple[str, frozenset[str], WaitKind], ...] = (
     ("torch/cuda/__init__.py", frozenset({"synchronize"}), WaitKind.HOST_SYNC),
     ("torch/cuda/streams.py", frozenset({"synchronize", "Stream.synchronize", "Event.synchronize", "query"}),
      WaitKind.HOST_SYNC),
@@ -60,7 +60,7 @@ _DATALOADER_WAITS = frozenset({"_get_data", "_try_get_data", "_next_data", "__ne
                                "_MultiProcessingDataLoaderIter._next_data", "_BaseDataLoaderIter.__next__"})
 
 # Native symbols (C/C++), innermost first wins. Patterns are searched in the function name and the module.
-_NATIVE_WAITS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), kind) for p, kind in (
+_NATIVE_WAITS: tuple[tuple[re.Pattern[str], WaitKind], ...] = tuple((re.compile(p), kind) for p, kind in (
     (r"cu(da)?(Stream|Event|Device|Ctx)Synchronize|cuMemcpyDtoH|cudaMemcpy(?!Async)|_local_scalar_dense|"
      r"cudaStreamQuery|cuStreamQuery|c10::cuda::.*(synchronize|memcpy)", WaitKind.HOST_SYNC),
     (r"ncclCommInit|ncclCommSplit|getNCCLComm|initNCCLComm|ncclGetUniqueId", WaitKind.COMM_INIT),
@@ -94,7 +94,7 @@ def python_frames(frames: Sequence[Frame]) -> tuple[Frame, ...]:
     return tuple(f for f in frames if not f.native)
 
 
-def _python_wait(frames: Sequence[Frame]) -> tuple[str, str] | None:
+def _python_wait(frames: Sequence[Frame]) -> tuple[WaitKind, str] | None:
     """(kind, evidence) from the innermost Python frames that are a wait of torch or the stdlib."""
     for i, frame in enumerate(frames):
         path = slash_path(frame.file)
@@ -113,7 +113,7 @@ def _python_wait(frames: Sequence[Frame]) -> tuple[str, str] | None:
     return None
 
 
-def _native_wait(frames: Sequence[Frame]) -> tuple[str, str] | None:
+def _native_wait(frames: Sequence[Frame]) -> tuple[WaitKind, str] | None:
     for frame in frames:
         if not frame.native:
             continue
@@ -124,7 +124,7 @@ def _native_wait(frames: Sequence[Frame]) -> tuple[str, str] | None:
     return None
 
 
-def _call_wait(calls: Sequence[str]) -> tuple[str, str] | None:
+def _call_wait(calls: Sequence[str]) -> tuple[WaitKind, str] | None:
     kinds = [(k, c) for c in calls if (k := CALL_KINDS.get(c))]
     for wanted in (WaitKind.HOST_SYNC, WaitKind.LOCK, WaitKind.SLEEP, WaitKind.IO):
         for kind, call in kinds:
@@ -139,10 +139,10 @@ def wait_state(capture: RankCapture, thread: ThreadStack | None, op: str | None,
     named ``side_thread``), None when it is in none. None when nothing could be read."""
     if op is not None:
         kind = WaitKind.COMM_INIT if op in COMM_INIT_OPS else WaitKind.COLLECTIVE
-        evidence = [f"torch.distributed {op} frame" + (f" on thread {side_thread!r}" if side_thread else "")]
+        seen = [f"torch.distributed {op} frame" + (f" on thread {side_thread!r}" if side_thread else "")]
         if thread is not None:
-            evidence += _quiet_or_busy(capture, thread)
-        return WaitState(kind, Confidence.CERTAIN, tuple(evidence), side_thread)
+            seen += _quiet_or_busy(capture, thread)
+        return WaitState(kind, Confidence.CERTAIN, tuple(seen), side_thread)
     if thread is None:
         return None
     evidence: list[str] = []

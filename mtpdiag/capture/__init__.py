@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Iterable
 
 import mtpdiag
 from mtpdiag.capture import procfs, pyspy
@@ -23,7 +22,7 @@ from mtpdiag.capture.discover import find_targets
 from mtpdiag.capture.pyspy import CaptureFailed
 from mtpdiag.errors import NothingCaptured
 from mtpdiag.layout import cmdline
-from mtpdiag.model import STATE_GONE, STATE_STOPPED, STATE_UNREADABLE, Env, RankCapture, Snapshot, decimal
+from mtpdiag.model import STATE_GONE, STATE_STOPPED, STATE_UNREADABLE, Env, RankCapture, Snapshot, ThreadStack, decimal
 
 _STOPPED = (STATE_STOPPED, "t")  # job-control stop, tracing stop
 _MAX_PARALLEL = 32
@@ -88,7 +87,7 @@ class _ProcFacts:
         return None
 
 
-def _read_proc(pid: int, hints: "_HintReader") -> _ProcFacts:
+def _read_proc(pid: int, hints: _HintReader) -> _ProcFacts:
     stat = procfs.read_stat(pid)
     return _ProcFacts(stat=stat, env=procfs.read_env(pid) or {}, main_cpu_ticks=procfs.main_thread_ticks(pid),
                       hints=hints.for_process(pid) if stat is not None else {},
@@ -98,17 +97,21 @@ def _read_proc(pid: int, hints: "_HintReader") -> _ProcFacts:
 def _capture_one(pid: int, facts: _ProcFacts, host: str, *, native: bool, nonblocking: bool,
                  timeout: float, native_timeout: float = 30.0) -> RankCapture:
     stat = facts.stat
-    base = dict(pid=pid, host=host, rank=facts.rank, env=Env.of(facts.env),
-                main_cpu_ticks=facts.main_cpu_ticks, layout_hints=dict(facts.hints),
-                main_syscall=facts.main_syscall, cuda=facts.cuda)
+
+    def made(state: str, threads: tuple[ThreadStack, ...] = (), *, error: str | None = None,
+             nonblocking: bool = False) -> RankCapture:
+        return RankCapture(pid=pid, host=host, rank=facts.rank, state=state, threads=threads,
+                           env=Env.of(facts.env), error=error, nonblocking=nonblocking,
+                           main_cpu_ticks=facts.main_cpu_ticks, layout_hints=dict(facts.hints),
+                           main_syscall=facts.main_syscall, cuda=facts.cuda)
+
     if stat is None or stat.state == "Z":
-        return RankCapture(state=STATE_GONE, error="the process exited before it could be captured", **base)
+        return made(STATE_GONE, error="the process exited before it could be captured")
     use_nonblocking = nonblocking or stat.state in _STOPPED
     note = None
     if native and not use_nonblocking:  # py-spy reads native stacks only of a paused process
         try:
-            threads = pyspy.dump(pid, native=True, timeout=native_timeout)
-            return RankCapture(state=stat.state, threads=threads, **base)
+            return made(stat.state, pyspy.dump(pid, native=True, timeout=native_timeout))
         except CaptureFailed as exc:
             note = f"native dump failed ({exc}): Python frames only"
     elif native:
@@ -118,24 +121,24 @@ def _capture_one(pid: int, facts: _ProcFacts, host: str, *, native: bool, nonblo
     except CaptureFailed as exc:
         now = procfs.read_stat(pid)
         if now is None or now.state == "Z":
-            return RankCapture(state=STATE_GONE, error="the process exited during the capture", **base)
+            return made(STATE_GONE, error="the process exited during the capture")
         if not use_nonblocking and (exc.timed_out or "Failed to suspend process" in str(exc)):
             # Pausing a rank that spins on a busy machine can take longer than the timeout, and one that another
             # tracer holds cannot be paused at all: read its memory without pausing it instead.
             try:
                 threads = pyspy.dump(pid, nonblocking=True, timeout=timeout)
             except CaptureFailed as exc2:
-                return RankCapture(state=STATE_UNREADABLE, error=f"{exc}; without pausing: {exc2}", **base)
-            return RankCapture(state=now.state, threads=threads, nonblocking=True,
-                               error=f"{exc}: read without pausing it (py-spy --nonblocking)", **base)
+                return made(STATE_UNREADABLE, error=f"{exc}; without pausing: {exc2}")
+            return made(now.state, threads, nonblocking=True,
+                        error=f"{exc}: read without pausing it (py-spy --nonblocking)")
         if use_nonblocking or now.state not in _STOPPED:
-            return RankCapture(state=STATE_UNREADABLE, error=str(exc), **base)
+            return made(STATE_UNREADABLE, error=str(exc))
         stat, use_nonblocking = now, True
         try:
             threads = pyspy.dump(pid, nonblocking=True, timeout=timeout)
         except CaptureFailed as exc2:
-            return RankCapture(state=STATE_UNREADABLE, error=str(exc2), **base)
-    return RankCapture(state=stat.state, threads=threads, nonblocking=use_nonblocking, error=note, **base)
+            return made(STATE_UNREADABLE, error=str(exc2))
+    return made(stat.state, threads, nonblocking=use_nonblocking, error=note)
 
 
 def _run_with_progress(pool: ThreadPoolExecutor, fn: Callable, items: list, *, show: bool) -> list:

@@ -33,7 +33,7 @@ def find_targets(pids: list[int], scan_all: bool, exclude: Collection[int] = ())
 def is_worker(pid: int, env: dict[str, str] | None = None) -> bool:
     """A Python process that carries RANK."""
     env = procfs.read_env(pid) if env is None else env
-    return bool(env) and "RANK" in env and procfs.is_python(pid)
+    return env is not None and "RANK" in env and procfs.is_python(pid)
 
 
 def is_launcher(pid: int) -> bool:

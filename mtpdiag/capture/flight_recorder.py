@@ -16,6 +16,7 @@ import pwd
 import re
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from mtpdiag.capture import procfs
 from mtpdiag.capture.fr_locate import dump_prefixes, pipe_prefix, request_live_dump
@@ -35,12 +36,12 @@ class FoundDumps:
 def find_dumps(captures: tuple[RankCapture, ...], *, request: bool = False, wait_s: float = 10.0) -> FoundDumps:
     """The Flight Recorder dumps of the captured ranks (each rank's newest file not older than its process)."""
     notes: list[str] = []
-    targets = [c for c in captures if c.pid is not None and c.rank is not None]
+    targets = _targets(captures)
     asked_at = time.time()
     if request:
         sent = 0
         for c in targets:
-            prefix = pipe_prefix(c.env.as_dict())
+            prefix = pipe_prefix(c.env)
             if prefix is None:
                 continue
             answer = request_live_dump(_in_root(c.pid, prefix), c.rank)
@@ -77,11 +78,23 @@ def with_dumps(snapshot: Snapshot, *, request: bool = False, wait_s: float = 10.
     return replace(snapshot, flight_recorder=replace(found.dumps, notes=(*found.dumps.notes, *found.notes))), ()
 
 
-def _wait_for_files(targets: list[RankCapture], newer_than: float | None, wait_s: float) -> dict[int, str]:
+class _Target(NamedTuple):
+    """A captured rank that can have a dump: its pid and rank are known."""
+
+    pid: int
+    rank: int
+    env: dict[str, str]
+
+
+def _targets(captures: tuple[RankCapture, ...]) -> list[_Target]:
+    return [_Target(c.pid, c.rank, c.env.as_dict()) for c in captures if c.pid is not None and c.rank is not None]
+
+
+def _wait_for_files(targets: list[_Target], newer_than: float | None, wait_s: float) -> dict[int, str]:
     """rank -> its dump file (seen through /proc/PID/root), once every rank has one or ``wait_s`` is up."""
     deadline = time.monotonic() + wait_s
     while True:
-        files = {}
+        files: dict[int, str] = {}
         for c in targets:
             path = _dump_of(c, newer_than)
             if path is not None:
@@ -91,10 +104,9 @@ def _wait_for_files(targets: list[RankCapture], newer_than: float | None, wait_s
         time.sleep(0.2)
 
 
-def _dump_of(capture: RankCapture, newer_than: float | None) -> str | None:
-    assert capture.pid is not None and capture.rank is not None
+def _dump_of(capture: _Target, newer_than: float | None) -> str | None:
     started = procfs.start_time(capture.pid)
-    for prefix in dump_prefixes(capture.env.as_dict(), _home(capture.pid)):
+    for prefix in dump_prefixes(capture.env, _home(capture.pid)):
         path = _in_root(capture.pid, f"{prefix}{capture.rank}")
         try:
             mtime = os.stat(path).st_mtime
@@ -146,7 +158,7 @@ class LiveProgress:
     def poll(self, captures: tuple[RankCapture, ...]) -> bool:
         """Whether a rank completed a collective since the last poll (read the dumps asked for last time,
         then ask again; never waits)."""
-        targets = [c for c in captures if c.pid is not None and c.rank is not None and pipe_prefix(c.env.as_dict())]
+        targets = [c for c in _targets(captures) if pipe_prefix(c.env)]
         moved = False
         if self._asked_at is not None:
             for c in targets:
@@ -159,7 +171,7 @@ class LiveProgress:
                     self._completed[c.rank] = max(done, self._completed.get(c.rank, -1))
         self._asked_at = time.time()
         for c in targets:
-            request_live_dump(_in_root(c.pid, pipe_prefix(c.env.as_dict()) or ""), c.rank)
+            request_live_dump(_in_root(c.pid, pipe_prefix(c.env) or ""), c.rank)
         return moved
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 DUMP_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"

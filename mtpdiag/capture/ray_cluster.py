@@ -85,7 +85,7 @@ class RayCluster:
         # This process and its ancestors run on the driver's node: never a rank, never a layout hint.
         self._driver = identify([os.getpid(), *procfs.ancestors(os.getpid())])
 
-    def __enter__(self) -> "RayCluster":
+    def __enter__(self) -> RayCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -102,11 +102,11 @@ class RayCluster:
         listed = sorted(self.ray.nodes(), key=lambda n: (not n.get("Alive"), n.get("NodeID") != self._driver_node,
                                                          n.get("NodeManagerAddress", ""), n.get("NodeID", "")))
         names = [str(n.get("NodeManagerHostname") or n.get("NodeManagerAddress") or "unknown") for n in listed]
-        alive = [name for name, n in zip(names, listed) if n.get("Alive")]
+        alive = [name for name, n in zip(names, listed, strict=True) if n.get("Alive")]
         return [Node(id=str(n["NodeID"]), ip=str(n.get("NodeManagerAddress", "")), hostname=name,
                      label=printable(name if alive.count(name) <= 1 else f"{name}/{str(n['NodeID'])[:8]}"),
                      alive=bool(n.get("Alive")), death=printable(str(n.get("DeathReasonMessage") or "")))
-                for name, n in zip(names, listed)]
+                for name, n in zip(names, listed, strict=True)]
 
     def capture(self, **options: Any) -> ClusterCapture:
         """Every alive node's ranks, merged; ``options`` as ``ray_node.capture_node`` takes them."""
@@ -155,7 +155,7 @@ class RayCluster:
             ).remote({**request, "label": node.label, "exclude": exclude}))
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=self.timeout) if refs else ([], [])
         replies, failed = {}, []
-        for node, ref in zip(nodes, refs):
+        for node, ref in zip(nodes, refs, strict=True):
             why, reply = None, None
             if ref not in ready:
                 self.ray.cancel(ref, force=True)  # still queued, or stuck: end its worker
@@ -169,9 +169,9 @@ class RayCluster:
             if why is None and not isinstance(reply, Mapping):
                 why = (f"the capture task answered {type(reply).__name__}, not a reply (mtpdiag there differs "
                        f"from this one: pip install 'mtpdiag=={mtpdiag.__version__}')")
-            elif why is None and reply.get("failure"):
+            elif why is None and isinstance(reply, Mapping) and reply.get("failure"):
                 why = printable(str(reply["failure"]))
-            if why is None:
+            if why is None and isinstance(reply, Mapping):
                 replies[node.id] = dict(reply)
             else:
                 failed.append(f"node {node.describe()}: {why}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -11,29 +10,29 @@ from mtpdiag.commands import options as o
 
 
 def analyze(
-    paths: Optional[List[str]] = typer.Argument(None, help="Bundles, py-spy (JSON or text), pystack or faulthandler "
+    paths: list[str] | None = typer.Argument(None, help="Bundles, py-spy (JSON or text), pystack or faulthandler "
                                                 "dumps, or directories. Optional with --fr or --log."),
-    tp: Optional[int] = o.TP,
-    cp: Optional[int] = o.CP,
-    pp: Optional[int] = o.PP,
-    ep: Optional[int] = o.EP,
-    etp: Optional[int] = o.ETP,
-    vpp: Optional[int] = o.VPP,
-    order: Optional[str] = o.ORDER,
-    config: Optional[str] = o.CONFIG,
-    override: Optional[List[str]] = o.OVERRIDE,
-    world_size: Optional[int] = typer.Option(None, "--world-size", min=1,
+    tp: int | None = o.TP,
+    cp: int | None = o.CP,
+    pp: int | None = o.PP,
+    ep: int | None = o.EP,
+    etp: int | None = o.ETP,
+    vpp: int | None = o.VPP,
+    order: str | None = o.ORDER,
+    config: str | None = o.CONFIG,
+    override: list[str] | None = o.OVERRIDE,
+    world_size: int | None = typer.Option(None, "--world-size", min=1,
                                              help="World size, when the files do not carry WORLD_SIZE."),
-    rank_from: Optional[str] = typer.Option(None, "--rank-from", help="A regular expression whose first group is "
+    rank_from: str | None = typer.Option(None, "--rank-from", help="A regular expression whose first group is "
                                             "the rank, searched in the lines around each dump, then its path."),
-    fr: Optional[str] = typer.Option(None, "--fr", help="torch Flight Recorder dumps of the hang: a directory, "
+    fr: str | None = typer.Option(None, "--fr", help="torch Flight Recorder dumps of the hang: a directory, "
                                      "or the TORCH_FR_DUMP_TEMP_FILE prefix (stacks optional)."),
-    log: Optional[List[Path]] = typer.Option(None, "--log", help="A job log with NCCL watchdog timeout lines. "
+    log: list[Path] | None = typer.Option(None, "--log", help="A job log with NCCL watchdog timeout lines. "
                                              "Repeatable."),
-    fmt: Optional[o.Format] = o.FORMAT,
+    fmt: o.Format | None = o.FORMAT,
     as_json: bool = o.JSON,
     markdown: bool = o.MARKDOWN,
-    html: Optional[Path] = o.HTML,
+    html: Path | None = o.HTML,
 ) -> None:
     """Diagnose captures saved earlier, from one host or many (bundles are merged by rank), with the Flight
     Recorder's dumps and the watchdog's log lines of the same hang when there are any."""

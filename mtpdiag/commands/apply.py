@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -12,10 +11,10 @@ from mtpdiag.errors import InputError
 
 
 def apply(
-    path: Optional[Path] = PATH,
+    path: Path | None = PATH,
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the diff; change nothing."),
     revert: bool = typer.Option(False, "--revert", help="Restore the original from the backup, byte for byte."),
-    backup_dir: Optional[Path] = typer.Option(None, "--backup-dir",
+    backup_dir: Path | None = typer.Option(None, "--backup-dir",
                                               help="Keep FILE.mtpdiag.bak here instead of beside FILE."),
 ) -> None:
     """Fix the MTP/CP deadlock (verl #5895) in place: gate the collection on the last pipeline stage.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -15,7 +14,7 @@ PATH = typer.Option(None, "--path", help="The engine file (default: the installe
 EXIT_BY_STATUS = {"fixed": EXIT_OK, "not-applicable": EXIT_OK, "affected": EXIT_PROBLEM, "unknown": EXIT_USAGE}
 
 
-def engine_path(path: Optional[Path]) -> Path | None:
+def engine_path(path: Path | None) -> Path | None:
     """--path, or the installed verl's engine file (None when that verl has no Megatron engine)."""
     from mtpdiag.fix.engine import locate_engine
 
@@ -23,14 +22,20 @@ def engine_path(path: Optional[Path]) -> Path | None:
 
 
 def check(
-    path: Optional[Path] = PATH,
+    path: Path | None = PATH,
     as_json: bool = typer.Option(False, "--json", help="Print the mtpdiag.check/1 JSON document."),
 ) -> None:
     """Say whether verl's engine gates the MTP loss collection so that cp > 0 ranks skip it (verl #5895).
 
     Exit 0: fixed or not applicable; 1: affected; 2: unknown shape or a file that cannot be read."""
-    from mtpdiag.fix.engine import (ENGINE_PARTS, EngineCheck, check_engine, check_text, installed_verl_dirs,
-                                    verl_version)
+    from mtpdiag.fix.engine import (
+        ENGINE_PARTS,
+        EngineCheck,
+        check_engine,
+        check_text,
+        installed_verl_dirs,
+        verl_version,
+    )
 
     target = engine_path(path)
     if target is None:  # verl is installed but has no Megatron engine

@@ -7,8 +7,6 @@ here and writes their merged bundle.
 
 from __future__ import annotations
 
-from typing import List, Optional
-
 import typer
 
 from mtpdiag import pipeline
@@ -17,21 +15,21 @@ from mtpdiag.commands import options as o
 
 def collect(
     out: str = typer.Option(..., "--out", help="Bundle file to write, or a directory (writes <host>.mtpdiag.json)."),
-    pid: Optional[List[int]] = o.PID,
+    pid: list[int] | None = o.PID,
     all_: bool = o.ALL,
-    host: Optional[str] = typer.Option(None, "--host", help="Host label in the bundle (default: this hostname)."),
+    host: str | None = typer.Option(None, "--host", help="Host label in the bundle (default: this hostname)."),
     native: bool = o.NATIVE,
     native_timeout: float = o.NATIVE_TIMEOUT,
     nonblocking: bool = o.NONBLOCKING,
     timeout: float = o.TIMEOUT,
     fr_dump: bool = typer.Option(False, "--fr-dump", help="Ask every rank for a fresh Flight Recorder dump through "
                                  "the job's TORCH_NCCL_DEBUG_INFO_PIPE_FILE, and put it in the bundle."),
-    ray: Optional[str] = o.RAY,
+    ray: str | None = o.RAY,
     ray_timeout: float = o.RAY_TIMEOUT,
 ) -> None:
     """Capture every rank (py-spy, in parallel) and write one bundle; without --pid, like --all."""
-    from mtpdiag.inputs.bundle import check_destination, save_bundle
     from mtpdiag.capture import capture
+    from mtpdiag.inputs.bundle import check_destination, save_bundle
 
     check_destination(out)  # before any process is paused
     pids = list(pid or [])

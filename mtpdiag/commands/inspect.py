@@ -4,7 +4,6 @@ and print the diagnosis."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -13,29 +12,29 @@ from mtpdiag.errors import InputError
 
 
 def inspect(
-    pid: Optional[List[int]] = o.PID,
+    pid: list[int] | None = o.PID,
     all_: bool = o.ALL,
     native: bool = o.NATIVE,
     native_timeout: float = o.NATIVE_TIMEOUT,
     nonblocking: bool = o.NONBLOCKING,
     timeout: float = o.TIMEOUT,
-    tp: Optional[int] = o.TP,
-    cp: Optional[int] = o.CP,
-    pp: Optional[int] = o.PP,
-    ep: Optional[int] = o.EP,
-    etp: Optional[int] = o.ETP,
-    vpp: Optional[int] = o.VPP,
-    order: Optional[str] = o.ORDER,
-    config: Optional[str] = o.CONFIG,
-    override: Optional[List[str]] = o.OVERRIDE,
+    tp: int | None = o.TP,
+    cp: int | None = o.CP,
+    pp: int | None = o.PP,
+    ep: int | None = o.EP,
+    etp: int | None = o.ETP,
+    vpp: int | None = o.VPP,
+    order: str | None = o.ORDER,
+    config: str | None = o.CONFIG,
+    override: list[str] | None = o.OVERRIDE,
     fr_dump: bool = typer.Option(False, "--fr-dump", help="Ask every rank for a fresh Flight Recorder dump "
                                  "through the job's TORCH_NCCL_DEBUG_INFO_PIPE_FILE (the job keeps running)."),
     fr_wait: float = typer.Option(10.0, "--fr-wait", min=0.1, help="Seconds to wait for the dumps --fr-dump asks for."),
-    fmt: Optional[o.Format] = o.FORMAT,
+    fmt: o.Format | None = o.FORMAT,
     as_json: bool = o.JSON,
     markdown: bool = o.MARKDOWN,
-    html: Optional[Path] = o.HTML,
-    ray: Optional[str] = o.RAY,
+    html: Path | None = o.HTML,
+    ray: str | None = o.RAY,
     ray_timeout: float = o.RAY_TIMEOUT,
 ) -> None:
     """Capture every rank (py-spy, in parallel) and say which collective only part of a group entered."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import List
 
 import typer
 
@@ -11,7 +10,7 @@ from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM
 
 
 def lint(
-    paths: List[str] = typer.Argument(..., help="Python files or directories (walked for *.py)."),
+    paths: list[str] = typer.Argument(..., help="Python files or directories (walked for *.py)."),
     as_json: bool = typer.Option(False, "--json", help="Print the mtpdiag.lint/1 JSON document."),
 ) -> None:
     """Flag collectives under a rank-dependent condition that splits their group.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -56,8 +56,8 @@ def fill_optional_values(argv: list[str]) -> list[str]:
     return out
 
 
-def ray_cluster(address: Optional[str], timeout: float, pid: Optional[list[int]], all_: bool,
-                host: Optional[str] = None) -> Any:
+def ray_cluster(address: str | None, timeout: float, pid: list[int] | None, all_: bool,
+                host: str | None = None) -> Any:
     """The connection ``--ray ADDRESS`` asks for (None without ``--ray``); the flags that pick local
     processes are refused with it, before anything connects."""
     if address is None:
@@ -79,7 +79,7 @@ class Format(str, Enum):
     html = "html"
 
 
-def output_format(fmt: Optional[Format], as_json: bool, as_markdown: bool) -> str:
+def output_format(fmt: Format | None, as_json: bool, as_markdown: bool) -> str:
     """The one format asked for by ``--format`` and its aliases ``--json`` and ``--markdown``. Contradictory
     flags are refused here, before anything is captured or sampled."""
     if as_json and as_markdown:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import List, Optional
 
 import typer
 
@@ -19,20 +18,20 @@ from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM
 
 
 def verify(
-    tp: Optional[int] = o.TP,
-    cp: Optional[int] = o.CP,
-    pp: Optional[int] = o.PP,
-    dp: Optional[int] = typer.Option(None, "--dp", min=1, help="Data-parallel replicas in the verify world "
+    tp: int | None = o.TP,
+    cp: int | None = o.CP,
+    pp: int | None = o.PP,
+    dp: int | None = typer.Option(None, "--dp", min=1, help="Data-parallel replicas in the verify world "
                                      "(default: the fewest the layout allows, usually 1; the job's with --pid)."),
-    ep: Optional[int] = o.EP,
-    etp: Optional[int] = o.ETP,
-    vpp: Optional[int] = o.VPP,
-    order: Optional[str] = o.ORDER,
+    ep: int | None = o.EP,
+    etp: int | None = o.ETP,
+    vpp: int | None = o.VPP,
+    order: str | None = o.ORDER,
     engine: str = typer.Option("installed", "--engine", help="fixed | buggy | both | installed | a path to "
                                "verl's workers/engine/megatron/transformer_impl.py."),
-    config: Optional[str] = o.CONFIG,
-    override: Optional[List[str]] = o.OVERRIDE,
-    pid: Optional[int] = typer.Option(None, "--pid", help="Take the parallel sizes from this hung job "
+    config: str | None = o.CONFIG,
+    override: list[str] | None = o.OVERRIDE,
+    pid: int | None = typer.Option(None, "--pid", help="Take the parallel sizes from this hung job "
                                       "(a worker or its launcher)."),
     timeout: float = typer.Option(180.0, "--timeout", min=5.0, help="Seconds one world may run before it "
                                   "counts as an error (a hang is called within seconds)."),

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, List, NoReturn, Optional
+from typing import NoReturn
 
 import typer
 
@@ -29,35 +30,35 @@ from mtpdiag.report import emit
 
 
 def watch(
-    pid: Optional[List[int]] = o.PID,
+    pid: list[int] | None = o.PID,
     all_: bool = o.ALL,
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between samples."),
     stall: float = typer.Option(5.0, "--stall", min=0.5,
                                 help="Call a hang after this many seconds in which no main thread ran "
                                 "and no stack changed; raise it when a healthy step idles longer "
                                 "(a data-loader wait, a slow collective)."),
-    duration: Optional[float] = typer.Option(None, "--duration", min=0.1,
+    duration: float | None = typer.Option(None, "--duration", min=0.1,
                                              help="Stop after this many seconds (exit 0 if no hang)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Bundle to write on a hang "
+    out: Path | None = typer.Option(None, "--out", help="Bundle to write on a hang "
                                        "(default ./mtpdiag-hang-HOST-TIME.json; a directory works)."),
     native: bool = o.NATIVE,
     native_timeout: float = o.NATIVE_TIMEOUT,
     nonblocking: bool = o.NONBLOCKING,
     timeout: float = o.TIMEOUT,
-    tp: Optional[int] = o.TP,
-    cp: Optional[int] = o.CP,
-    pp: Optional[int] = o.PP,
-    ep: Optional[int] = o.EP,
-    etp: Optional[int] = o.ETP,
-    vpp: Optional[int] = o.VPP,
-    order: Optional[str] = o.ORDER,
-    config: Optional[str] = o.CONFIG,
-    override: Optional[List[str]] = o.OVERRIDE,
-    fmt: Optional[o.Format] = o.FORMAT,
+    tp: int | None = o.TP,
+    cp: int | None = o.CP,
+    pp: int | None = o.PP,
+    ep: int | None = o.EP,
+    etp: int | None = o.ETP,
+    vpp: int | None = o.VPP,
+    order: str | None = o.ORDER,
+    config: str | None = o.CONFIG,
+    override: list[str] | None = o.OVERRIDE,
+    fmt: o.Format | None = o.FORMAT,
     as_json: bool = o.JSON,
     markdown: bool = o.MARKDOWN,
-    html: Optional[Path] = o.HTML,
-    ray: Optional[str] = o.RAY,
+    html: Path | None = o.HTML,
+    ray: str | None = o.RAY,
     ray_timeout: float = o.RAY_TIMEOUT,
 ) -> None:
     """Tell a hang from slow progress: sample until nothing moves for --stall seconds."""
@@ -163,7 +164,7 @@ def _targets_now(list_targets: Callable[[], list]) -> list | None:
         return None
 
 
-def _ended(status: "_Status", tracker: StallTracker, elapsed: float) -> NoReturn:
+def _ended(status: _Status, tracker: StallTracker, elapsed: float) -> NoReturn:
     """The workers are gone: the job finished (or was ended) while it was still making progress."""
     status.done()
     print(f"mtpdiag watch: the job ended after {elapsed:.1f} s of watching ({tracker.samples} samples) "

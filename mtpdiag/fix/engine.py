@@ -15,6 +15,7 @@ import ast
 import importlib.metadata
 import importlib.util
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -23,7 +24,7 @@ from mtpdiag import lint
 from mtpdiag.analysis import known_sites
 from mtpdiag.errors import InputError
 
-ENGINE_PARTS = tuple(known_sites.engine_row().file_suffix.split("/"))
+ENGINE_PARTS = tuple((known_sites.engine_row().file_suffix or "").split("/"))
 ENGINE_FUNCTION = known_sites.engine_row().short_name
 # Calls that collect the MTP loss, each ending in the DP×CP all_reduce: verl's get_megatron_mtp_loss and
 # megatron's MTPLossLoggingHelper (track_mtp_metrics, reduce_loss_in_tracker, reduce_metrics_in_tracker),
@@ -150,7 +151,8 @@ def parse_source(data: bytes, path: Path) -> tuple[str, ast.Module]:
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a Python file (not UTF-8 text)") from None
     except (SyntaxError, ValueError) as exc:
-        where = f", line {exc.lineno}" if getattr(exc, "lineno", None) else ""
+        lineno = getattr(exc, "lineno", None)
+        where = f", line {lineno}" if lineno else ""
         raise InputError(f"{path}: not a Python file ({getattr(exc, 'msg', exc)}{where})") from None
 
 
@@ -202,7 +204,7 @@ def is_mtp_collection(gc: lint.GuardedCall) -> bool:
     return any(row in MTP_COLLECTIONS for row in gc.rows)
 
 
-def _within(node: ast.AST, functions: list[ast.AST]) -> bool:
+def _within(node: ast.expr, functions: Sequence[ast.FunctionDef | ast.AsyncFunctionDef]) -> bool:
     return any(f.lineno <= node.lineno <= (f.end_lineno or f.lineno) for f in functions)
 
 
@@ -239,6 +241,8 @@ def _judge_collection(gc: lint.GuardedCall, text: str) -> Verdict:
 def _block_of(gc: lint.GuardedCall) -> ast.stmt:
     """The outermost statement of the function body that holds the collection."""
     function = gc.function
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise AssertionError("a collection judged inside the engine function is inside a def")
     for stmt in function.body:
         if stmt.lineno <= gc.call.lineno <= (stmt.end_lineno or stmt.lineno):
             if any(node is gc.call for node in ast.walk(stmt)):

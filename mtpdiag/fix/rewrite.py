@@ -25,15 +25,15 @@ import ast
 import contextlib
 import difflib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
 import libcst as cst
 import libcst.matchers as m
 
-from mtpdiag import atomic
-from mtpdiag import lint
+from mtpdiag import atomic, lint
 from mtpdiag.errors import InputError
 from mtpdiag.fix import engine
 
@@ -87,9 +87,9 @@ def rewrite_engine(data: bytes, name: str = "<engine>") -> Rewrite:
     verdict = engine.classify(text, tree)
     if verdict.status in ("fixed", "not-applicable"):
         return Rewrite(verdict.status, data, data, verdict.lines, False)
-    if verdict.status != "affected":
+    if verdict.status != "affected" or verdict.collection is None or verdict.lines is None:
         raise UnsupportedShape(f"{name}: left unchanged: {verdict.reason}")
-    if_node, removed = _rewritable_if(verdict, text, name)
+    if_node, removed = _rewritable_if(verdict.collection, verdict.lines, text, name)
     needs_import = _mpu_binding(tree, name)
     fixer = _MtpBlockFixer(verdict.collection.collective, removed)
     new_module = cst.parse_module(data).visit(fixer)
@@ -106,17 +106,17 @@ def rewrite_engine(data: bytes, name: str = "<engine>") -> Rewrite:
     return Rewrite("affected", data, fixed, verdict.lines, needs_import)
 
 
-def _rewritable_if(verdict: engine.Verdict, text: str, name: str) -> tuple[ast.If, list[int]]:
-    """The gating ``if`` and which of its ``and``-terms to remove, or UnsupportedShape."""
-    gc = verdict.collection
+def _rewritable_if(gc: lint.GuardedCall, lines: tuple[int, int], text: str, name: str) -> tuple[ast.If, list[int]]:
+    """The gating ``if`` of the collection ``gc`` (at ``lines``) and which of its ``and``-terms to remove, or
+    UnsupportedShape."""
 
-    def refuse(why: str):
-        raise UnsupportedShape(f"{name}: affected (lines {verdict.lines[0]}-{verdict.lines[1]}) but left "
+    def refuse(why: str) -> NoReturn:
+        raise UnsupportedShape(f"{name}: affected (lines {lines[0]}-{lines[1]}) but left "
                                f"unchanged: {why}; fix it by hand after {engine.PR}")
 
-    if len(gc.guards) != 1 or gc.guards[0].kind != "if" or gc.guards[0].negated:
+    node = gc.guards[0].node if len(gc.guards) == 1 else None
+    if not isinstance(node, ast.If) or gc.guards[0].kind != "if" or gc.guards[0].negated:
         refuse("the MTP collection is not gated by exactly one plain `if`")
-    node = gc.guards[0].node
     if node.orelse:
         refuse("the gating `if` has an else branch")
     first = node.body[0]
@@ -160,7 +160,7 @@ def _mpu_binding(tree: ast.Module, name: str) -> bool:
     return not good
 
 
-def _module_level(tree: ast.Module):
+def _module_level(tree: ast.Module) -> Iterator[ast.stmt]:
     """Module-level statements, including those inside top-level if/try blocks."""
     stack = list(tree.body)
     while stack:
@@ -249,8 +249,11 @@ class _MtpBlockFixer(cst.CSTTransformer):
             if len(kept) > 1 and updated.test.lpar:  # keep the parentheses of a wrapped condition
                 test = test.with_changes(lpar=updated.test.lpar, rpar=updated.test.rpar)
         body = list(updated.body.body)
-        first = body[0].with_changes(leading_lines=[
-            *body[0].leading_lines,
+        head = body[0]
+        if not isinstance(head, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            return updated
+        first = head.with_changes(leading_lines=[
+            *head.leading_lines,
             *(cst.EmptyLine(comment=cst.Comment(line)) for line in FIX_COMMENT),
         ])
         new_body = [first]
@@ -298,7 +301,8 @@ def apply_fix(path: Path, *, dry_run: bool = False, backup_dir: Path | None = No
     original = engine.read_source(path)
     rewrite = rewrite_engine(original, str(path))
     if not rewrite.changed:
-        action = "already-fixed" if rewrite.status == "fixed" else "not-applicable"
+        action: Literal["already-fixed", "not-applicable"] = \
+            "already-fixed" if rewrite.status == "fixed" else "not-applicable"
         return ApplyOutcome(path, action, "", None, rewrite.lines, False)
     diff = unified_diff(original, rewrite.fixed, path)
     if dry_run:

@@ -9,8 +9,8 @@ those into ``RankCapture``s (rank identity, merging, unreadable ranks) the same 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from mtpdiag.inputs.lines import Line
 from mtpdiag.model import RankCapture, Snapshot, ThreadStack

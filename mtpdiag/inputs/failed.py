@@ -8,6 +8,7 @@ be read, with the tool's reason in one line, and never an input to skip.
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.lines import Line, clean_lines, command
@@ -81,12 +82,12 @@ def read(text: str, path: str, context: ReadContext) -> FileCaptures:
     return captures_of(path, "failed capture", dumps, lines, context)
 
 
-def _chunks(lines: list[Line]):
+def _chunks(lines: list[Line]) -> list[tuple[int | None, list[Line], str]]:
     """(pid, lines, reason) per command that failed: a paste of a loop over pids holds several."""
     starts = [i for i, line in enumerate(lines) if command(line.body) or _FAILED_PID.search(line.body)]
     if not starts or starts[0] != 0:
         starts.insert(0, 0)
-    bounds = list(zip(starts, starts[1:] + [len(lines)]))
+    bounds = list(pairwise([*starts, len(lines)]))
     out = []
     for begin, end in bounds:
         chunk = lines[begin:end]

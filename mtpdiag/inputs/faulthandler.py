@@ -65,7 +65,7 @@ def _dumps(lines: list[Line]) -> list[dict]:
             line_no = m["line"]
             current[3].append(Frame(function=printable(m["function"]), file=display_path(printable(m["file"])),
                                     line=int(line_no) if line_no.isdigit() else 0))
-            if line.prefix:
+            if line.prefix and dump is not None:
                 dump["context"].append(Line(line.prefix, "", line.prefix))
         elif _BREAK.match(body):
             dump = current = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mtpdiag.errors import InputError
@@ -78,7 +79,7 @@ def rank_of(dump: Dumped, path: str, single: bool, rank_from: re.Pattern | None)
     return claims[0].rank if claims else None
 
 
-def claims_of(dump: Dumped):
+def claims_of(dump: Dumped) -> Iterator[Claim]:
     """Every rank the lines around a process name, in the order a person would trust them."""
     rank = decimal(env_lines(line.body for line in dump.context).get("RANK"))
     if rank is not None:

@@ -9,6 +9,7 @@ its indentation, so every one of those reads the same.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mtpdiag.model import ENV_WHITELIST, printable
@@ -83,9 +84,9 @@ def command(body: str) -> Command | None:
     return Command(tool=m["tool"], pid=int(pid[1]) if pid else None, native="--native" in m["args"])
 
 
-def env_lines(bodies) -> dict[str, str]:
+def env_lines(bodies: Iterable[str]) -> dict[str, str]:
     """Whitelisted ``KEY=value`` lines pasted next to a dump (e.g. ``RANK=3``); nothing else."""
-    out = {}
+    out: dict[str, str] = {}
     for body in bodies:
         if "=" not in body and ":" not in body:
             continue

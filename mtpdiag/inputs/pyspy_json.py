@@ -10,7 +10,8 @@ whitelisted integer arguments (``dst``, ``src``, ...) are kept.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 import msgspec
 
@@ -39,30 +40,30 @@ LineCalls = Callable[[str, int], tuple[str, ...]]  # (file, line) -> the wait ca
 
 
 class _Local(msgspec.Struct, gc=False):
-    name: Optional[str] = None
-    repr: Optional[str] = None
+    name: str | None = None
+    repr: str | None = None
 
 
 class _Frame(msgspec.Struct, gc=False):
-    name: Optional[str] = None
-    filename: Optional[str] = None
-    short_filename: Optional[str] = None
-    module: Optional[str] = None
-    line: Optional[int] = None
+    name: str | None = None
+    filename: str | None = None
+    short_filename: str | None = None
+    module: str | None = None
+    line: int | None = None
     locals: msgspec.Raw = msgspec.Raw()  # decoded only for torch.distributed frames (and by watch)
 
 
 class _Thread(msgspec.Struct, gc=False):
     frames: list[_Frame]
-    pid: Optional[int] = None
-    thread_id: Optional[int] = None
-    thread_name: Optional[str] = None
-    os_thread_id: Optional[int] = None
-    active: Optional[bool] = None
+    pid: int | None = None
+    thread_id: int | None = None
+    thread_name: str | None = None
+    os_thread_id: int | None = None
+    active: bool | None = None
 
 
 _DECODER = msgspec.json.Decoder(list[_Thread])
-_LOCALS = msgspec.json.Decoder(Optional[list[_Local]])
+_LOCALS = msgspec.json.Decoder(Optional[list[_Local]])  # noqa: UP045 - a run-time type: typing.Optional reads the same on Python 3.10 to 3.13
 
 
 def sniff(text: str | bytes, path: str) -> bool:
@@ -141,7 +142,7 @@ def _thread(t: _Thread, line_calls: LineCalls | None, live: bool, scrub: bool) -
 
 def _locals_key(frames: list[_Frame]) -> int:
     """A hash of each frame's locals (names and py-spy's reprs): the value is kept, never the locals."""
-    parts = []
+    parts: list[tuple[object, ...]] = []
     for f in frames:
         if f.locals:
             try:

@@ -15,7 +15,9 @@ Lines are matched on their content, never their indentation (see ``inputs.lines`
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.failed import failure_reason
@@ -129,7 +131,7 @@ def _sections(lines: list[Line]) -> list[_Section]:
                 section.context += [*pending, line]
                 group, frame, pending = [], None, []
             else:
-                start(pid, line)
+                section = start(pid, line)
             section.cmdline = m[2]
             in_cmdline, in_locals, last_was_header = True, False, False
             continue
@@ -137,7 +139,7 @@ def _sections(lines: list[Line]) -> list[_Section]:
             if _PYTHON.match(body):
                 in_cmdline = False
                 continue
-            if not _THREAD.match(body):
+            if section is not None and not _THREAD.match(body):
                 section.cmdline += " " + body
                 continue
             in_cmdline = False
@@ -149,7 +151,7 @@ def _sections(lines: list[Line]) -> list[_Section]:
             continue
         if m := _THREAD.match(body):
             if section is None:
-                start(None, None)
+                section = start(None, None)
             frame, in_locals = None, False
             name = printable(m[3] or "")
             new = _Thread(ident=m[1], name=name, active=m[2] != "idle", frames=[], context=[*pending, line])
@@ -171,7 +173,7 @@ def _sections(lines: list[Line]) -> list[_Section]:
             continue
         if (m := _FRAME.match(body)) and ": " not in m["function"] and not command(body):
             if section is None:
-                start(None, None)
+                section = start(None, None)
             frame, in_locals = [printable(m["function"]), m["where"], []], False
             if group:
                 group[0].frames.append(frame)
@@ -205,7 +207,7 @@ def _split_lead_in(pending: list[Line], prefix: str) -> tuple[list[Line], list[L
     return pending[:cut], pending[cut:]
 
 
-def _keep_prefix(line: Line, group: list[_Thread], section: _Section | None, pending: list[Line] = ()) -> None:
+def _keep_prefix(line: Line, group: list[_Thread], section: _Section | None, pending: Sequence[Line] = ()) -> None:
     """A frame line adds its log prefix (a rank fact) and the lines before it to its thread's context."""
     extra = [p for p in pending] + ([Line(line.prefix, "", line.prefix)] if line.prefix else [])
     if not extra:
@@ -229,8 +231,12 @@ def _dumps(section: _Section) -> list[Dumped]:
     for parent in section.parents:
         hints = merge_hints(hints, layout_hints(parent.split()))
     title = argv[0] if argv else ""
-    base = dict(title=title, cmdline=section.cmdline, hints=tuple(sorted(hints.items())),
-                launcher=is_launcher_argv(argv))
+
+    def dumped(pid: int | None, threads: tuple[ThreadStack, ...], context: list[Line], error: str | None,
+               native: bool = False) -> Dumped:
+        return Dumped(pid=pid, threads=threads, context=tuple(context), error=error, native=native, title=title,
+                      cmdline=section.cmdline, hints=tuple(sorted(hints.items())), launcher=is_launcher_argv(argv))
+
     threads = section.threads
     if not threads and section.stray and failure_reason(section.bodies) is None:
         threads = [_Thread(ident="0", name="", active=False, frames=section.stray)]
@@ -241,15 +247,14 @@ def _dumps(section: _Section) -> list[Dumped]:
             "the dump stops after its process header: py-spy printed no thread (a process in "
             "uninterruptible sleep makes a blocking py-spy wait until it is killed)"
             if section.cmdline or section.pid is not None else "no Thread header and no frame")
-        return [Dumped(pid=section.pid, threads=(), context=tuple(section.context), error=reason, **base)]
+        return [dumped(section.pid, (), section.context, reason)]
     out = []
     for i, part in enumerate(_split_at_main_threads(threads)):
         pid = section.pid if i == 0 and section.pid is not None else _pid_of_main(part)
         context = (section.context if i == 0 else []) + [line for t in part for line in t.context]
         native = any(_is_native_where(f) for t in part for f in t.frames)
         stacks = _stacks(part, native)
-        out.append(Dumped(pid=pid, threads=stacks, context=tuple(context), native=native,
-                          error=_unreadable(part, stacks, pid), **base))
+        out.append(dumped(pid, stacks, context, _unreadable(part, stacks, pid), native))
     return out
 
 
@@ -259,7 +264,7 @@ def _split_at_main_threads(threads: list[_Thread]) -> list[list[_Thread]]:
     if len(mains) < 2:
         return [threads]
     cuts = [0] + mains[1:] + [len(threads)]
-    return [threads[a:b] for a, b in zip(cuts, cuts[1:]) if a < b]
+    return [threads[a:b] for a, b in pairwise(cuts) if a < b]
 
 
 def _pid_of_main(threads: list[_Thread]) -> int | None:

@@ -12,6 +12,7 @@ py-spy prints ``MTPLossLoggingHelper.reduce_loss_in_tracker``).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.failed import failure_reason
@@ -55,7 +56,7 @@ def _runs(lines: list[Line]) -> list[dict]:
     pending: list[Line] = []
 
     def new_run(pid: int | None) -> dict:
-        made = {"pid": pid, "threads": [], "context": [], "bodies": []}
+        made: dict[str, Any] = {"pid": pid, "threads": [], "context": [], "bodies": []}
         runs.append(made)
         return made
 
@@ -70,12 +71,12 @@ def _runs(lines: list[Line]) -> list[dict]:
             pending = []
             continue
         header = _HEADER.match(body)
-        empty = None if header else _EMPTY.match(body)
-        if header or empty:
+        opened = header or _EMPTY.match(body)
+        if opened:
             if run is None:
                 run = new_run(None)
             status = (header["status"] or "") if header else ""
-            current = {"tid": int((header or empty)[1]), "name": printable(header["name"] or "") if header else "",
+            current = {"tid": int(opened[1]), "name": printable(header["name"] or "") if header else "",
                        "active": True if "Has the GIL" in status or "collecting" in status else None,
                        "frames": [], "context": [*pending, line]}
             run["threads"].append(current)
@@ -93,8 +94,8 @@ def _runs(lines: list[Line]) -> list[dict]:
             continue
         m = _PYTHON.match(body)
         native = None if m else _NATIVE.match(body)
-        if m or native:
-            frame = _frame_of(m or native, native=native is not None)
+        if hit := m or native:
+            frame = _frame_of(hit, native=native is not None)
             current["frames"].append(frame)
             in_locals, source_next = False, m is not None
             if line.prefix:

@@ -108,7 +108,7 @@ def _timeout(line: str, number: int) -> WatchdogTimeout | None:
     if m is None:
         return None
     work = m.group("work")
-    values = {k: (r.search(work).group(1) if r.search(work) else None) for k, r in _FIELD.items()}
+    values = {k: (hit.group(1) if (hit := r.search(work)) else None) for k, r in _FIELD.items()}
     if values["seq"] is None or values["op"] is None:
         return None
     op_type = values["op"]

@@ -8,9 +8,10 @@ The expert groups (ep, etp, edp, ...) come from a second generator with tp=etp, 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable
+from typing import NoReturn
 
 from mtpdiag.vocabulary.labels import coords_label
 
@@ -131,7 +132,7 @@ class ParallelLayout:
         vpp: int | None = None,
         etp: int | None = None,
         order: str = DEFAULT_ORDER,
-    ) -> "ParallelLayout":
+    ) -> ParallelLayout:
         """Derive dp from the world size; sizes that do not divide it are a ``LayoutError``."""
         for name, value in (("tp", tp), ("cp", cp), ("pp", pp), ("ep", ep), ("etp", etp or 1)):
             if not isinstance(value, int) or value < 1:
@@ -153,8 +154,7 @@ class ParallelLayout:
             raise LayoutError("vpp needs pp > 1 (interleaved schedule)")
         layout = ParallelLayout(tp=tp, cp=cp, ep=ep, dp=world_size // model, pp=pp, vpp=vpp, etp=etp,
                                 order=order)
-        layout._dense  # validate the order now
-        layout._expert
+        _ = layout._dense, layout._expert  # validate the order now
         # initialize_model_parallel refuses these too (same tests, same case-sensitive endswith).
         expert_dp = world_size // expert_model
         if not (order.endswith("pp") or pp == 1 or expert_dp == layout.dp):
@@ -238,5 +238,5 @@ class ParallelLayout:
         return coords_label(self.coords(rank), {"ep": self.ep, "dp": self.dp})
 
 
-def _unknown_kind(kind: str):
+def _unknown_kind(kind: str) -> NoReturn:
     raise LayoutError(f"unknown group kind {kind!r}; known: {', '.join(GROUP_KINDS)}")

@@ -8,12 +8,14 @@ the only I/O here.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Any
 
 from mtpdiag.errors import InputError
 from mtpdiag.layout.megatron import LayoutError, ParallelLayout
 from mtpdiag.vocabulary.sizes import COMMAND_LINE_FLAGS, CONFIG_NAMES, SOURCE_KEYS
+
 
 @dataclass(frozen=True)
 class _Source:
@@ -80,10 +82,16 @@ def resolve_layout(
             return layout, (f"{source} (world size unknown: {layout.world_size} assumed, the smallest these "
                             f"sizes fit that holds rank {holds_rank}; pass --world-size)")
     try:
-        layout = ParallelLayout.for_world(world_size, **values)
+        layout = ParallelLayout.for_world(world_size, **_arguments(values))
     except LayoutError as exc:
         raise InputError(str(exc)) from None
     return layout, source
+
+
+def _arguments(values: Mapping[str, int | str]) -> dict[str, Any]:
+    """The sizes (ints) and the order (a string) as ``ParallelLayout.for_world``'s keyword arguments: it checks
+    each one's type and value, and says which is wrong."""
+    return dict(values)
 
 
 def smallest_world(values: Mapping[str, int | str], holds_rank: int,
@@ -95,7 +103,7 @@ def smallest_world(values: Mapping[str, int | str], holds_rank: int,
     world = max(step, -(-(holds_rank + 1) // step) * step)
     while world <= limit:
         try:
-            return ParallelLayout.for_world(world, **values)
+            return ParallelLayout.for_world(world, **_arguments(values))
         except LayoutError:
             world += step
     return None
@@ -151,7 +159,7 @@ def _spell_flag(key: str, value: object) -> str:
     return f"{COMMAND_LINE_FLAGS[key]} {value}"
 
 
-def _checked(values: Mapping[str, object], what: str) -> dict[str, int | str]:
+def _checked(values: Mapping[str, int | str], what: str) -> dict[str, int | str]:
     """Reject keys a caller should never pass (a programming error, not bad user input)."""
     unknown = set(values) - set(SOURCE_KEYS)
     if unknown:
@@ -161,7 +169,7 @@ def _checked(values: Mapping[str, object], what: str) -> dict[str, int | str]:
 
 def _merge(sources: list[_Source]) -> dict[str, int | str]:
     """One value per key; the first source to give a key sets it, and any other value is a conflict."""
-    merged: dict[str, tuple[object, _Source]] = {}
+    merged: dict[str, tuple[int | str, _Source]] = {}
     for source in sources:
         for key, value in source.values.items():
             if key not in merged:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
+from typing import TypeGuard
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -107,7 +108,7 @@ def _positive_int(value: object, path: str, shown: str) -> int:
     return value
 
 
-def _is_positive_int(value: object) -> bool:
+def _is_positive_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from mtpdiag.errors import InputError
 from mtpdiag.lint.rules import LintFinding, LintResult, lint_source

@@ -4,7 +4,7 @@ nothing (docs/design.md, "When is a rank-dependent gate harmless?")."""
 from __future__ import annotations
 
 import ast
-from typing import Iterable
+from collections.abc import Iterable
 
 from mtpdiag.analysis import known_sites
 from mtpdiag.analysis.known_sites import KnownSite
@@ -90,8 +90,8 @@ def _collective_group(gc: GuardedCall, source: str, filename: str | None = None)
     if group is None or (isinstance(group, ast.Constant) and group.value is None):
         return "default (world)", EVERY_COORD
     label = source_text(group, source)
-    if isinstance(group, ast.Call) and call_name(group) in _GROUP_CALL_KINDS:
-        kind = _GROUP_CALL_KINDS[call_name(group)]
+    if isinstance(group, ast.Call) and (called := call_name(group)) in _GROUP_CALL_KINDS:
+        kind = _GROUP_CALL_KINDS[called]
         coords = group_coords(kind)
         if keyword_true(group, "with_context_parallel"):
             coords = coords | {"cp"}

@@ -24,6 +24,9 @@ class Guard:
     alternative: tuple[ast.AST, ...] = ()  # code that runs instead when the test goes the other way
 
 
+Scope = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda  # what a collective call can be inside
+
+
 @dataclass(frozen=True)
 class GuardedCall:
     """A call that runs a collective, with every condition that leads to it inside its function."""
@@ -32,7 +35,7 @@ class GuardedCall:
     collective: str  # torch's op name, or the known function's short name
     source: str  # "torch" or "known"
     guards: tuple[Guard, ...]
-    function: ast.AST | None  # innermost enclosing def, or None at module level
+    function: Scope | None  # innermost enclosing def (or lambda), or None at module level
     rows: tuple[KnownSite, ...] = ()  # a known call: the table's rows for the function it calls
     qualname: str | None = None  # the enclosing def's qualified name (``Class.method``)
 
@@ -90,7 +93,7 @@ class _GuardWalker:
     def __init__(self, aliases: dict[str, str]):
         self.aliases = aliases
         self.found: list[GuardedCall] = []
-        self.function: ast.AST | None = None
+        self.function: Scope | None = None
         self.scope: tuple[tuple[str, bool], ...] = ()  # (name, is a function) of the enclosing defs
 
     def block(self, stmts: list[ast.stmt], guards: tuple[Guard, ...]) -> None:
@@ -161,7 +164,7 @@ class _GuardWalker:
                     qualname = _qualname(self.scope) if self.function is not None else None
                     self.found.append(GuardedCall(node, found[0], found[1], guards, self.function, found[2],
                                                   qualname))
-            for field, value in ast.iter_fields(node):
+            for _field, value in ast.iter_fields(node):
                 if isinstance(value, list):
                     if value and isinstance(value[0], ast.stmt):
                         self.block(value, guards)

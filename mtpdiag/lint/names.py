@@ -56,16 +56,20 @@ def source_text(node: ast.AST, source: str) -> str:
     """The node's source on one line (``ast.get_source_segment``, with the file split into lines once
     rather than on every call: a large file has hundreds of conditions)."""
     lines = _source_lines(source)
+    # Only expressions and statements have positions, and a node built in code may lack them.
+    lineno, end_lineno = getattr(node, "lineno", None), getattr(node, "end_lineno", None)
+    col, end_col = getattr(node, "col_offset", None), getattr(node, "end_col_offset", None)
     try:
-        first, last = node.lineno - 1, node.end_lineno - 1
-        if node.end_lineno is None or node.end_col_offset is None or not 0 <= first <= last < len(lines):
+        if lineno is None or end_lineno is None or col is None or end_col is None:
+            raise ValueError
+        first, last = lineno - 1, end_lineno - 1
+        if not 0 <= first <= last < len(lines):
             raise ValueError
         head, tail = lines[first].encode(), lines[last].encode()  # offsets count UTF-8 bytes
         if first == last:
-            text = head[node.col_offset:node.end_col_offset].decode()
+            text = head[col:end_col].decode()
         else:
-            text = head[node.col_offset:].decode() + "".join(lines[first + 1:last]) + \
-                tail[:node.end_col_offset].decode()
+            text = head[col:].decode() + "".join(lines[first + 1:last]) + tail[:end_col].decode()
     except (AttributeError, TypeError, ValueError):  # no position (a built node), or a bad one
         text = ast.unparse(node)
     return " ".join(text.split())

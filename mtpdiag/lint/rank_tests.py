@@ -75,7 +75,7 @@ def _collect_rank_tests(node: ast.AST, source: str, out: list[RankTest]) -> None
         coords = _rank_call_coords(node)
         if coords is not None:
             name = call_name(node)
-            out.append(RankTest(source_text(node, source), coords, name, bool(_MEMBER_CALL.search(name))))
+            out.append(RankTest(source_text(node, source), coords, name, bool(_MEMBER_CALL.search(name or ""))))
             return
     elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
         inner: list[RankTest] = []

@@ -58,14 +58,14 @@ def collectives_by_function(tree: ast.AST, calls: list[GuardedCall]) -> dict[str
     (matched by bare name, so a method and a function of one name are merged: good enough here)."""
     direct: dict[str, set[str]] = {}
     callees: dict[str, set[str]] = {}
-    by_node = {}
+    by_node: dict[int, set[str]] = {}
     for gc in calls:
         by_node.setdefault(id(gc.function), set()).add(gc.collective)
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             direct.setdefault(fn.name, set()).update(by_node.get(id(fn), ()))
             callees.setdefault(fn.name, set()).update(
-                call_name(n) for n in ast.walk(fn) if isinstance(n, ast.Call) and call_name(n))
+                name for n in ast.walk(fn) if isinstance(n, ast.Call) and (name := call_name(n)))
     summary = {name: set(ops) for name, ops in direct.items()}
     changed = True
     while changed:
@@ -165,6 +165,6 @@ def _matched_on_other_branch(gc: GuardedCall, guard: Guard, summaries: dict[str,
         for node in ast.walk(root):
             if isinstance(node, ast.Call):
                 name = call_name(node)
-                if name in wanted or wanted & summaries.get(name, frozenset()):
+                if name is not None and (name in wanted or wanted & summaries.get(name, frozenset())):
                     return True
     return False

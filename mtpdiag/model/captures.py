@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
@@ -41,22 +41,22 @@ class Env(Record, frozen=True):
     """The environment keys of a target process that may be read: nothing else is ever kept, and a key
     that is not a field here is dropped when a bundle is read."""
 
-    RANK: Optional[str] = None
-    LOCAL_RANK: Optional[str] = None
-    WORLD_SIZE: Optional[str] = None
-    GROUP_RANK: Optional[str] = None
-    LOCAL_WORLD_SIZE: Optional[str] = None
-    SLURM_PROCID: Optional[str] = None
-    SLURM_LOCALID: Optional[str] = None
-    SLURM_NTASKS: Optional[str] = None
-    MASTER_ADDR: Optional[str] = None
-    MASTER_PORT: Optional[str] = None
-    WG_PREFIX: Optional[str] = None
-    RAY_LOCAL_WORLD_SIZE: Optional[str] = None
+    RANK: str | None = None
+    LOCAL_RANK: str | None = None
+    WORLD_SIZE: str | None = None
+    GROUP_RANK: str | None = None
+    LOCAL_WORLD_SIZE: str | None = None
+    SLURM_PROCID: str | None = None
+    SLURM_LOCALID: str | None = None
+    SLURM_NTASKS: str | None = None
+    MASTER_ADDR: str | None = None
+    MASTER_PORT: str | None = None
+    WG_PREFIX: str | None = None
+    RAY_LOCAL_WORLD_SIZE: str | None = None
     # Where torch writes the Flight Recorder dumps, and its pipe for a live dump (flight_recorder.locate).
-    TORCH_FR_DUMP_TEMP_FILE: Optional[str] = None
-    TORCH_NCCL_DEBUG_INFO_TEMP_FILE: Optional[str] = None
-    TORCH_NCCL_DEBUG_INFO_PIPE_FILE: Optional[str] = None
+    TORCH_FR_DUMP_TEMP_FILE: str | None = None
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE: str | None = None
+    TORCH_NCCL_DEBUG_INFO_PIPE_FILE: str | None = None
 
     def get(self, key: str) -> str | None:
         return getattr(self, key, None) if key in ENV_WHITELIST else None
@@ -82,7 +82,7 @@ _env_number = functools.lru_cache(maxsize=256)(decimal)
 
 def world_sizes(captures: Iterable[RankCapture]) -> list[int]:
     """The distinct WORLD_SIZEs some captures carry, smallest first (more than one is a conflict)."""
-    return sorted({c.world_size for c in captures} - {None, 0})
+    return sorted({c.world_size for c in captures if c.world_size})
 
 
 def who_and_why(item: Any) -> str:
@@ -97,14 +97,14 @@ class ThreadStack(Record, frozen=True, kw_only=True):
     thread_id: int
     name: str = ""
     frames: tuple[Frame, ...]
-    native_id: Optional[int] = None
-    active: Optional[bool] = None
+    native_id: int | None = None
+    active: bool | None = None
     # What the innermost Python frame's source line calls, from a short list (``item``, ``synchronize``,
     # ``acquire``, ...): read from the target's own file at capture time. The line itself is never kept.
     calls: tuple[Name, ...] = ()
     # A hash of every frame's local variables as py-spy showed them, for ``watch``: a loop that came back to
     # the same line has new locals. Live captures only; ``inputs.bundle`` never writes it.
-    locals_key: Optional[int] = None
+    locals_key: int | None = None
 
 
 class RankCapture(Record, frozen=True, kw_only=True):
@@ -117,20 +117,20 @@ class RankCapture(Record, frozen=True, kw_only=True):
     ancestors (never the command lines themselves).
     """
 
-    pid: Optional[int] = None
+    pid: int | None = None
     host: str = UNKNOWN_HOST
-    rank: Optional[Rank] = None
+    rank: Rank | None = None
     state: str = STATE_UNREADABLE
     env: Env = NO_ENV
-    error: Optional[str] = None
+    error: str | None = None
     nonblocking: bool = False
-    main_cpu_ticks: Optional[int] = None
+    main_cpu_ticks: int | None = None
     layout_hints: dict[str, int] = {}
-    source: Optional[str] = None  # file the capture was read from, for analyze
+    source: str | None = None  # file the capture was read from, for analyze
     # What /proc said of the main thread just before the dump: the system call it sits in (``futex``,
     # ``clock_nanosleep``, ``read``; ``running`` when on the CPU) and whether the process maps CUDA/NCCL.
-    main_syscall: Optional[Syscall] = None
-    cuda: Optional[bool] = None
+    main_syscall: Syscall | None = None
+    cuda: bool | None = None
     threads: tuple[ThreadStack, ...] = ()
 
     @property
@@ -163,7 +163,7 @@ class Snapshot(Record, frozen=True, kw_only=True, tag_field="schema", tag=BUNDLE
     created: str = ""
     tool_version: str = ""
     errors: tuple[str, ...] = ()  # targets that yielded no capture at all, one line each
-    flight_recorder: Optional[FRDump] = None  # the Flight Recorder dumps taken with the stacks, if any
+    flight_recorder: FRDump | None = None  # the Flight Recorder dumps taken with the stacks, if any
 
     @property
     def world_sizes(self) -> list[int]:

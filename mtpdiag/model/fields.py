@@ -4,7 +4,7 @@ text from other processes, ``scrub`` for a whole decoded document, ``decimal`` f
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 
@@ -52,7 +52,7 @@ def scrub(value: T) -> T:
     """``value`` with ``printable`` applied to every string in it: Structs, tuples, lists and dicts (keys too)
     are rebuilt only where something changed. For documents that ``may_hold_unprintable``."""
     if type(value) is str:
-        return printable(value)  # type: ignore[return-value]
+        return cast(T, printable(cast(str, value)))
     if isinstance(value, msgspec.Struct):
         changes = {}
         for name in value.__struct_fields__:
@@ -63,12 +63,12 @@ def scrub(value: T) -> T:
         return msgspec.structs.replace(value, **changes) if changes else value
     if isinstance(value, (tuple, list)):
         items = [scrub(v) for v in value]
-        if all(a is b for a, b in zip(items, value)):
+        if all(a is b for a, b in zip(items, value, strict=True)):
             return value
-        return type(value)(items)  # type: ignore[return-value]
+        return type(value)(items)
     if isinstance(value, dict):
         pairs = [(scrub(k), scrub(v)) for k, v in value.items()]
-        if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(pairs, value.items())):
+        if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(pairs, value.items(), strict=True)):
             return value
         return dict(pairs)  # type: ignore[return-value]
     return value
@@ -85,7 +85,7 @@ def decimal(text: str | None, max_digits: int = 9) -> int | None:
     return None
 
 
-def one_line_error(exc: msgspec.MsgspecError) -> str:
+def one_line_error(exc: msgspec.MsgspecError | RecursionError) -> str:
     """msgspec's message for a document that does not fit its type, as the one line an error shows
     (``Expected `int`, got `bool` - at `$.captures[0].threads[0].frames[2].line```)."""
     return printable(" ".join(str(exc).split()))

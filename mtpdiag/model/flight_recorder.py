@@ -10,6 +10,7 @@ form, and decoding unpacks it again, so that in memory every entry holds its own
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import msgspec
@@ -173,7 +174,7 @@ class FRDump(Record, frozen=True, kw_only=True, tag_field="schema", tag=FR_SCHEM
         return next((d.version for d in self.ranks if d.version), "")
 
     def __post_init__(self) -> None:
-        if any(a.rank > b.rank for a, b in zip(self.ranks, self.ranks[1:])):
+        if any(a.rank > b.rank for a, b in pairwise(self.ranks)):
             msgspec.structs.force_setattr(self, "ranks", tuple(sorted(self.ranks, key=lambda r: r.rank)))
 
     def packed(self) -> FRDump:

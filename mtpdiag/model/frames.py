@@ -6,7 +6,6 @@ analysis key each distinct stack by its value.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Optional
 
 from mtpdiag.model.fields import Record
 
@@ -15,11 +14,11 @@ class FrameArgs(Record, frozen=True, omit_defaults=True, forbid_unknown_fields=F
     """The whitelisted integer arguments of a torch.distributed frame (``vocabulary.stacks.KEPT_ARGS``); the
     JSON is ``{"dst": 2, "group_dst": 1}``. Any other argument is never read."""
 
-    dst: Optional[int] = None
-    group_dst: Optional[int] = None
-    group_src: Optional[int] = None
-    src: Optional[int] = None
-    tag: Optional[int] = None
+    dst: int | None = None
+    group_dst: int | None = None
+    group_src: int | None = None
+    src: int | None = None
+    tag: int | None = None
 
     def items(self) -> tuple[tuple[str, int], ...]:
         """The arguments that are set, by name."""
@@ -43,7 +42,7 @@ class Frame(Record, frozen=True, kw_only=True, cache_hash=True):
     file: str
     line: int
     function: str
-    args: Optional[FrameArgs] = None
+    args: FrameArgs | None = None
     native: bool = False
 
     def arg(self, name: str) -> int | None:

@@ -7,7 +7,7 @@ classes do: a 16k-rank job holds a handful of stacks.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from mtpdiag.model.fields import Record
 from mtpdiag.model.frames import Site, Stack
@@ -29,7 +29,7 @@ class WaitState(Record, frozen=True, omit_defaults=False):
     kind: WaitKind
     confidence: Confidence
     evidence: tuple[str, ...] = ()
-    thread: Optional[str] = None
+    thread: str | None = None
 
 
 class RankView(Record, frozen=True, kw_only=True):
@@ -40,39 +40,39 @@ class RankView(Record, frozen=True, kw_only=True):
     ``Report.stacks``; None when no stack was read.
     """
 
-    rank: Optional[int]
-    pid: Optional[int]
+    rank: int | None
+    pid: int | None
     host: str
     state: RankState
-    coords: Optional[dict[str, int]]
-    op: Optional[str]
-    site: Optional[Site]
-    stack: Optional[int]
-    wait: Optional[WaitState]
-    peer: Optional[int] = None  # the other end of a send/recv, when known
-    error: Optional[str] = None
+    coords: dict[str, int] | None
+    op: str | None
+    site: Site | None
+    stack: int | None
+    wait: WaitState | None
+    peer: int | None = None  # the other end of a send/recv, when known
+    error: str | None = None
 
 
 class SiteGroup(Record, frozen=True, omit_defaults=False):
     """Ranks that wait in the same op at the same site (op None: in no collective at that user frame; then
     ``wait`` is what they wait on there, e.g. ``host_sync``, or ``running``)."""
 
-    op: Optional[str]
-    site: Optional[Site]
+    op: str | None
+    site: Site | None
     ranks: tuple[int, ...]
-    wait: Optional[str] = None
+    wait: str | None = None
 
 
 class Mismatch(Record, frozen=True, kw_only=True, omit_defaults=False):
     """A process-group instance that only some of its members entered at a site."""
 
     op: str
-    site: Optional[Site]
+    site: Site | None
     group: str
     members: tuple[int, ...]
     entered: tuple[int, ...]
     absent: tuple[int, ...]
-    gate: Optional[dict[str, int]]
+    gate: dict[str, int] | None
     absent_doing: dict[int, str] = {}  # rank -> "all_gather in ring_attention", by rank
     role: Role = Role.ROOT
     # How the group kind was found: known-site | flight-recorder | unique-fit | guess; every kind that fit.
@@ -81,10 +81,10 @@ class Mismatch(Record, frozen=True, kw_only=True, omit_defaults=False):
     # strong: several ranks on each side split cleanly along the gate; weak: one rank alone, or other
     # coordinate conditions separate the sides as well (``gate_alternatives``): data-dependent divergence
     # (a loop that ran once more on some ranks) fits just as well.
-    gate_strength: Optional[GateStrength] = None
+    gate_strength: GateStrength | None = None
     gate_alternatives: tuple[dict[str, int], ...] = ()
     source: Source = Source.STACKS
-    seq: Optional[int] = None  # the Flight Recorder's collective sequence number in the group, when known
+    seq: int | None = None  # the Flight Recorder's collective sequence number in the group, when known
 
 
 class Finding(Record, frozen=True, kw_only=True):
@@ -93,7 +93,7 @@ class Finding(Record, frozen=True, kw_only=True):
     id: str
     ranks: tuple[int, ...]
     summary: str
-    remedy: Optional[str]
+    remedy: str | None
     details: dict[str, Any] = {}
 
 
@@ -101,9 +101,9 @@ class Report(Record, frozen=True, kw_only=True, tag_field="schema", tag=REPORT_S
     """The diagnosis. ``verdict``: ok | problem | incomplete. ``stacks``: each distinct stack once."""
 
     verdict: Verdict
-    world_size: Optional[int]
-    layout: Optional[dict[str, Any]]
-    layout_source: Optional[str]
+    world_size: int | None
+    layout: dict[str, Any] | None
+    layout_source: str | None
     ranks: tuple[RankView, ...]
     stacks: tuple[Stack, ...]
     sites: tuple[SiteGroup, ...]
@@ -111,9 +111,9 @@ class Report(Record, frozen=True, kw_only=True, tag_field="schema", tag=REPORT_S
     findings: tuple[Finding, ...]
     notes: tuple[str, ...]  # what is missing or uncertain, in plain words
     # Optional sections (``model.sections``), present when their evidence was there.
-    progress: Optional[Progress] = None
-    flight_recorder: Optional[FlightRecorderSection] = None
-    watchdog: Optional[WatchdogSection] = None
+    progress: Progress | None = None
+    flight_recorder: FlightRecorderSection | None = None
+    watchdog: WatchdogSection | None = None
 
     def stack_of(self, view: RankView) -> Stack:
         """The frames of ``view``'s stack, innermost first (empty when none was read)."""

@@ -11,7 +11,7 @@ analysis objects write: the fields every renderer reads (``lines``) and that use
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from mtpdiag.model.fields import Record
 from mtpdiag.model.watchdog import LoggedTimeout
@@ -41,8 +41,8 @@ class FlightRecorderSection(Record, frozen=True, kw_only=True):
     disagreements: tuple[str, ...]
     notes: tuple[str, ...]
     lines: tuple[str, ...]
-    divergences: Optional[tuple[Json, ...]] = None  # per group, the first sequence number where members disagree
-    unmatched_p2p: Optional[tuple[Json, ...]] = None
+    divergences: tuple[Json, ...] | None = None  # per group, the first sequence number where members disagree
+    unmatched_p2p: tuple[Json, ...] | None = None
 
 
 class WatchdogSection(Record, frozen=True):

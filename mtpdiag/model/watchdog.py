@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from mtpdiag.model.fields import Record, as_json_value
 
 
@@ -52,22 +50,22 @@ class LoggedTimeout(Record, frozen=True, kw_only=True, omit_defaults=False):
     """One timed-out work in the report (``watchdog.timeouts``): ``WatchdogTimeout`` with its group flattened."""
 
     line: int
-    rank: Optional[int]
-    pg_id: Optional[int]
-    pg_name: Optional[str]
-    pg_desc: Optional[str]
-    group_rank: Optional[int]
+    rank: int | None
+    pg_id: int | None
+    pg_name: str | None
+    pg_desc: str | None
+    group_rank: int | None
     seq: int
     op_type: str
     op: str
-    numel_in: Optional[int]
-    numel_out: Optional[int]
-    timeout_ms: Optional[int]
-    ran_for_ms: Optional[int]
+    numel_in: int | None
+    numel_out: int | None
+    timeout_ms: int | None
+    ran_for_ms: int | None
     blocking_wait: bool
-    last_enqueued: Optional[int]
-    last_started: Optional[int]
-    last_completed: Optional[int]
+    last_enqueued: int | None
+    last_started: int | None
+    last_completed: int | None
 
 
 class WatchdogStatus(Record, frozen=True, kw_only=True):

@@ -40,8 +40,9 @@ def render(report: Report, fmt: str, *, color: bool = False, width: int = 120) -
     renderer = RENDERERS[fmt]
     module = importlib.import_module(f"mtpdiag.report.{renderer.module}")
     if renderer.terminal:
-        return module.render(report, color=color, width=width)
-    text = module.render(report)
+        printed: str = module.render(report, color=color, width=width)
+        return printed
+    text: str = module.render(report)
     return text if text.endswith("\n") else text + "\n"
 
 

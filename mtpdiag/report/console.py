@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from typing import Mapping
+from collections.abc import Mapping
 
 from rich.console import Console
 from rich.table import Table
@@ -68,7 +68,7 @@ def print_report(console: Console, report: Report) -> None:
         for m in roots + [m for m in report.mismatches if m.role != "root"]:
             tag = "" if m.role == "root" else "(consequence) "
             console.print(Text(f"- {tag}{words.mismatch_sentence(m, views, layout)}",
-                               style=None if m.role == "root" else "dim"))
+                               style="" if m.role == "root" else "dim"))
 
     if report.sites:
         console.print()
@@ -93,14 +93,14 @@ def print_report(console: Console, report: Report) -> None:
     if fr is not None:
         console.print()
         console.print(Text("Flight Recorder", style="bold underline"))
-        for line in fr.lines:
-            console.print(Text(line, style="yellow" if line.startswith("disagreement") else None))
+        for said in fr.lines:
+            console.print(Text(said, style="yellow" if said.startswith("disagreement") else ""))
     watchdog = report.watchdog
     if watchdog is not None:
         console.print()
         console.print(Text("NCCL watchdog timeouts (log)", style="bold underline"))
-        for line in watchdog.lines[:MAX_LOG_LINES]:
-            console.print(Text(line))
+        for said in watchdog.lines[:MAX_LOG_LINES]:
+            console.print(Text(said))
         if len(watchdog.lines) > MAX_LOG_LINES:
             console.print(Text(f"… and {len(watchdog.lines) - MAX_LOG_LINES} more in the JSON", style="dim"))
     if report.notes:
@@ -142,29 +142,30 @@ def _waits_table(report: Report) -> Table | None:
 
 def _grid(report: Report) -> Table | Text | None:
     """pp stages × (dp, cp, tp) cells, each showing the rank and coloured by its site group."""
-    views = [v for v in report.ranks if v.rank is not None and v.coords]
-    if not report.layout or not views:
+    placed = [(v, v.rank, v.coords) for v in report.ranks if v.rank is not None and v.coords]
+    if not report.layout or not placed:
         return None
-    if len(views) > GRID_MAX_CELLS:
-        return Text(f"rank grid omitted for {len(views)} ranks (over {GRID_MAX_CELLS}); use --html",
+    if len(placed) > GRID_MAX_CELLS:
+        return Text(f"rank grid omitted for {len(placed)} ranks (over {GRID_MAX_CELLS}); use --html",
                     style="dim")
     by_rank = site_groups_by_rank(report)
-    columns = sorted({_column_key(v.coords) for v in views})
-    stages = sorted({v.coords["pp"] for v in views})
+    columns = sorted({_column_key(coords) for _, _, coords in placed})
+    stages = sorted({coords["pp"] for _, _, coords in placed})
     table = Table(title="Rank grid (letter = site group)", title_justify="left")
     table.add_column("", no_wrap=True)
     for col in columns:
-        table.add_column(coords_label(dict(zip(COLUMN, col)), keys=COLUMN), no_wrap=True, justify="center")
-    cells: dict[tuple[int, tuple[int, int, int]], RankView] = {
-        (v.coords["pp"], _column_key(v.coords)): v for v in views}
+        table.add_column(coords_label(dict(zip(COLUMN, col, strict=True)), keys=COLUMN), no_wrap=True, justify="center")
+    cells: dict[tuple[int, tuple[int, int, int]], tuple[RankView, int]] = {
+        (coords["pp"], _column_key(coords)): (v, rank) for v, rank, coords in placed}
     for stage in stages:
         row: list[Text] = [Text(f"pp{stage}", style="bold")]
         for col in columns:
-            v = cells.get((stage, col))
-            if v is None:
+            cell = cells.get((stage, col))
+            if cell is None:
                 row.append(Text("·", style="dim"))
                 continue
-            group = by_rank.get(v.rank)
+            v, rank = cell
+            group = by_rank.get(rank)
             letter = group_letter(group) if group is not None else "?"
             style = PALETTE[group % len(PALETTE)] if group is not None else "dim"
             mark = {"stopped": " T", "gone": " ✗", "unreadable": " ?"}.get(v.state, "")

@@ -13,14 +13,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from functools import lru_cache
+from collections.abc import Iterable, Mapping
+from functools import cache
 from html import escape
 from importlib import resources
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from mtpdiag import __version__
 from mtpdiag.layout import DEFAULT_ORDER, LayoutError, ParallelLayout
-from mtpdiag.model import Frame, RankView, Report
+from mtpdiag.model import Frame, Mismatch, RankView, Report
 from mtpdiag.report import words
 from mtpdiag.report.console import COLUMN, group_letter
 from mtpdiag.vocabulary.labels import coords_label
@@ -107,7 +108,7 @@ def _mismatches(report: Report, views: Mapping[int, RankView]) -> str:
     ordered = [m for m in report.mismatches if m.role == "root"] + \
               [m for m in report.mismatches if m.role != "root"]
 
-    def item(m) -> str:
+    def item(m: Mismatch) -> str:
         root = m.role == "root"
         tag = "" if root else "<em>(consequence)</em> "
         return (f'<li data-testid=mismatch class="{"root" if root else "consequence"}">'
@@ -151,7 +152,7 @@ def _layout_grid(report: Report, group_of: Mapping[int, int]) -> str | None:
     index = {v.rank: i for i, v in enumerate(report.ranks) if v.rank is not None and v.coords}
     if not index:
         return None
-    coords = {r: report.ranks[i].coords for r, i in index.items()}
+    coords: dict[int, Mapping[str, int]] = {v.rank: v.coords for v in report.ranks if v.rank is not None and v.coords}
     if report.world_size and len(coords) < report.world_size:
         coords.update({r: c for r, c in _layout_coords(report).items() if r not in coords})
     cell_at = {(c["pp"], (c.get("dp", 0), c.get("cp", 0), c.get("tp", 0))): r for r, c in coords.items()}
@@ -170,7 +171,7 @@ def _layout_grid(report: Report, group_of: Mapping[int, int]) -> str | None:
     if len(columns) <= TABLE_MAX_COLUMNS and len(cell_at) <= TABLE_MAX_CELLS:
         out = [f'<div class=tbl style="grid-template-columns:auto repeat({len(columns)},minmax(4.2em,auto))">',
                "<span></span>"]
-        out += [f"<span class=colh>{coords_label(dict(zip(COLUMN, col)), keys=COLUMN, sep='<br>')}</span>"
+        out += [f"<span class=colh>{coords_label(dict(zip(COLUMN, col, strict=True)), keys=COLUMN, sep='<br>')}</span>"
                 for col in columns]
         for stage in stages:
             out.append(f"<span class=rowh>pp{stage}</span>")
@@ -357,7 +358,7 @@ def _sha256(text: str) -> str:
     return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
 
 
-@lru_cache(maxsize=None)
+@cache
 def asset(name: str) -> str:
     """A file of ``report/assets`` (package data: the page's CSS and script), as text."""
-    return resources.files("mtpdiag.report").joinpath("assets", name).read_text(encoding="utf-8")
+    return (resources.files("mtpdiag.report") / "assets" / name).read_text(encoding="utf-8")

@@ -7,6 +7,7 @@ naming its own by index.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import msgspec
 
@@ -32,6 +33,7 @@ def render(report: Report) -> str:
     return msgspec.json.format(text, indent=2) if len(report.ranks) <= INDENT_MAX_RANKS else text
 
 
-def to_dict(report: Report) -> dict:
+def to_dict(report: Report) -> dict[str, Any]:
     """The report as the JSON document's Python value (what ``json.loads(render(report))`` gives)."""
-    return json.loads(encode(report))
+    value: dict[str, Any] = json.loads(encode(report))
+    return value

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from mtpdiag.model import Report
 from mtpdiag.report import words
 from mtpdiag.vocabulary.groups import COORDINATES
@@ -60,6 +62,6 @@ def _cell(text: str) -> str:
             .replace("<", "&lt;").replace(">", "&gt;"))
 
 
-def _ranks(ranks) -> str:
+def _ranks(ranks: Iterable[int]) -> str:
     ranks = list(ranks)
     return f"[{rank_list(ranks, 16)}]" + (f" ({len(ranks)} ranks)" if len(ranks) > 16 else "")

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Iterable, Mapping
 
 from mtpdiag.analysis.findings import provenance
 from mtpdiag.analysis.gate import describe_gate, gate_terms
 from mtpdiag.model import Mismatch, RankView, Report, Site
 from mtpdiag.vocabulary.groups import COORDINATES, GROUP_NAMES
 from mtpdiag.vocabulary.labels import coords_label, rank_list
-
-
 
 
 def site_label(site: Site | None) -> str:
@@ -103,7 +101,7 @@ def layout_line(report: Report) -> str:
     return f"layout: {sizes}{source}"
 
 
-def rank_runs(ranks, limit: int = 12) -> str:
+def rank_runs(ranks: Iterable[int], limit: int = 12) -> str:
     """Compact rank list: ``0-3, 8, 10``, cut after ``limit`` runs with the total count."""
     return rank_list(ranks, limit, runs=True, more=", … ({n} ranks)")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from mtpdiag.vocabulary.groups import COORDINATES
 
@@ -33,6 +33,11 @@ def rank_list(ranks: Iterable[int], limit: int | None = None, *, runs: bool = Fa
     return sep.join(items[:limit if show is None else show]) + more.format(n=len(ranks))
 
 
+def _above_one(size: object) -> bool:
+    """A parallel size (an int, or its text in a config) above 1."""
+    return isinstance(size, (int, str)) and int(size or 1) > 1
+
+
 def coords_label(coords: Mapping[str, int] | None, sizes: Mapping[str, object] | None = None,
                  keys: Sequence[str] | None = None, sep: str = " ") -> str:
     """``tp0 cp1 pp1``: tp, cp and pp always, ep and dp when ``sizes`` says theirs is above 1; or exactly
@@ -41,5 +46,5 @@ def coords_label(coords: Mapping[str, int] | None, sizes: Mapping[str, object] |
         return ""
     if keys is None:
         keys = [k for k in COORDINATES if k in coords and
-                (k in ALWAYS_SHOWN or (sizes and int(sizes.get(k, 1) or 1) > 1))]  # type: ignore[arg-type]
+                (k in ALWAYS_SHOWN or (sizes and _above_one(sizes.get(k))))]
     return sep.join(f"{k}{coords[k]}" for k in keys)

@@ -10,7 +10,8 @@ this one rule, so a site named from a dump and one named from a stack are the sa
 from __future__ import annotations
 
 import re
-from typing import Iterable, Protocol, Sequence, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Protocol, TypeVar
 
 _PACKAGE_ROOTS = ("/site-packages/", "/dist-packages/")
 # Files whose frames are plumbing between a collective and the code that called it.
@@ -27,9 +28,14 @@ _INT_LITERAL = re.compile(r"-?[0-9]{1,19}")  # ASCII and bounded: int() refuses 
 
 
 class FrameLike(Protocol):
-    file: str
-    line: int
-    function: str
+    """A frame or a site: read-only, so frozen records fit."""
+
+    @property
+    def file(self) -> str: ...
+    @property
+    def line(self) -> int: ...
+    @property
+    def function(self) -> str: ...
 
 
 F = TypeVar("F", bound=FrameLike)

@@ -13,7 +13,7 @@ else:  # pragma: no cover - Python 3.10
         """``enum.StrEnum`` of Python 3.11: ``str()``, ``format()`` and ``hash()`` are the value's."""
 
         __str__ = str.__str__
-        __format__ = str.__format__
+        __format__ = str.__format__  # type: ignore[assignment]
 
         def __hash__(self) -> int:
             return str.__hash__(self)

@@ -32,7 +32,7 @@ SELF_INFLICTED = frozenset({WaitKind.RUNNING, WaitKind.DATA_LOADER, WaitKind.LOC
                             WaitKind.UNKNOWN})
 
 # How each kind reads in a sentence: "rank 3 is <phrase> in load_batch (worker.py:40)".
-WAIT_PHRASES = {
+WAIT_PHRASES: dict[str, str] = {
     WaitKind.COLLECTIVE: "waiting in a collective",
     WaitKind.HOST_SYNC: "waiting on the device at a host sync",
     WaitKind.COMM_INIT: "creating a communicator",

@@ -15,8 +15,8 @@ did). Adding a finding is a builder in the module of its family and one line her
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 from mtpdiag.analysis.findings import blocked, collectives, p2p, world
 from mtpdiag.analysis.findings.facts import Facts

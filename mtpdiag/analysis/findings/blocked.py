@@ -4,7 +4,8 @@ says who waits on them; without one, a rank that holds up a world waiting in col
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from mtpdiag.analysis.causes import Causes, Waiter, holds_up
 from mtpdiag.analysis.findings.facts import Facts, Mode
@@ -92,8 +93,8 @@ def _blocked(causes: Causes, views: Mapping[int, RankView], layout: ParallelLayo
     return out
 
 
-def _waiting_details(waiters: Sequence[Waiter], causes: Causes) -> list[dict]:
-    out = []
+def _waiting_details(waiters: Sequence[Waiter], causes: Causes) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     for w in waiters[:16]:
         if w.mismatch is not None:
             m = causes.mismatches[w.mismatch]
@@ -130,15 +131,15 @@ def frozen_remedy(state: str, ranks: Sequence[int], views: Mapping[int, RankView
 def _layout_free(views: Sequence[RankView]) -> list[Finding]:
     """Without a layout: stopped ranks while others wait, or ranks that hold up the rest while all others
     wait in collectives."""
-    ranked = [v for v in views if v.rank is not None]
-    by_rank = {v.rank: v for v in ranked}
-    waiting = [v.rank for v in ranked if v.state == "collective"]
+    ranked = [(v.rank, v) for v in views if v.rank is not None]
+    by_rank = dict(ranked)
+    waiting = [r for r, v in ranked if v.state == "collective"]
     out = []
     frozen: dict[str, list[int]] = {}
-    for v in ranked:
+    for r, v in ranked:
         if v.state in ("stopped", "gone", "unreadable"):
-            frozen.setdefault(v.state, []).append(v.rank)
-    held = [v.rank for v in ranked if v.state in ("running", "waiting") and holds_up(v)]
+            frozen.setdefault(v.state, []).append(r)
+    held = [r for r, v in ranked if v.state in ("running", "waiting") and holds_up(v)]
     words = Words(None)
     if waiting:
         for state, ranks in frozen.items():
@@ -149,7 +150,7 @@ def _layout_free(views: Sequence[RankView]) -> list[Finding]:
                          "(no layout: groups unknown)"),
             ))
     if held and waiting and len(held) + len(waiting) == len(ranked):
-        kinds = list(dict.fromkeys(by_rank[r].wait.kind if by_rank[r].wait else "running" for r in held))
+        kinds = list(dict.fromkeys(w.kind if (w := by_rank[r].wait) else "running" for r in held))
         what = WAIT_PHRASES.get(kinds[0], kinds[0]) if len(kinds) == 1 else "outside any collective"
         out.append(Finding(
             id=FindingId.STRAGGLER, ranks=tuple(held),

@@ -3,11 +3,19 @@ entered differently (``size-mismatch``, ``dtype-mismatch``). Only root splits ge
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from mtpdiag.analysis.findings.facts import Facts
-from mtpdiag.analysis.findings.words import (TRACKER_WORDS, Words, doing_phrase, gate_source_phrase, grouped,
-                                             groups_phrase, union)
+from mtpdiag.analysis.findings.words import (
+    TRACKER_WORDS,
+    Words,
+    doing_phrase,
+    gate_source_phrase,
+    grouped,
+    groups_phrase,
+    union,
+)
+from mtpdiag.analysis.flight_recorder.evidence import SizeProblem
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, signature_of, skip_of
 from mtpdiag.layout import ParallelLayout
@@ -97,7 +105,7 @@ def dtype_mismatches(facts: Facts, found: Sequence[Finding] = ()) -> list[Findin
     return _size_findings([p for p in facts.size_problems if p.problem != "sizes"], facts.layout)
 
 
-def _size_findings(problems: Sequence, layout: ParallelLayout | None) -> list[Finding]:
+def _size_findings(problems: Sequence[SizeProblem], layout: ParallelLayout | None) -> list[Finding]:
     """Every member entered the same collective, with different sizes or dtypes (``fr_evidence.SizeProblem``).
 
     NCCL does not check: it hangs, or reduces garbage. Megatron-LM #3400: the MoE aux-loss tracker held 14

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from mtpdiag.analysis.causes import P2PWait
 from mtpdiag.analysis.findings.facts import Facts, Mode

@@ -4,7 +4,8 @@ from, how strong a gate is, and the hints on what to collect next."""
 from __future__ import annotations
 
 import os
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.analysis.known_sites import is_mtp_site
@@ -12,6 +13,9 @@ from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
 from mtpdiag.vocabulary.groups import GROUP_NAMES
 from mtpdiag.vocabulary.labels import rank_list
+
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 SHOW = 6  # ranks named in a summary before "…"
 # Megatron's metric trackers other than MTP that hang the same way: what to call them, and the fix.
@@ -79,7 +83,7 @@ class Words:
         return one if len(ranks) == 1 else many
 
 
-def groups_phrase(kind: str, instances: Sequence[Mismatch], words: "Words") -> str:
+def groups_phrase(kind: str, instances: Sequence[Mismatch], words: Words) -> str:
     """``the DP×CP group [2, 3]``, ``the TP groups [0, 1] and [2, 3]``, ``4096 CP groups ([0, 1], …)``,
     followed by where the group kind came from when it was not the known-site table."""
     name = words.group(kind)
@@ -158,8 +162,8 @@ def union(values: Iterable[Sequence[int]]) -> tuple[int, ...]:
     return tuple(sorted({r for v in values for r in v}))
 
 
-def grouped(items: Iterable, key) -> dict:
-    out: dict = {}
+def grouped(items: Iterable[T], key: Callable[[T], K]) -> dict[K, list[T]]:
+    out: dict[K, list[T]] = {}
     for item in items:
         out.setdefault(key(item), []).append(item)
     return out

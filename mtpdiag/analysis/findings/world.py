@@ -3,10 +3,12 @@ that all wait at one number) and ``unexplained-wait``, the finding of an incompl
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from mtpdiag.analysis.findings.facts import Facts
 from mtpdiag.analysis.findings.words import FLIGHT_RECORDER_HINT, FR_HOW, Words, union
+from mtpdiag.analysis.flight_recorder.evidence import StuckGroup
 from mtpdiag.analysis.wait import is_stuck
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Finding, RankView
@@ -53,7 +55,7 @@ def missing_finding(missing: Sequence[int], world_size: int, waited_on: Iterable
                f"{words.verb(missing, 'was', 'were')} not captured")
     if waited:
         summary += f"; {words.ranks(waited)} {words.verb(waited, 'is', 'are')} waited on by others"
-    details: dict = {"missing": list(missing), "world_size": world_size}
+    details: dict[str, Any] = {"missing": list(missing), "world_size": world_size}
     if layout is not None:
         details["coords"] = {str(r): layout.coords(r) for r in missing if r < layout.world_size}
     return Finding(
@@ -89,11 +91,10 @@ def unexplained_wait_finding(stuck: Sequence[RankView], layout_known: bool, fr_f
     words = Words(None)
     by_kind: dict[str, list[RankView]] = {}
     for view in stuck:
-        kind = view.wait.kind if view.wait is not None else view.state
-        by_kind.setdefault(kind, []).append(view)
+        by_kind.setdefault(view.wait.kind if view.wait is not None else view.state, []).append(view)
     parts = []
     for kind, views in sorted(by_kind.items(), key=lambda item: (-len(item[1]), item[0])):
-        ranks = sorted(v.rank for v in views if v.rank is not None)
+        who = sorted(v.rank for v in views if v.rank is not None)
         sites = list(dict.fromkeys(words.where(v.site) for v in views if v.site is not None))
         where = f" ({'; '.join(sites[:2])}{'; …' if len(sites) > 2 else ''})" if sites else ""
         phrase = WAIT_PHRASES.get(kind, kind).replace("waiting", "wait", 1)
@@ -101,11 +102,11 @@ def unexplained_wait_finding(stuck: Sequence[RankView], layout_known: bool, fr_f
             ops = list(dict.fromkeys(v.op for v in views if v.op))
             phrase = f"wait in {', '.join(ops[:3])}"
         elif kind in ("stopped", "gone", "unreadable"):
-            phrase = f"are {kind}" if len(ranks) != 1 else f"is {kind}"
+            phrase = f"are {kind}" if len(who) != 1 else f"is {kind}"
         elif kind == "running":
             phrase = ("on the CPU in their own code (a busy step, or a wait that spins: one dump cannot tell "
                       "them apart)")
-        parts.append(f"{words.ranks(ranks)} {phrase}{where}")
+        parts.append(f"{words.ranks(who)} {phrase}{where}")
     ranks = tuple(sorted(v.rank for v in stuck if v.rank is not None))
     kinds = set(by_kind)
     if kinds == {"collective"} and not layout_known:
@@ -139,7 +140,7 @@ def unexplained_wait_finding(stuck: Sequence[RankView], layout_known: bool, fr_f
     )
 
 
-def stuck_groups_finding(stuck: Sequence) -> Finding:
+def stuck_groups_finding(stuck: Sequence[StuckGroup]) -> Finding:
     """The Flight Recorder shows groups whose every member waits at one collective, and nothing split."""
     ranks = union(s.members for s in stuck)
     first = stuck[0]

@@ -13,8 +13,14 @@ from mtpdiag.analysis.flight_recorder.correlate import correlate, ops_match
 from mtpdiag.analysis.flight_recorder.match import match_groups, mismatches
 from mtpdiag.analysis.flight_recorder.order import AbsentWhy
 from mtpdiag.analysis.flight_recorder.progress import GroupProgress, group_progress
-from mtpdiag.analysis.flight_recorder.results import (Divergence, FRAnalysis, FRCallSplit, GroupMatch, P2PMismatch,
-                                                      RankAt)
+from mtpdiag.analysis.flight_recorder.results import (
+                                                      Divergence,
+                                                      FRAnalysis,
+                                                      FRCallSplit,
+                                                      GroupMatch,
+                                                      P2PMismatch,
+                                                      RankAt,
+)
 
 __all__ = [
     "AbsentWhy", "Divergence", "FRAnalysis", "FRCallSplit", "GroupMatch", "GroupProgress", "P2PMismatch", "RankAt",

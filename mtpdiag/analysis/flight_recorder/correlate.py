@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from mtpdiag.analysis.flight_recorder.progress import (
     GroupProgress,
@@ -17,6 +18,9 @@ from mtpdiag.vocabulary.groups import COORDINATES, MEGATRON_GROUP_KINDS
 from mtpdiag.vocabulary.labels import rank_list
 from mtpdiag.vocabulary.ops import P2P_CALLS, RECORDED_FOR
 
+if TYPE_CHECKING:
+    from mtpdiag.layout import ParallelLayout
+
 MAX_LINES = 20
 
 
@@ -29,7 +33,7 @@ def correlate(report: Report, fr: FRDump) -> FlightRecorderSection:
     ``evidence.section`` adds each group's divergence). ``lines`` tell the same story in plain words."""
     progress = group_progress(fr)
     disagreements = conflicting_memberships(fr) + _layout_conflicts(report, recorded_groups(fr).values())
-    matched = []
+    matched: list[dict[str, Any]] = []
     for m in report.mismatches:
         view, lines = _match_mismatch(m, progress, fr)
         matched.append(view)
@@ -113,11 +117,11 @@ def _layout_conflicts(report: Report, groups: Iterable[FRGroup]) -> list[str]:
     return lines
 
 
-def _layout_text(layout) -> str:
+def _layout_text(layout: ParallelLayout) -> str:
     return " ".join(f"{k}={getattr(layout, k)}" for k in COORDINATES)
 
 
-def _layout(report: Report):
+def _layout(report: Report) -> ParallelLayout | None:
     if not report.layout:
         return None
     from mtpdiag.layout import LayoutError, ParallelLayout
@@ -166,7 +170,8 @@ def _rank_checks(report: Report, fr: FRDump) -> tuple[list[str], list[str]]:
     return lines, notes
 
 
-def _lines(fr: FRDump, progress, matched, disagreements, notes) -> list[str]:
+def _lines(fr: FRDump, progress: Sequence[GroupProgress], matched: Sequence[Mapping[str, Any]],
+           disagreements: Sequence[str], notes: Sequence[str]) -> list[str]:
     dumped = [d.rank for d in fr.ranks]
     out = [f"Flight Recorder: {len(dumped)} dump(s), rank(s) {_ranks_text(dumped)}, from {fr.source}"]
     for g in progress:

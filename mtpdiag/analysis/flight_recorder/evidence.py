@@ -18,8 +18,8 @@ Stacks say where each rank is now; the recorder says which collective hangs. Whe
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from mtpdiag.analysis.flight_recorder.correlate import correlate
 from mtpdiag.analysis.flight_recorder.match import match_groups
@@ -65,11 +65,14 @@ class StuckGroup:
     site: Site | None
 
 
+SplitKey = tuple[object, ...]  # what makes two reports of a split the same split (``mismatch_key``)
+
+
 @dataclass(frozen=True)
 class FREvidence:
     analysis: FRAnalysis
     mismatches: tuple[Mismatch, ...]
-    root_hints: frozenset[tuple]  # mismatch keys the recorder's program order makes a root
+    root_hints: frozenset[SplitKey]  # mismatch keys the recorder's program order makes a root
     size_problems: tuple[SizeProblem, ...]
     stuck: tuple[StuckGroup, ...]
     pending: Mapping[int, str]  # rank -> its oldest pending op, in words
@@ -138,11 +141,11 @@ def layout_members(fr: FRDump, layout: ParallelLayout | None) -> dict[str, tuple
 def fold(fr: FRDump, layout: ParallelLayout | None, coords_of: CoordsOf | None) -> FREvidence:
     """The recorder's splits, size problems, stuck groups and pending ops, ready for ``diagnose``."""
     analysis = match_groups(fr, layout_members(fr, layout))
-    hints: set[tuple] = set()
+    hints: set[SplitKey] = set()
     sizes: list[SizeProblem] = []
     # Splits of one call (op and site) in several instances of a group kind share one gate, read over all of
     # them, as the stacks' analysis does: two pipeline groups with one rank on each side are two and two.
-    by_call: dict[tuple, list[tuple[Divergence, FRCallSplit, str, GroupFrom, tuple[str, ...]]]] = {}
+    by_call: dict[tuple[str, Site | None, str], list[tuple[Divergence, FRCallSplit, str, GroupFrom, tuple[str, ...]]]] = {}
     for d in analysis.divergences:
         kind, group_from, candidates = _kind_of(d, layout)
         splits = [c for c in d.calls if c.absent]

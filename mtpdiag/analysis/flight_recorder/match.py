@@ -18,18 +18,33 @@ see ``order``). Point-to-point ops are matched per pair of ranks instead (``P2PM
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from mtpdiag.analysis.flight_recorder.order import BEHIND, SHIFTED, SKIPPED, AbsentWhy, RankIndex, absent_why
 from mtpdiag.analysis.flight_recorder.progress import group_sort_key
-from mtpdiag.analysis.flight_recorder.results import (Divergence, FRAnalysis, FRCallSplit, GroupMatch, P2PMismatch,
-                                                      RankAt, culprits, signature, size_key)
+from mtpdiag.analysis.flight_recorder.results import (
+    Divergence,
+    FRAnalysis,
+    FRCallSplit,
+    GroupMatch,
+    P2PMismatch,
+    RankAt,
+    Signature,
+    culprits,
+    signature,
+    size_key,
+)
 from mtpdiag.inputs.flight_recorder.calls import Call, group_calls
 from mtpdiag.model import Mismatch, Site
-from mtpdiag.model.flight_recorder import FRDump, FREntry
+from mtpdiag.model.flight_recorder import FRDump, FREntry, FRRankDump
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
+from mtpdiag.vocabulary.states import Role
 
 MISSING, OP_TYPE, SIZES, DTYPES = "missing_ranks", "op_type", "sizes", "dtypes"
+
+Calls = Mapping[int, Mapping[str, tuple[Call, ...]]]  # rank -> group name -> its calls, in record order
+Indexes = Mapping[int, RankIndex]  # rank -> its record in program order
+Seqs = Mapping[int, Mapping[int, Call]]  # rank -> collective sequence number -> the call
 
 
 def match_groups(fr: FRDump, members: Mapping[str, Iterable[int]] | None = None) -> FRAnalysis:
@@ -57,21 +72,21 @@ def match_groups(fr: FRDump, members: Mapping[str, Iterable[int]] | None = None)
 
 def mismatches(analysis: FRAnalysis) -> tuple[Mismatch, ...]:
     """Every split of every divergence as mtpdiag's ``Mismatch`` (gate left to the layout's analysis)."""
-    out = []
+    out: list[Mismatch] = []
     for d in analysis.divergences:
         for c in d.calls:
             if not c.absent:
                 continue  # every member entered: a sizes/dtypes divergence, not a split group
             out.append(Mismatch(op=c.op, site=c.site, group=d.kind or d.desc or d.group, members=d.members,
                                 entered=c.entered, absent=c.absent, gate=None, absent_doing=dict(c.absent_doing),
-                                role="consequence" if c.role == "consequence" else "root"))
+                                role=Role.CONSEQUENCE if c.role == "consequence" else Role.ROOT))
     return tuple(out)
 
 
 # ---------------------------------------------------------------- one group
 
 
-def _calls_by_group(dump) -> dict[str, tuple[Call, ...]]:
+def _calls_by_group(dump: FRRankDump) -> dict[str, tuple[Call, ...]]:
     names = {e.group for e in dump.entries}
     return {name: group_calls(dump, name) for name in names}
 
@@ -93,7 +108,8 @@ def _configured(fr: FRDump) -> tuple[dict[str, tuple[int, ...]], list[str]]:
     return out, notes
 
 
-def _match_group(name, desc, members, source, fr, calls, indexes) -> GroupMatch:
+def _match_group(name: str, desc: str, members: tuple[int, ...], source: str, fr: FRDump, calls: Calls,
+                 indexes: Indexes) -> GroupMatch:
     seqs: dict[int, dict[int, Call]] = {}
     entered: dict[int, int] = {}
     completed: dict[int, int] = {}
@@ -146,8 +162,10 @@ def _problems(here: Mapping[int, Call], missing: tuple[int, ...]) -> tuple[str, 
     return tuple(out)
 
 
-def _divergence(name, desc, members, source, k, problems, here, missing, no_dump, seqs, entered, completed,
-                calls, indexes) -> Divergence:
+def _divergence(name: str, desc: str, members: tuple[int, ...], source: str, k: int, problems: tuple[str, ...],
+                here: Mapping[int, Call], missing: tuple[int, ...], no_dump: tuple[int, ...], seqs: Seqs,
+                entered: Mapping[int, int], completed: Mapping[int, int], calls: Calls,
+                indexes: Indexes) -> Divergence:
     ranks = tuple(_rank_at(r, k, here, seqs, entered, completed, indexes) for r in members)
     keys: dict[tuple[str, Site | None], list[int]] = {}
     for r, c in sorted(here.items()):
@@ -164,7 +182,7 @@ def _divergence(name, desc, members, source, k, problems, here, missing, no_dump
                 why[a] = absent_why([(indexes[r], here[r]) for r in who], indexes[a], later, here.get(a))
         splits.append(FRCallSplit(op=op, profiling_name=call.profiling_name, site=site, entered=tuple(who),
                                   absent=absent, absent_doing=doing, why=why, role=_role(absent, why)))
-    counts: dict[tuple, list[int]] = {}
+    counts: dict[Signature, list[int]] = {}
     for r, c in sorted(here.items()):
         counts.setdefault(signature(c), []).append(r)
     reference = sorted(counts.values(), key=lambda rs: (-len(rs), rs[0]))[0][0]
@@ -185,7 +203,8 @@ def _role(absent: tuple[int, ...], why: Mapping[int, AbsentWhy]) -> str:
     return "unknown"
 
 
-def _rank_at(r, k, here, seqs, entered, completed, indexes) -> RankAt:
+def _rank_at(r: int, k: int, here: Mapping[int, Call], seqs: Seqs, entered: Mapping[int, int],
+             completed: Mapping[int, int], indexes: Indexes) -> RankAt:
     if r not in indexes:
         return RankAt(rank=r, call=None, state="no dump", last_entered=0, last_completed=0,
                       doing="no Flight Recorder dump")
@@ -212,7 +231,7 @@ def _doing(a: int, k: int, here: Mapping[int, Call], ranks: tuple[RankAt, ...]) 
 # ---------------------------------------------------------------- point to point
 
 
-def _match_p2p(g: GroupMatch, calls, indexes) -> list[P2PMismatch]:
+def _match_p2p(g: GroupMatch, calls: Calls, indexes: Indexes) -> list[P2PMismatch]:
     """Pending sends and receives of one group, paired in order per (sender, receiver)."""
     pending: dict[tuple[str, int, int], list[FREntry]] = {}
     for r in g.members:
@@ -234,8 +253,9 @@ def _match_p2p(g: GroupMatch, calls, indexes) -> list[P2PMismatch]:
                 continue  # a matched pair is reported once, from the sender's side
             if other is not None and e.input_numel == other.output_numel:
                 continue
+            latest = indexes[peer].latest() if peer in indexes else None
             doing = ("no Flight Recorder dump" if peer not in indexes
-                     else _entry_text(indexes[peer].latest()) if indexes[peer].latest() else "recorded no op")
+                     else _entry_text(latest) if latest else "recorded no op")
             out.append(P2PMismatch(group=g.name, desc=g.desc, kind="sizes" if other is not None else "unmatched",
                                    op=op, rank=me, peer=peer, numel=e.input_numel if op == "send" else e.output_numel,
                                    peer_numel=other.output_numel if other is not None else None, site=e.site,

@@ -25,8 +25,8 @@ ranks: their clocks differ.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from mtpdiag.inputs.flight_recorder.calls import Call
 from mtpdiag.model import Site
@@ -62,7 +62,8 @@ class RankIndex:
     def latest(self) -> FREntry | None:
         """What the rank is doing: its latest pending op, else its latest op."""
         pending = [e for e in self.entries if not e.done]
-        return (pending or list(self.entries) or [None])[-1]
+        latest = pending or self.entries
+        return latest[-1] if latest else None
 
 
 def _key(e: FREntry) -> tuple[str, bool, int]:
@@ -178,7 +179,7 @@ def program_order(x: tuple[Site, ...], y: tuple[Site, ...]) -> str:
     At the first frame that differs, the same function at a larger line means ``y`` comes later ("before"
     reads: x comes before y).
     """
-    for fx, fy in zip(x, y):
+    for fx, fy in zip(x, y, strict=False):  # the shorter one ends the comparison
         if fx == fy:
             continue
         if fx.file == fy.file and fx.function == fy.function:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from mtpdiag.model.flight_recorder import FRDump, FREntry, FRGroup
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
+
 
 @dataclass(frozen=True)
 class GroupProgress:

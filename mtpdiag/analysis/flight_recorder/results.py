@@ -3,8 +3,8 @@ there and who did not (and why), unmatched sends and receives. Typed, frozen, JS
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from mtpdiag.analysis.flight_recorder.order import AbsentWhy
 from mtpdiag.inputs.flight_recorder.calls import Call
@@ -182,7 +182,10 @@ def size_key(c: Call) -> tuple[int | None, int | None]:
             None if c.op in UNEVEN_OUTPUT_OPS else c.output_numel)
 
 
-def signature(c: Call) -> tuple:
+Signature = tuple[str, tuple[int | None, int | None], frozenset[str], frozenset[str]]  # op, sizes, dtypes
+
+
+def signature(c: Call) -> Signature:
     return (c.op, size_key(c), c.input_dtypes, c.output_dtypes)
 
 

@@ -8,8 +8,9 @@ it must have, which outcome each gate must reach on a layout, and whether the ru
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Report

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mtpdiag.analysis.stall import cpu_moved
@@ -42,7 +43,7 @@ class Job:
         A child of a worker with the worker's RANK (a DataLoader worker) is a helper, not a worker.
         """
         agent_env = procfs.read_env(self.pid)
-        ranks = {}
+        ranks: dict[int, int] = {}
         for pid in procfs.descendants(self.pid):
             env = procfs.read_env(pid)
             if env and "RANK" in env and env != agent_env:
@@ -50,7 +51,7 @@ class Job:
         self._known.update(ranks)
         # A worker's own children (DataLoader workers, helpers) inherit its RANK: they are no workers.
         helpers = {pid for pid in ranks if (stat := procfs.read_stat(pid)) and ranks.get(stat.ppid) == ranks[pid]}
-        return sorted((pid for pid in ranks if pid not in helpers), key=ranks.get)
+        return sorted((pid for pid in ranks if pid not in helpers), key=ranks.__getitem__)
 
     def wait_for_workers(self, timeout: float = 60.0) -> list[int]:
         deadline = time.monotonic() + timeout
@@ -107,10 +108,10 @@ class Job:
         except OSError:
             return ""
 
-    def __enter__(self) -> "Job":
+    def __enter__(self) -> Job:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.kill()
 
 
@@ -126,12 +127,12 @@ def start_torchrun(script: str, args: list[str], nproc: int, env: dict[str, str]
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env or {})
-    out = open(log_path, "w") if log_path else subprocess.DEVNULL
+    out = open(log_path, "w") if log_path else None  # the child keeps its own copy; ours closes below
     try:
-        proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=full_env, stdout=out if out is not None else subprocess.DEVNULL,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     finally:
-        if log_path:
+        if out is not None:
             out.close()
     return Job(proc=proc, nproc=nproc, log_path=log_path)
 
@@ -145,7 +146,7 @@ def main_thread_cpu(pids: list[int]) -> dict[int, int | None]:
     return out
 
 
-def kill_pids(pids, wait_s: float = 10.0) -> None:
+def kill_pids(pids: Iterable[int], wait_s: float = 10.0) -> None:
     """SIGKILL every pid (gone or foreign ones are skipped), then wait up to ``wait_s`` until none is left but
     zombies. A pid is only ever killed on the strength of a listing made just before: a reaped pid may
     already belong to someone else."""

@@ -90,8 +90,8 @@ def _job_layout(pid: int, given: dict, config: str | None,
                 overrides: list[str]) -> tuple[ParallelLayout, str]:
     """Capture the hung job once and resolve its layout as ``inspect`` does."""
     from mtpdiag.capture import capture
-    from mtpdiag.pipeline import world_size_of
     from mtpdiag.layout.sources import resolve_layout
+    from mtpdiag.pipeline import world_size_of
 
     snapshot = capture(pids=[pid])
     hints = [dict(c.layout_hints) for c in snapshot.captures if c.layout_hints]

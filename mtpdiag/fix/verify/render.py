@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import sys
 
-from mtpdiag.fix.verify import (METRIC_NAME, OUTCOME_COMPLETED, OUTCOME_DEADLOCK, FINDING_ID, RunResult, VerifyResult,
-                                expected_outcome)
+from mtpdiag.fix.verify import (
+    FINDING_ID,
+    METRIC_NAME,
+    OUTCOME_COMPLETED,
+    OUTCOME_DEADLOCK,
+    RunResult,
+    VerifyResult,
+    expected_outcome,
+)
 from mtpdiag.fix.verify.plan import EngineChoice
 from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import Report
 
 
 def intro_line(layout: ParallelLayout, source: str, choice: EngineChoice) -> str:
@@ -93,7 +101,7 @@ def _layout_label(layout: ParallelLayout) -> str:
     return out
 
 
-def report_text(report) -> str:
+def report_text(report: Report) -> str:
     from mtpdiag.report import render, terminal_width
 
     return render(report, "console", color=sys.stdout.isatty(), width=terminal_width()).rstrip("\n")

@@ -17,9 +17,10 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from types import FrameType
 
 from mtpdiag.analysis.stall import cpu_moved
 from mtpdiag.capture import procfs
@@ -34,6 +35,7 @@ from mtpdiag.fix.verify import (
 from mtpdiag.fix.verify.launch import TICK_NS, Job, kill_pids, main_thread_cpu, start_torchrun
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Report, Snapshot
+from mtpdiag.vocabulary.states import Outcome
 
 WORKER_SCRIPT = str(Path(__file__).with_name("worker.py"))
 CONCURRENT_WORKERS = 8  # run several worlds at once only while their workers fit this many processes
@@ -215,11 +217,11 @@ class _WatchedRun:
             note = f"no diagnosis: the stacks could not be captured ({capture_error or 'unknown reason'})"
             return self._result(OUTCOME_DEADLOCK, detected, notes=(note,))
         began = time.monotonic()
-        report, note = _diagnose(snapshot, self.layout)
+        report, why = _diagnose(snapshot, self.layout)
         self.phases["diagnosis"] = time.monotonic() - began
-        return self._result(OUTCOME_DEADLOCK, detected, report=report, notes=(note,) if note else ())
+        return self._result(OUTCOME_DEADLOCK, detected, report=report, notes=(why,) if why else ())
 
-    def _result(self, outcome: str, at: float, report: Report | None = None, error: str | None = None,
+    def _result(self, outcome: Outcome, at: float, report: Report | None = None, error: str | None = None,
                 notes: tuple[str, ...] = ()) -> RunResult:
         ready = _read_results(self.out_dir, "ready")
         if len(ready) == self.layout.world_size:
@@ -309,10 +311,10 @@ class _sigterm_as_interrupt:
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGTERM, _raise_interrupt)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
 
 
-def _raise_interrupt(signum, frame) -> None:
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt

@@ -85,7 +85,7 @@ def exit_with_the_runner(interval_s: float = 1.0) -> None:
 
 def is_mp_src_rank_with_outputs() -> bool:
     """verl's condition for the rank that owns the model outputs (tp 0, last stage, cp 0)."""
-    return (
+    return bool(
         mpu.get_tensor_model_parallel_rank() == 0
         and mpu.get_pipeline_model_parallel_rank() == mpu.get_pipeline_model_parallel_world_size() - 1
         and mpu.get_context_parallel_rank() == 0

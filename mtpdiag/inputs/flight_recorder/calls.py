@@ -8,8 +8,8 @@ entry is one call (torch's analyzer groups them the same way, ``find_coalesced_g
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from mtpdiag.inputs.flight_recorder.names import batch_op, parse_profiling_name
 from mtpdiag.model import Site

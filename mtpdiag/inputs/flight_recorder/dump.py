@@ -15,7 +15,8 @@ import os
 import pickle
 import re
 import stat
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder.parse import rank_dump

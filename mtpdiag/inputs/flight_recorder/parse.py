@@ -93,7 +93,8 @@ def _stack(frames: Any, qualify: Qualify, stacks: StackCache) -> tuple:
         return (), None
     if not isinstance(frames, (list, tuple)):
         raise TypeError("frames is not a list")
-    key = tuple((f.get("filename"), f.get("name"), f.get("line")) if isinstance(f, dict) else f for f in frames)
+    key: tuple[Any, ...] | None = tuple((f.get("filename"), f.get("name"), f.get("line")) if isinstance(f, dict) else f
+                                        for f in frames)
     try:
         hit = stacks.get(key)
     except TypeError:  # an unhashable value where a frame field should be: let stack_of say what is wrong

@@ -15,8 +15,9 @@ import ast
 import os
 import stat
 import sys
+from collections.abc import Callable, Iterable
 from functools import lru_cache
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from mtpdiag.model import Site
 from mtpdiag.vocabulary.stacks import call_site_frame, display_path

@@ -1,0 +1,165 @@
+"""Live capture of a real hung torchrun job (gloo, megatron-core, 4 ranks, cp=2 pp=2) with real py-spy.
+
+One job serves the whole module. It runs the MTP-CP reproducer through a tiny launcher that drops
+a canary ``--secret-flag=...`` before the worker parses its arguments, and with a canary
+``WANDB_API_KEY`` in its environment: neither may reach a bundle or the tool's output. The agent
+also carries a node-level ``RANK``/``WORLD_SIZE`` as a Kubeflow PyTorchJob sets them: it is still a
+launcher, not a worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mtpdiag.capture import capture, find_targets, procfs, pyspy
+from mtpdiag.fix.verify.launch import start_torchrun
+from mtpdiag.inputs import load_paths, parse_text_dump
+from mtpdiag.inputs.bundle import load_bundle
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = REPO / "examples" / "mtp_cp_deadlock" / "worker.py"
+SECRET_ENV = "canary-env-5f1c0e9a"
+SECRET_FLAG = "canary-flag-b27d4a11"
+
+LAUNCHER = f'''"""Drop --secret-flag=... from argv (the worker would reject it), then run the worker."""
+import runpy, sys
+sys.argv = [{str(WORKER)!r}] + [a for a in sys.argv[1:] if not a.startswith("--secret-flag=")]
+runpy.run_path({str(WORKER)!r}, run_name="__main__")
+'''
+
+# rank -> (innermost function, first user frame below torch.distributed)
+EXPECTED = {
+    0: ("send", "send_forward"),
+    1: ("all_gather", "ring_attention"),
+    2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
+    3: ("all_gather", "ring_attention"),
+}
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    launcher = tmp / "launch_with_flag.py"
+    launcher.write_text(LAUNCHER)
+    args = ["--gate", "buggy", "--cp", "2", "--pp", "2", f"--secret-flag={SECRET_FLAG}"]
+    env = {"WANDB_API_KEY": SECRET_ENV, "RANK": "0", "WORLD_SIZE": "1"}
+    started = start_torchrun(str(launcher), args, nproc=4, env=env, log_path=str(tmp / "job.log"))
+    try:
+        workers = started.wait_until_stuck(quiet_s=3.0, timeout=180.0)
+        yield started, workers
+    finally:
+        started.kill()
+
+
+def _user_frame(frames):
+    return next(f for f in frames if "torch/distributed/" not in f.file)
+
+
+def test_agent_pid_expands_to_four_ranked_workers(job):
+    agent, workers = job
+    assert find_targets([agent.pid], scan_all=False) == sorted(workers)
+    assert find_targets([workers[2]], scan_all=False) == [workers[2]]
+    everywhere = set(find_targets([], scan_all=True))
+    assert set(workers) <= everywhere  # other jobs on the host may add more
+    assert agent.pid not in everywhere
+
+
+def test_capture_of_the_hang(job):
+    agent, workers = job
+    snapshot = capture([agent.pid], timeout=30.0)
+    assert [c.rank for c in snapshot.captures] == [0, 1, 2, 3]
+    assert sorted(c.pid for c in snapshot.captures) == sorted(workers)
+    assert snapshot.host and snapshot.created.endswith("+00:00") and snapshot.tool_version
+    for c in snapshot.captures:
+        assert c.world_size == 4 and c.env.as_dict()["RANK"] == str(c.rank)
+        assert dict(c.layout_hints) == {"cp": 2, "pp": 2}
+        assert c.state in ("S", "R") and not c.nonblocking and c.error is None
+        assert c.main_cpu_ticks is not None
+        frames = c.main_thread.frames
+        op, site = EXPECTED[c.rank]
+        assert frames[0].function == op and frames[0].file == "torch/distributed/distributed_c10d.py"
+        assert _user_frame(frames).function == site
+    send = snapshot.captures[0].main_thread.frames[0]
+    assert send.arg("dst") == 2  # rank 0 (pp stage 0) sends to rank 2 (pp stage 1)
+    mtp = _user_frame(snapshot.captures[2].main_thread.frames)
+    assert mtp.file == "megatron/core/transformer/multi_token_prediction.py"
+
+
+def test_collect_cli_writes_a_bundle_that_round_trips(job, tmp_path):
+    agent, _ = job
+    out = tmp_path / "bundle.json"
+    done = subprocess.run([sys.executable, "-m", "mtpdiag", "collect", "--pid", str(agent.pid), "--out", str(out),
+                           "--host", "node-07", "--timeout", "30"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == f"wrote {out} (4 ranks, 0 unreadable)"
+    raw = out.read_text()
+    snapshot = load_bundle(str(out))
+    assert snapshot.to_dict() == json.loads(raw)
+    assert snapshot.host == "node-07" and {c.host for c in snapshot.captures} == {"node-07"}
+    assert [c.rank for c in snapshot.captures] == [0, 1, 2, 3]
+    assert [c.main_thread.frames[0].function for c in snapshot.captures] == [EXPECTED[r][0] for r in range(4)]
+    assert [c.source for c in load_paths([str(out)]).captures] == [str(out)] * 4
+    for text in (raw, done.stdout, done.stderr):
+        assert SECRET_ENV not in text and SECRET_FLAG not in text and "secret-flag" not in text
+
+
+def test_no_secret_in_a_capture(job):
+    agent, _ = job
+    stored = json.dumps(capture([agent.pid], timeout=30.0).to_dict())
+    assert SECRET_ENV not in stored and SECRET_FLAG not in stored and "WANDB" not in stored
+    assert "--gate" not in stored  # no command line at all
+
+
+def test_text_dump_with_locals_parses_like_json(job):
+    """Plain ``py-spy dump --locals`` text of a live rank: same frames, same kept peer argument."""
+    _, workers = job
+    rank0 = workers[0]
+    text = subprocess.run([pyspy.find_pyspy(), "dump", "--locals", "--pid", str(rank0)], capture_output=True,
+                          text=True, timeout=60).stdout
+    (process,) = parse_text_dump(text)
+    from_json = pyspy.dump(rank0, timeout=30.0)
+    assert process.pid == rank0 and process.hints == {"cp": 2, "pp": 2}
+    assert [(f.function, f.line, f.args) for f in process.threads[0].frames] == \
+           [(f.function, f.line, f.args) for f in from_json[0].frames]
+    assert process.threads[0].frames[0].arg("dst") == 2
+
+
+def test_stopped_rank_is_captured_nonblocking(job):
+    _, workers = job
+    frozen = workers[3]
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10
+        while (procfs.read_stat(frozen).state != "T") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        snapshot = capture([frozen], timeout=30.0)
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    (c,) = snapshot.captures
+    assert c.rank == 3 and c.state == "T" and c.nonblocking
+    assert c.main_thread.frames and c.main_thread.frames[0].function == "all_gather"
+
+
+def test_pasted_subprocess_dump_of_the_agent_loads_the_workers_only(job, tmp_path):
+    """``py-spy dump --subprocesses --pid <agent>`` text, as pasted into a ticket: the agent is no rank."""
+    agent, workers = job
+    text = subprocess.run([pyspy.find_pyspy(), "dump", "--subprocesses", "--pid", str(agent.pid)],
+                          capture_output=True, text=True, timeout=120).stdout
+    assert f"Process {agent.pid}:" in text  # the agent's own section is there ...
+    pasted = tmp_path / "ticket.txt"
+    pasted.write_text(text)
+    snapshot = load_paths([str(pasted)])
+    assert sorted(c.pid for c in snapshot.captures) == sorted(workers)  # ... but it is not a rank
+    innermost = sorted(c.main_thread.frames[0].function for c in snapshot.captures)
+    assert innermost == sorted(op for op, _ in EXPECTED.values())
+    assert all(dict(c.layout_hints) == {"cp": 2, "pp": 2} for c in snapshot.captures)
+    assert SECRET_FLAG not in json.dumps(snapshot.to_dict())

@@ -1,0 +1,147 @@
+"""Multi-node merge through the real CLI: one bundle per host, merged by ``analyze DIR``.
+
+One real hung job (torchrun, gloo, megatron-core, 4 ranks, the MTP-CP reproducer with cp=2 pp=2)
+stands in for a two-node job: ``mtpdiag collect --pid <worker> --host node-a`` saves ranks 0-1 and
+``--host node-b`` ranks 2-3, each into its own ``<host>.mtpdiag.json`` in one shared directory, as
+``collect`` on two machines would. ``analyze`` must then merge them, name the files of a duplicated
+rank or of a world-size conflict, and report the ranks that no bundle holds.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mtpdiag.fix.verify.launch import start_torchrun
+from mtpdiag.layout import ParallelLayout
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = REPO / "examples" / "mtp_cp_deadlock" / "worker.py"
+HOSTS = {"node-a": (0, 1), "node-b": (2, 3)}
+LAYOUT = ParallelLayout.for_world(4, cp=2, pp=2)
+
+
+def mtpdiag(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    log = tmp_path_factory.mktemp("multinode") / "job.log"
+    started = start_torchrun(str(WORKER), ["--gate", "buggy", "--cp", "2", "--pp", "2"], nproc=4,
+                             log_path=str(log))
+    try:
+        workers = started.wait_until_stuck(quiet_s=3.0, timeout=180.0)
+        yield started, workers
+    finally:
+        started.kill()
+
+
+@pytest.fixture(scope="module")
+def bundles(job, tmp_path_factory) -> Path:
+    """The shared directory after ``collect`` ran once per simulated host."""
+    _, workers = job
+    shared = tmp_path_factory.mktemp("shared")
+    for host, ranks in HOSTS.items():
+        pids = [x for r in ranks for x in ("--pid", str(workers[r]))]
+        done = mtpdiag("collect", *pids, "--host", host, "--out", str(shared), "--timeout", "60")
+        assert done.returncode == 0, done.stderr
+        assert f"{host}.mtpdiag.json" in done.stderr and "2 ranks" in done.stderr
+    return shared
+
+
+def _analyze(*paths: Path) -> tuple[dict, subprocess.CompletedProcess]:
+    done = mtpdiag("analyze", *map(str, paths), "--json")
+    assert done.returncode in (0, 1), done.stderr
+    return json.loads(done.stdout), done
+
+
+def _one_error_line(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    return lines[0]
+
+
+def test_each_collect_writes_one_bundle_with_its_own_host_label(bundles, job):
+    _, workers = job
+    assert sorted(p.name for p in bundles.iterdir()) == ["node-a.mtpdiag.json", "node-b.mtpdiag.json"]
+    for host, ranks in HOSTS.items():
+        doc = json.loads((bundles / f"{host}.mtpdiag.json").read_text())
+        assert doc["schema"] == "mtpdiag.bundle/1" and doc["host"] == host
+        assert [(c["rank"], c["pid"], c["host"]) for c in doc["captures"]] == \
+               [(r, workers[r], host) for r in ranks]
+
+
+def test_analyze_merges_the_hosts_by_rank(bundles, job):
+    _, workers = job
+    report, done = _analyze(bundles)
+    assert done.returncode == 1 and report["verdict"] == "problem"
+    assert report["world_size"] == 4
+    assert (report["layout"]["cp"], report["layout"]["pp"]) == (2, 2)  # from the workers' command lines
+    assert [(r["rank"], r["pid"], r["host"]) for r in report["ranks"]] == \
+           [(0, workers[0], "node-a"), (1, workers[1], "node-a"), (2, workers[2], "node-b"),
+            (3, workers[3], "node-b")]
+    assert [r["op"] for r in report["ranks"]] == ["send", "all_gather", "all_reduce", "all_gather"]
+    ids = [f["id"] for f in report["findings"]]
+    assert ids[0] == "mtp-cp-gated-reduce" and "missing-rank" not in ids
+    assert report["findings"][0]["ranks"] == [2, 3]
+
+
+def test_one_host_alone_reports_the_other_hosts_ranks_missing(bundles, tmp_path):
+    alone = tmp_path / "only-node-a"
+    alone.mkdir()
+    shutil.copy(bundles / "node-a.mtpdiag.json", alone)
+    report, done = _analyze(alone)
+    assert done.returncode == 1
+    assert [(r["rank"], r["host"]) for r in report["ranks"]] == [(0, "node-a"), (1, "node-a")]
+    missing = next(f for f in report["findings"] if f["id"] == "missing-rank")
+    assert missing["ranks"] == [2, 3]
+    assert missing["details"]["coords"] == {"2": LAYOUT.coords(2), "3": LAYOUT.coords(3)}
+    assert [(c["cp"], c["pp"]) for c in missing["details"]["coords"].values()] == [(0, 1), (1, 1)]
+
+
+def test_a_bundle_copied_under_another_name_is_an_input_error_naming_both(bundles, tmp_path):
+    for name in ("node-a.mtpdiag.json", "node-b.mtpdiag.json"):
+        shutil.copy(bundles / name, tmp_path / name)
+    copy = tmp_path / "node-a-again.mtpdiag.json"
+    shutil.copy(bundles / "node-a.mtpdiag.json", copy)
+    line = _one_error_line(mtpdiag("analyze", str(tmp_path), "--json"))
+    assert str(copy) in line and str(tmp_path / "node-a.mtpdiag.json") in line and "rank 0" in line
+
+
+def test_a_bundle_with_another_world_size_is_an_input_error_naming_both(bundles, tmp_path):
+    shutil.copy(bundles / "node-a.mtpdiag.json", tmp_path)
+    doc = json.loads((bundles / "node-b.mtpdiag.json").read_text())
+    for capture in doc["captures"]:
+        assert capture["env"]["WORLD_SIZE"] == "4"
+        capture["env"]["WORLD_SIZE"] = "8"
+    edited = tmp_path / "node-b.mtpdiag.json"
+    edited.write_text(json.dumps(doc, indent=1))
+    line = _one_error_line(mtpdiag("analyze", str(tmp_path), "--json"))
+    assert str(edited) in line and str(tmp_path / "node-a.mtpdiag.json") in line
+    assert " 4" in line and " 8" in line
+
+
+def test_ending_the_job_leaves_no_worker(job):
+    started, workers = job
+    started.kill()  # the fixture's own kill afterwards finds nothing left to do
+    pids = [started.pid, *workers]
+    deadline = time.monotonic() + 15
+    while True:
+        listed = subprocess.run(["ps", "-o", "pid=,stat=", "-p", ",".join(map(str, pids))],
+                                capture_output=True, text=True, check=False).stdout.split("\n")
+        alive = [line.split() for line in listed if line.strip() and not line.split()[1].startswith("Z")]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert alive == []

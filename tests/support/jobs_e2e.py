@@ -1,0 +1,177 @@
+"""Shared helpers for end-to-end tests: run real torchrun/gloo jobs and the real ``mtpdiag`` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+from conftest import unavailable
+from mtpdiag.capture import procfs
+from mtpdiag.fix.verify.launch import Job, start_torchrun
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MTP_WORKER = os.path.join(ROOT, "examples", "mtp_cp_deadlock", "worker.py")
+GATED_WORKER = os.path.join(ROOT, "examples", "gated_collectives", "worker.py")
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m mtpdiag ARGS`` as a user would run it."""
+    return subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+def run_cli_here(*args: str) -> subprocess.CompletedProcess:
+    """The same entry point (mtpdiag.cli.main) in this process: no interpreter start-up per call."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from mtpdiag.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, ["mtpdiag", *args]
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+def run_json(*args: str, expect: int = 1) -> dict:
+    result = run_cli(*args, "--json")
+    assert result.returncode == expect, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    return json.loads(result.stdout)
+
+
+@contextmanager
+def hung_job(script: str, args: list[str], tmp_path, nproc: int = 4, env: dict | None = None):
+    """A real job that has stopped making progress; killed (every descendant) on exit."""
+    job = start_torchrun(script, args, nproc, env=env, log_path=str(tmp_path / "job.log"))
+    try:
+        job.wait_until_stuck(quiet_s=2.5, timeout=180)
+        yield job
+    finally:
+        job.kill()
+
+
+def _wait_for_log(path, needle: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and needle in path.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{needle!r} never appeared in {path}")
+
+
+def require_private_network() -> None:
+    """Skip unless jobs may run in their own network namespace (root, and ``unshare --net`` allowed);
+    in CI (``CI`` set) fail instead: there the network-loss reproducer must run."""
+    if os.geteuid() != 0:
+        reason = "needs root for unshare --net / nsenter"
+    else:
+        try:
+            probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, text=True, timeout=30)
+            reason = None if probe.returncode == 0 else f"unshare --net refused: {probe.stderr.strip()}"
+        except FileNotFoundError:
+            reason = "unshare (util-linux) is not installed"
+    if reason is not None:
+        unavailable(reason)
+
+
+def by_rank(report: dict) -> dict[int, dict]:
+    return {r["rank"]: r for r in report["ranks"]}
+
+
+def worker_pids(job: Job) -> dict[int, int]:
+    return {int((procfs.read_env(p) or {})["RANK"]): p for p in job.workers()}
+
+
+def session_members(sessions: set[int]) -> list[int]:
+    """The live processes of these sessions (a job started with ``start_new_session`` leads one)."""
+    members = []
+    for pid in procfs.all_pids():
+        stat = procfs.read_stat(pid)
+        if stat is not None and stat.session in sessions and stat.state != "Z":
+            members.append(pid)
+    return members
+
+
+def end_sessions(sessions: set[int], also: set[int] = frozenset()) -> list[int]:
+    """SIGKILL every process of the sessions, ``also`` and every descendant of them; what is left (should be none).
+
+    Everything is stopped before anything is killed, so a raylet cannot start a worker in between.
+    """
+    for _ in range(5):
+        pids = set(session_members(sessions)) | {p for p in also if procfs.read_stat(p)}
+        pids |= {d for p in list(pids) for d in procfs.descendants(p)}
+        if not pids:
+            return []
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+                (s := procfs.read_stat(p)) is not None and s.state != "Z" for p in pids):
+            time.sleep(0.1)
+    return session_members(sessions)
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback (for a Ray head, a rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_quiet(pids: list[int], quiet_s: float = 2.5, timeout: float = 120.0) -> None:
+    """Until no process's main thread has used CPU for ``quiet_s``: a job of Ray actors hangs."""
+    deadline = time.monotonic() + timeout
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        ticks = [procfs.main_thread_ticks(p) for p in pids]
+        assert None not in ticks, f"an actor exited: {ticks}"
+        if ticks != last:
+            last, since = ticks, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"the actors did not go quiet within {timeout}s")
+
+
+# Where each rank of examples/ray_verl's cp=2 pp=2 hang waits (see examples/mtp_cp_deadlock/README.md).
+RAY_VERL_WAITS = {0: ("send", "send_forward"), 1: ("all_gather", "ring_attention"),
+                  2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
+                  3: ("all_gather", "ring_attention")}
+
+
+def check_ray_verl_hang(report: dict) -> None:
+    """The diagnosis of examples/ray_verl's hang (verl #5895 at cp 2, pp 2), the layout from its driver."""
+    assert report["world_size"] == len(RAY_VERL_WAITS)
+    layout = report["layout"]
+    assert (layout["tp"], layout["cp"], layout["dp"], layout["pp"]) == (1, 2, 1, 2), layout
+    assert "command line" in report["layout_source"], report["layout_source"]
+    ranks = by_rank(report)
+    for rank, (op, function) in RAY_VERL_WAITS.items():
+        view = ranks[rank]
+        assert (view["state"], view["op"], view["site"]["function"]) == ("collective", op, function), view
+        # The stack is the actor's: Ray's task loop calls the WorkerDict method that trains.
+        assert any(f["function"].endswith("update_actor") for f in report["stacks"][view["stack"]]), rank
+    assert report["verdict"] == "problem"
+    finding = report["findings"][0]
+    assert (finding["id"], finding["ranks"]) == ("mtp-cp-gated-reduce", [2, 3])
+    (root,) = [m for m in report["mismatches"] if m["role"] == "root"]
+    assert (root["group"], root["entered"], root["absent"], root["gate"]) == ("dp_cp", [2], [3], {"cp": 0})
