@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -203,8 +204,9 @@ def sample_once(tracker: StallTracker, targets: list, now: float,
     a rank that burns CPU may be working, or spinning at a host sync; only its stack can tell.
     Returns the updated tracker and the snapshot (None at the first sample, which is the CPU baseline).
     With ``fr_progress`` (the job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE), a collective completed since the last
-    sample is progress too. ``read_cpu(targets)`` reads the CPU elsewhere (``--ray``: on every node); by default
-    the targets are pids of this host.
+    sample is progress too. Progress seen in this sample starts the quiet window when the sample ends (``now``
+    plus the time it took), not when it began. ``read_cpu(targets)`` reads the CPU elsewhere (``--ray``: on
+    every node); by default the targets are pids of this host.
     """
     from mtpdiag.analysis.stall import stack_signatures
     from mtpdiag.capture import procfs
@@ -212,18 +214,25 @@ def sample_once(tracker: StallTracker, targets: list, now: float,
     if read_cpu is None:
         def read_cpu(pids: list) -> dict:
             return {p: procfs.main_thread_cpu_ns(p) for p in pids}
+    started = time.monotonic()
+
+    def done() -> float:
+        """When the sample's readings ended, on the caller's clock (``now`` is when they began)."""
+        return now + (time.monotonic() - started)
+
     cpu = read_cpu(targets)
     if not tracker.samples:
-        return tracker.observe(now, cpu, None), None
+        return tracker.observe(now, cpu, None, done=done()), None
     busy = tracker.cpu_moved(cpu)
     snapshot = take_stacks(targets, busy)
     if snapshot is None:  # the ranks changed under the dump: that is progress of a kind (a job ending)
-        return tracker.observe(now, cpu, None), None
+        return tracker.observe(now, cpu, None, done=done()), None
     fr_moved = fr_progress.poll(snapshot.captures) if fr_progress is not None else False
-    tracker = tracker.observe(now, cpu, stack_signatures(snapshot), fr_moved=fr_moved)
+    tracker = tracker.observe(now, cpu, stack_signatures(snapshot), fr_moved=fr_moved, done=done())
     if busy:
         return tracker, snapshot
-    return tracker.after_pause(now, read_cpu(targets)), snapshot
+    after = read_cpu(targets)
+    return tracker.after_pause(done(), after), snapshot
 
 
 def hang_report(report: Report, tracker: StallTracker, now: float, interval: float, stall: float) -> Report:

@@ -8,7 +8,9 @@ the fast signal when there is no stack to compare with: a main thread that ran f
 store threads tick, so only the main thread counts). Once there is a stack, CPU alone is not progress:
 on NCCL a hung rank spins at its host sync (CUDA's default) or polls, burning CPU at one line.
 A hang is called only when no rank has made progress for the whole stall window, seen by at least
-two stack samples.
+two stack samples. The window is counted from the *end* of the sample that last saw progress: a sample
+describes some moment between its start and its end, and on a loaded node one capture can take longer
+than the window, so counting from its start would call a hang on the strength of a gap nobody looked at.
 
 Why a threshold on nanoseconds rather than "the ticks changed": a tick is 10 ms, and a job whose
 step is 1-2 s of data-loader wait plus a few ms of compute moves its main thread's ticks only every
@@ -85,16 +87,18 @@ class StallTracker:
         return cpu_moved(self.cpu_ns, cpu_ns, self.min_progress_ns)
 
     def observe(self, now: float, cpu_ns: Mapping[Target, int | None],
-                stacks: Mapping[Process, Signature] | None, fr_moved: bool = False) -> StallTracker:
-        """Fold in one sample. ``stacks`` is None when the stacks were not captured this time;
-        ``fr_moved``: the Flight Recorder shows a collective completed since the last sample."""
+                stacks: Mapping[Process, Signature] | None, fr_moved: bool = False,
+                done: float | None = None) -> StallTracker:
+        """Fold in one sample, taken from ``now`` until ``done`` (the same moment when not given). ``stacks``
+        is None when the stacks were not captured this time; ``fr_moved``: the Flight Recorder shows a
+        collective completed since the last sample. Progress starts the quiet window at ``done``."""
         if stacks is not None and self.stacks:
             moved = dict(stacks) != dict(self.stacks)  # a spinning main thread burns CPU at one place
         else:
             moved = self.cpu_moved(cpu_ns)
         moved = moved or fr_moved
         if moved:
-            return replace(self, quiet_since=now, samples=self.samples + 1,
+            return replace(self, quiet_since=now if done is None else max(now, done), samples=self.samples + 1,
                            stack_samples_while_quiet=0 if stacks is None else 1, cpu_ns=dict(cpu_ns),
                            stacks={} if stacks is None else dict(stacks))
         return replace(self, samples=self.samples + 1,

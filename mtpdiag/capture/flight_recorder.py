@@ -145,10 +145,19 @@ def _common_prefix(paths: list[str]) -> str:
 class LiveProgress:
     """``watch``'s Flight Recorder signal: how many collectives each rank has completed, from dumps the job
     writes on request through its debug-info pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``). A healthy job whose
-    host waits at one sync line for seconds at a time still completes collectives meanwhile."""
+    host waits at one sync line for seconds at a time still completes collectives meanwhile.
+
+    torch answers a request from its monitor thread, which looks at the pipe about once a second, so an
+    answer often comes after the next sample: every dump newer than the last one read for a rank is read,
+    whenever it was written, and a rank is asked again only once it answered (or ``REASK_S`` went by).
+    """
+
+    REASK_S = 5.0  # a request not answered by then is taken as lost, and made again
+    MTIME_SLACK_S = 0.05  # file times come from the kernel's coarse clock, a tick behind time.time()
 
     def __init__(self) -> None:
-        self._asked_at: float | None = None
+        self._asked: dict[int, float] = {}      # rank -> when its unanswered request was made
+        self._read_mtime: dict[int, float] = {}  # rank -> the mtime of the last dump read
         self._completed: dict[int, int] = {}
 
     @staticmethod
@@ -156,23 +165,49 @@ class LiveProgress:
         return any(pipe_prefix(c.env.as_dict()) for c in captures if c.pid is not None and c.rank is not None)
 
     def poll(self, captures: tuple[RankCapture, ...]) -> bool:
-        """Whether a rank completed a collective since the last poll (read the dumps asked for last time,
-        then ask again; never waits)."""
-        targets = [c for c in _targets(captures) if pipe_prefix(c.env)]
+        """Whether a rank completed a collective since its dump last read (read the new dumps, then ask the
+        ranks that answered again; never waits)."""
+        now = time.time()
         moved = False
-        if self._asked_at is not None:
-            for c in targets:
-                path = _dump_of(c, self._asked_at)
-                if path is None:
-                    continue
-                done = _completed(path, c.rank)
-                if done is not None:
-                    moved |= done > self._completed.get(c.rank, -1) and c.rank in self._completed
-                    self._completed[c.rank] = max(done, self._completed.get(c.rank, -1))
-        self._asked_at = time.time()
-        for c in targets:
-            request_live_dump(_in_root(c.pid, pipe_prefix(c.env) or ""), c.rank)
+        for c in (c for c in _targets(captures) if pipe_prefix(c.env)):
+            moved |= self._read_new_dump(c)
+            asked = self._asked.get(c.rank)
+            if asked is None or now - asked >= self.REASK_S:
+                if request_live_dump(_in_root(c.pid, pipe_prefix(c.env) or ""), c.rank).sent:
+                    self._asked[c.rank] = now
+                else:
+                    self._asked.pop(c.rank, None)
         return moved
+
+    def _read_new_dump(self, c: _Target) -> bool:
+        """Read the rank's dump if it is newer than the last one read (the first one must answer a request of
+        ours: an older dump is no baseline for "since the last sample"). Whether it shows more completed."""
+        asked, last = self._asked.get(c.rank), self._read_mtime.get(c.rank)
+        if asked is None and last is None:
+            return False
+        path = _dump_of(c, None)
+        mtime = _mtime(path)
+        if path is None or mtime is None or (last is not None and mtime <= last) \
+                or (last is None and asked is not None and mtime < asked - self.MTIME_SLACK_S):
+            return False
+        done = _completed(path, c.rank)
+        if done is None:  # not a dump we can read (yet): try again at the next poll
+            return False
+        before = self._completed.get(c.rank)
+        self._completed[c.rank] = done if before is None else max(done, before)
+        self._read_mtime[c.rank] = mtime
+        if asked is not None and mtime >= asked - self.MTIME_SLACK_S:
+            del self._asked[c.rank]  # answered
+        return before is not None and done > before
+
+
+def _mtime(path: str | None) -> float | None:
+    if path is None:
+        return None
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
 
 
 def _completed(path: str, rank: int) -> int | None:

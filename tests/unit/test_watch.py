@@ -144,3 +144,17 @@ def test_the_reading_after_a_pause_is_the_next_baseline():
     ran = {pid: ns + (5 * MIN_PROGRESS_NS if pid == ranks[3] else 0) for pid, ns in cpu.items()}
     reset = tracker.after_pause(2.0, ran)
     assert reset.quiet_since == 2.0 and reset.stack_samples_while_quiet == 0 and reset.stacks == {}
+
+
+def test_the_window_starts_when_the_sample_that_saw_progress_ended():
+    """On a loaded node one capture took 6 s: the next sample, right after it, is no evidence of a 6 s stall."""
+    cpu, stacks, ranks = _recorded("mtp_cp_pp")
+    spun = {pid: ns + 10 * MIN_PROGRESS_NS for pid, ns in cpu.items()}
+    tracker = StallTracker.start(0.0).observe(0.0, cpu, None)
+    slow = tracker.observe(1.0, spun, stacks, done=7.0)  # CPU moved: progress, seen until 7 s
+    assert slow.quiet_since == 7.0
+    after = slow.observe(7.1, spun, stacks, done=7.5)
+    assert after.stack_samples_while_quiet == 2 and not after.is_hang(7.1, 5.0)
+    assert after.observe(12.5, spun, stacks, done=12.9).is_hang(12.5, 5.0)  # 5.5 s seen without progress
+    # Without ``done``, the sample counts from its start, as before.
+    assert tracker.observe(1.0, spun, stacks).quiet_since == 1.0
