@@ -323,14 +323,17 @@ def test_a_node_without_py_spy_says_what_to_install(tmp_path):
 # ------------------------------------------------------------------------------------------ failures (destructive, last)
 
 
-@pytest.mark.xfail(strict=False, reason="passes from a source checkout; in a fresh .venv with mtpdiag installed "
-                   "editable, node D's warning line was missing once (node registration lag or the editable "
-                   "finder: not yet diagnosed, see the closing note)")
 def test_a_node_whose_mtpdiag_lacks_the_ray_capture_is_one_line_and_the_rest_is_diagnosed(cluster, tmp_path):
-    """Node D runs an mtpdiag without ``capture.ray_node`` (an old release first on its Ray workers' path)."""
+    """Node D runs an mtpdiag without ``capture.ray_node`` (an old release first on its Ray workers' path).
+
+    The old release has a ``capture`` package, as every release has: an ``mtpdiag`` without one would let
+    setuptools' editable finder (when this mtpdiag is installed with ``pip install -e``) resolve
+    ``mtpdiag.capture`` from the new source tree, and node D would not be old at all.
+    """
     old = tmp_path / "old-mtpdiag"
-    (old / "mtpdiag").mkdir(parents=True)
+    (old / "mtpdiag" / "capture").mkdir(parents=True)
     (old / "mtpdiag" / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    (old / "mtpdiag" / "capture" / "__init__.py").write_text('"""Live capture, before --ray."""\n')
     env = {**cluster.env, "PYTHONPATH": str(old)}
     session = _start_node(cluster, "127.0.0.4", cluster.tmp / "node-d.log", "--num-cpus=0", env=env)
     cluster.sessions.add(session)
@@ -342,7 +345,8 @@ def test_a_node_whose_mtpdiag_lacks_the_ray_capture_is_one_line_and_the_rest_is_
         _check_full_diagnosis(json.loads(done.stdout), cluster)
         warnings = [ln for ln in done.stderr.splitlines() if ln.startswith("mtpdiag: warning: node ")]
         assert len(warnings) == 1, done.stderr
-        assert "No module named 'mtpdiag.capture'" in warnings[0] and "pip install 'mtpdiag==" in warnings[0]
+        assert "No module named 'mtpdiag.capture.ray_node'" in warnings[0], warnings[0]
+        assert "pip install 'mtpdiag==" in warnings[0]
     finally:
         assert end_sessions({session}, {node_d}) == []
         cluster.sessions.discard(session)
