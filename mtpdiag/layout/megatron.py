@@ -74,11 +74,10 @@ class _Generator:
             stride *= size
         inner = [(strides[n], s) for n, s in self.digits if n in wanted]
         outer = [(strides[n], s) for n, s in self.digits if n not in wanted]
-        result = []
-        for group_index in range(_product(s for _, s in outer)):
-            base = _place(group_index, outer)
-            result.append(tuple(base + _place(i, inner) for i in range(_product(s for _, s in inner))))
-        return result
+        # Every instance is the first one shifted: place the members' offsets once, not once per rank.
+        offsets = [_place(i, inner) for i in range(_product(s for _, s in inner))]
+        return [tuple([base + o for o in offsets])
+                for base in (_place(g, outer) for g in range(_product(s for _, s in outer)))]
 
 
 def _product(values: Iterable[int]) -> int:
