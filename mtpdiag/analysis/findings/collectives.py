@@ -4,6 +4,7 @@ entered differently (``size-mismatch``, ``dtype-mismatch``). Only root splits ge
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from mtpdiag.analysis.findings.facts import Facts
 from mtpdiag.analysis.findings.words import (
@@ -15,12 +16,14 @@ from mtpdiag.analysis.findings.words import (
     groups_phrase,
     union,
 )
-from mtpdiag.analysis.flight_recorder.evidence import SizeProblem
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, signature_of, skip_of
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Finding, Mismatch, Site
 from mtpdiag.vocabulary.states import FindingId
+
+if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there are dumps
+    from mtpdiag.analysis.flight_recorder.evidence import SizeProblem
 
 
 def mtp_findings(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:

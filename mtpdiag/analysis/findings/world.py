@@ -4,16 +4,18 @@ that all wait at one number) and ``unexplained-wait``, the finding of an incompl
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mtpdiag.analysis.findings.facts import Facts
 from mtpdiag.analysis.findings.words import FLIGHT_RECORDER_HINT, FR_HOW, Words, union
-from mtpdiag.analysis.flight_recorder.evidence import StuckGroup
 from mtpdiag.analysis.wait import is_stuck
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Finding, RankView
 from mtpdiag.vocabulary.states import FROZEN_STATES, FindingId, RankState
 from mtpdiag.vocabulary.waits import WAIT_PHRASES
+
+if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there are dumps
+    from mtpdiag.analysis.flight_recorder.evidence import StuckGroup
 
 
 def missing(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
