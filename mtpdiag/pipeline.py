@@ -109,9 +109,12 @@ def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions, fr: FRD
     from mtpdiag.analysis import diagnose
     from mtpdiag.layout.sources import resolve_layout
 
-    # The distinct hints only, in capture order: the ranks of one job mostly carry the same ones.
-    hints = [dict(h) for h in dict.fromkeys(tuple(c.layout_hints.items()) for c in snapshot.captures
-                                             if c.layout_hints)]
+    # The distinct hints only, in capture order: the ranks of one job mostly carry the same ones (so the
+    # list stays short and each capture's hints are compared, not copied).
+    hints: list[dict[str, int]] = []
+    for capture in snapshot.captures:
+        if capture.layout_hints and capture.layout_hints not in hints:
+            hints.append(dict(capture.layout_hints))
     world_size = world_size_of(snapshot) or layout_options.world_size
     if world_size is None and fr is not None:
         from mtpdiag.analysis.flight_recorder.evidence import world_size as recorded_world

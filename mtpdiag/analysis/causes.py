@@ -128,8 +128,10 @@ class _Graph:
         self.edges[self.rank(a)].append(self.rank(b))
 
     def components(self) -> list[int]:
-        """Tarjan's strongly connected components, iteratively (no recursion limit at 16k ranks)."""
-        n = len(self.edges)
+        """Tarjan's strongly connected components, iteratively (no recursion limit at 16k ranks); each node's
+        out-edges are walked by one iterator that the work stack resumes."""
+        edges = self.edges
+        n = len(edges)
         index, low, comp = [-1] * n, [0] * n, [-1] * n
         on_stack = [False] * n
         stack: list[int] = []
@@ -137,37 +139,37 @@ class _Graph:
         for start in range(n):
             if index[start] != -1:
                 continue
-            work = [(start, 0)]
             index[start] = low[start] = counter
             counter += 1
             stack.append(start)
             on_stack[start] = True
+            work = [(start, iter(edges[start]))]
             while work:
-                v, i = work[-1]
-                if i < len(self.edges[v]):
-                    work[-1] = (v, i + 1)
-                    w = self.edges[v][i]
+                v, outs = work[-1]
+                for w in outs:
                     if index[w] == -1:
                         index[w] = low[w] = counter
                         counter += 1
                         stack.append(w)
                         on_stack[w] = True
-                        work.append((w, 0))
-                    elif on_stack[w]:
-                        low[v] = min(low[v], index[w])
-                    continue
-                work.pop()
-                if work:
-                    parent = work[-1][0]
-                    low[parent] = min(low[parent], low[v])
-                if low[v] == index[v]:
-                    while True:
-                        w = stack.pop()
-                        on_stack[w] = False
-                        comp[w] = components
-                        if w == v:
-                            break
-                    components += 1
+                        work.append((w, iter(edges[w])))
+                        break
+                    if on_stack[w] and index[w] < low[v]:
+                        low[v] = index[w]
+                else:
+                    work.pop()
+                    if work:
+                        parent = work[-1][0]
+                        if low[v] < low[parent]:
+                            low[parent] = low[v]
+                    if low[v] == index[v]:
+                        while True:
+                            w = stack.pop()
+                            on_stack[w] = False
+                            comp[w] = components
+                            if w == v:
+                                break
+                        components += 1
         return comp
 
     def reaching(self, targets: Sequence[int]) -> set[int]:

@@ -126,6 +126,8 @@ def _all_split(entered: Sequence[int], kind: str, layout: ParallelLayout) -> boo
 
 def choose_kind(entered: Sequence[int], kinds: Sequence[str], layout: ParallelLayout) -> str:
     """The first consistent kind for these waiting ranks (see the module docstring)."""
+    if len(kinds) == 1:
+        return kinds[0]  # whatever the membership says (a known site's one kind)
     first_split: str | None = None
     for kind in kinds:
         instances: dict[int, tuple[int, ...]] = {}

@@ -173,7 +173,18 @@ def _frame(f: _Frame, scrub: bool) -> Frame:
 
 
 def _args(f: _Frame) -> FrameArgs | None:
-    """The kept arguments of a torch.distributed frame, from its locals."""
+    """The kept arguments of a torch.distributed frame, from its locals. Read once per distinct locals
+    (``_ARGS``): at 16k ranks most ranks' collective frames hold the same ones, only a send's peer differs."""
+    key = (f.filename, bytes(f.locals))
+    if key in _ARGS:
+        return _ARGS[key]
+    if len(_ARGS) >= _MAX_FRAMES:
+        _ARGS.clear()
+    args = _ARGS[key] = _read_args(f)
+    return args
+
+
+def _read_args(f: _Frame) -> FrameArgs | None:
     try:
         pairs = [(v.name or "", v.repr) for v in _LOCALS.decode(f.locals) or ()]
     except msgspec.MsgspecError:  # locals that are not py-spy's: no argument is kept
@@ -183,6 +194,7 @@ def _args(f: _Frame) -> FrameArgs | None:
 
 # Frames made, by the py-spy fields they were made from; bounded, as a long ``watch`` sees new ones.
 _FRAMES: dict[tuple, Frame] = {}
+_ARGS: dict[tuple[str | None, bytes], FrameArgs | None] = {}
 _MAX_FRAMES = 1 << 16
 
 

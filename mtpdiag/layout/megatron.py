@@ -58,11 +58,12 @@ class _Generator:
             out *= size
         return out
 
-    def coords(self, rank: int) -> dict[str, int]:
-        out = {}
+    def strides(self) -> dict[str, tuple[int, int]]:
+        """Each digit's (stride, size): its coordinate of a rank is ``rank // stride % size``."""
+        out, stride = {}, 1
         for name, size in self.digits:
-            out[name] = rank % size
-            rank //= size
+            out[name] = (stride, size)
+            stride *= size
         return out
 
     def groups(self, tokens: Iterable[str]) -> list[tuple[int, ...]]:
@@ -74,11 +75,10 @@ class _Generator:
             stride *= size
         inner = [(strides[n], s) for n, s in self.digits if n in wanted]
         outer = [(strides[n], s) for n, s in self.digits if n not in wanted]
-        result = []
-        for group_index in range(_product(s for _, s in outer)):
-            base = _place(group_index, outer)
-            result.append(tuple(base + _place(i, inner) for i in range(_product(s for _, s in inner))))
-        return result
+        # Every instance is the first one shifted: place the members' offsets once, not once per rank.
+        offsets = [_place(i, inner) for i in range(_product(s for _, s in inner))]
+        return [tuple([base + o for o in offsets])
+                for base in (_place(g, outer) for g in range(_product(s for _, s in outer)))]
 
 
 def _product(values: Iterable[int]) -> int:
@@ -188,10 +188,16 @@ class ParallelLayout:
         """tp, cp, ep, dp, pp coordinates of a global rank (ep from the expert generator)."""
         if not 0 <= rank < self.world_size:
             raise LayoutError(f"rank {rank} is outside a world of {self.world_size}")
-        dense = self._dense.coords(rank)
-        # Without experts every rank is on expert rank 0 (the report asks this for each of 16k ranks).
-        ep = self._expert.coords(rank)["ep"] if self.ep > 1 else 0
-        return {"tp": dense["tp"], "cp": dense["cp"], "ep": ep, "dp": dense["dp"], "pp": dense["pp"]}
+        (tp, tp_n), (cp, cp_n), (ep, ep_n), (dp, dp_n), (pp, pp_n) = self._digits
+        return {"tp": rank // tp % tp_n, "cp": rank // cp % cp_n, "ep": rank // ep % ep_n,
+                "dp": rank // dp % dp_n, "pp": rank // pp % pp_n}
+
+    @cached_property
+    def _digits(self) -> tuple[tuple[int, int], ...]:
+        """(stride, size) of tp, cp, ep, dp and pp in a rank's mixed-radix number (ep from the expert
+        generator): the report asks the coordinates of each of 16k ranks."""
+        dense, expert = self._dense.strides(), self._expert.strides()
+        return (dense["tp"], dense["cp"], expert["ep"] if self.ep > 1 else (1, 1), dense["dp"], dense["pp"])
 
     def groups(self, kind: str) -> list[tuple[int, ...]]:
         """Every instance of a group kind, in megatron's order."""

@@ -80,9 +80,18 @@ NO_ENV = Env()
 _env_number = functools.lru_cache(maxsize=256)(decimal)
 
 
+def _world_size(world_size: str | None, ntasks: str | None) -> int | None:
+    size = _env_number(world_size)
+    return size if size is not None else _env_number(ntasks)
+
+
 def world_sizes(captures: Iterable[RankCapture]) -> list[int]:
-    """The distinct WORLD_SIZEs some captures carry, smallest first (more than one is a conflict)."""
-    return sorted({c.world_size for c in captures if c.world_size})
+    """The distinct WORLD_SIZEs some captures carry, smallest first (more than one is a conflict).
+
+    The ranks of a job carry the same texts: each distinct pair is parsed once (``analyze`` asks this of
+    16k captures three times)."""
+    texts = {(c.env.WORLD_SIZE, c.env.SLURM_NTASKS) for c in captures}
+    return sorted({size for pair in texts if (size := _world_size(*pair))})
 
 
 def who_and_why(item: Any) -> str:
@@ -136,8 +145,7 @@ class RankCapture(Record, frozen=True, kw_only=True):
     @property
     def world_size(self) -> int | None:
         """WORLD_SIZE, else SLURM_NTASKS, from the environment (None if neither is a number)."""
-        size = _env_number(self.env.WORLD_SIZE)
-        return size if size is not None else _env_number(self.env.SLURM_NTASKS)
+        return _world_size(self.env.WORLD_SIZE, self.env.SLURM_NTASKS)
 
     @property
     def main_thread(self) -> ThreadStack | None:

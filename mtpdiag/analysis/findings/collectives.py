@@ -22,7 +22,7 @@ from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Finding, Mismatch, Site
 from mtpdiag.vocabulary.states import FindingId
 
-if TYPE_CHECKING:  # the Flight Recorder analysis is imported only when there are dumps
+if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there are dumps
     from mtpdiag.analysis.flight_recorder.evidence import SizeProblem
 
 

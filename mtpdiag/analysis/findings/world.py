@@ -14,7 +14,7 @@ from mtpdiag.model import Finding, RankView
 from mtpdiag.vocabulary.states import FROZEN_STATES, FindingId, RankState
 from mtpdiag.vocabulary.waits import WAIT_PHRASES
 
-if TYPE_CHECKING:  # the Flight Recorder analysis is imported only when there are dumps
+if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there are dumps
     from mtpdiag.analysis.flight_recorder.evidence import StuckGroup
 
 
