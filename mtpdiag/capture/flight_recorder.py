@@ -96,15 +96,16 @@ def _wait_for_files(targets: list[_Target], newer_than: float | None, wait_s: fl
     while True:
         files: dict[int, str] = {}
         for c in targets:
-            path = _dump_of(c, newer_than)
-            if path is not None:
-                files[c.rank] = path
+            found = _dump_of(c, newer_than)
+            if found is not None:
+                files[c.rank] = found[0]
         if len(files) == len(targets) or time.monotonic() >= deadline:
             return files
         time.sleep(0.2)
 
 
-def _dump_of(capture: _Target, newer_than: float | None) -> str | None:
+def _dump_of(capture: _Target, newer_than: float | None) -> tuple[str, float] | None:
+    """The rank's dump file (seen through /proc/PID/root) and its mtime, when it is of this run."""
     started = procfs.start_time(capture.pid)
     for prefix in dump_prefixes(capture.env, _home(capture.pid)):
         path = _in_root(capture.pid, f"{prefix}{capture.rank}")
@@ -116,7 +117,7 @@ def _dump_of(capture: _Target, newer_than: float | None) -> str | None:
             continue  # from an earlier run of the job
         if newer_than is not None and mtime < newer_than:
             continue
-        return path
+        return path, mtime
     return None
 
 
@@ -160,20 +161,19 @@ class LiveProgress:
         self._read_mtime: dict[int, float] = {}  # rank -> the mtime of the last dump read
         self._completed: dict[int, int] = {}
 
-    @staticmethod
-    def available(captures: tuple[RankCapture, ...]) -> bool:
-        return any(pipe_prefix(c.env.as_dict()) for c in captures if c.pid is not None and c.rank is not None)
-
     def poll(self, captures: tuple[RankCapture, ...]) -> bool:
         """Whether a rank completed a collective since its dump last read (read the new dumps, then ask the
         ranks that answered again; never waits)."""
         now = time.time()
         moved = False
-        for c in (c for c in _targets(captures) if pipe_prefix(c.env)):
+        for c in _targets(captures):
+            prefix = pipe_prefix(c.env)
+            if prefix is None:
+                continue
             moved |= self._read_new_dump(c)
             asked = self._asked.get(c.rank)
             if asked is None or now - asked >= self.REASK_S:
-                if request_live_dump(_in_root(c.pid, pipe_prefix(c.env) or ""), c.rank).sent:
+                if request_live_dump(_in_root(c.pid, prefix), c.rank).sent:
                     self._asked[c.rank] = now
                 else:
                     self._asked.pop(c.rank, None)
@@ -185,10 +185,12 @@ class LiveProgress:
         asked, last = self._asked.get(c.rank), self._read_mtime.get(c.rank)
         if asked is None and last is None:
             return False
-        path = _dump_of(c, None)
-        mtime = _mtime(path)
-        if path is None or mtime is None or (last is not None and mtime <= last) \
-                or (last is None and asked is not None and mtime < asked - self.MTIME_SLACK_S):
+        found = _dump_of(c, None)
+        if found is None:
+            return False
+        path, mtime = found
+        if (last is not None and mtime <= last) or (last is None and asked is not None
+                                                    and mtime < asked - self.MTIME_SLACK_S):
             return False
         done = _completed(path, c.rank)
         if done is None:  # not a dump we can read (yet): try again at the next poll
@@ -199,15 +201,6 @@ class LiveProgress:
         if asked is not None and mtime >= asked - self.MTIME_SLACK_S:
             del self._asked[c.rank]  # answered
         return before is not None and done > before
-
-
-def _mtime(path: str | None) -> float | None:
-    if path is None:
-        return None
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return None
 
 
 def _completed(path: str, rank: int) -> int | None:
