@@ -248,11 +248,20 @@ def hang_report(report: Report, tracker: StallTracker, now: float, interval: flo
 
 def progress_report(report: Report, tracker: StallTracker, now: float, interval: float,
                      stall: float) -> Report:
-    """The job kept moving: a momentary stack sample is not a diagnosis, so no findings are claimed."""
+    """The time is up without a hang. When the job was seen to move, a momentary stack sample is not a
+    diagnosis, so no findings are claimed: ok. When it was never seen to move (a watch shorter than the stall
+    window, or samples that took that long), it is not called ok: the last sample's diagnosis stands, at least
+    incomplete, with what to do."""
+    progress = tracker.progress(now, interval, stall)
+    if not tracker.progressed:
+        note = (f"no progress seen in {tracker.samples} samples over {now - tracker.started:.1f} s, and no "
+                f"{stall:g} s window watched to its end either: run watch longer (--duration) to tell a hang "
+                f"from slow progress")
+        verdict = Verdict.INCOMPLETE if report.verdict == Verdict.OK else report.verdict
+        return replace(report, verdict=verdict, notes=(*report.notes, note), progress=progress)
     note = (f"the job made progress: in {tracker.samples} samples over {now - tracker.started:.1f} s, "
             f"no {stall:g} s window passed without a stack changing or a collective completing")
-    return replace(report, verdict=Verdict.OK, findings=(), mismatches=(), notes=(note,),
-                   progress=tracker.progress(now, interval, stall))
+    return replace(report, verdict=Verdict.OK, findings=(), mismatches=(), notes=(note,), progress=progress)
 
 
 def hang_bundle_path(out: Path | None, snapshot: Snapshot) -> str:

@@ -67,7 +67,10 @@ class StallTracker:
     """What watch has seen so far. ``quiet_since`` is the sample at which progress was last seen.
 
     ``cpu_ns`` is the latest main-thread CPU reading per target (pid), ``stacks`` the latest stack signatures
-    seen since that progress (empty until the first stack sample of a quiet spell).
+    seen since that progress (empty until the first stack sample of a quiet spell). ``progressed``: progress
+    was seen against a baseline at least once (a stack that changed since the last stack sample, a collective
+    completed, a main thread that ran during a pause, ranks that changed); main-thread CPU before there is a
+    stack to compare with is not enough, since a hung NCCL rank spins.
     """
 
     started: float
@@ -77,6 +80,7 @@ class StallTracker:
     cpu_ns: Mapping[Target, int | None] = field(default_factory=dict)
     stacks: Mapping[Process, Signature] = field(default_factory=dict)
     min_progress_ns: int = MIN_PROGRESS_NS
+    progressed: bool = False
 
     @staticmethod
     def start(now: float, min_progress_ns: int = MIN_PROGRESS_NS) -> StallTracker:
@@ -93,14 +97,15 @@ class StallTracker:
         is None when the stacks were not captured this time; ``fr_moved``: the Flight Recorder shows a
         collective completed since the last sample. Progress starts the quiet window at ``done``."""
         if stacks is not None and self.stacks:
-            moved = dict(stacks) != dict(self.stacks)  # a spinning main thread burns CPU at one place
+            moved = seen = dict(stacks) != dict(self.stacks)  # a spinning main thread burns CPU at one place
         else:
             moved = self.cpu_moved(cpu_ns)
-        moved = moved or fr_moved
+            seen = moved and stacks is None and self.samples > 0  # the ranks changed under the dump
+        moved, seen = moved or fr_moved, seen or fr_moved
         if moved:
             return replace(self, quiet_since=now if done is None else max(now, done), samples=self.samples + 1,
                            stack_samples_while_quiet=0 if stacks is None else 1, cpu_ns=dict(cpu_ns),
-                           stacks={} if stacks is None else dict(stacks))
+                           stacks={} if stacks is None else dict(stacks), progressed=self.progressed or seen)
         return replace(self, samples=self.samples + 1,
                        stack_samples_while_quiet=self.stack_samples_while_quiet + (stacks is not None),
                        cpu_ns=dict(cpu_ns), stacks=self.stacks if stacks is None else dict(stacks))
@@ -113,7 +118,8 @@ class StallTracker:
         and the stacks taken meanwhile may be from its old place.
         """
         if self.cpu_moved(cpu_ns):
-            return replace(self, quiet_since=now, stack_samples_while_quiet=0, cpu_ns=dict(cpu_ns), stacks={})
+            return replace(self, quiet_since=now, stack_samples_while_quiet=0, cpu_ns=dict(cpu_ns), stacks={},
+                           progressed=True)
         return replace(self, cpu_ns=dict(cpu_ns))
 
     def stalled_for(self, now: float) -> float:

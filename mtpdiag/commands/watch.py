@@ -1,4 +1,5 @@
-"""``mtpdiag watch``: sample a job until it hangs (diagnose, save a bundle, exit 1) or the time is up (exit 0).
+"""``mtpdiag watch``: sample a job until it hangs (diagnose, save a bundle, exit 1) or the time is up (exit 0
+when the job was seen to move; when it never was, the last sample's diagnosis, at least incomplete, exit 4).
 
 Each sample first reads every worker's main-thread CPU time from /proc (schedstat, in ns; the 10 ms
 ticks of stat where schedstat is missing), which costs the targets nothing, then the stacks: a blocking
@@ -38,7 +39,8 @@ def watch(
                                 "and no stack changed; raise it when a healthy step idles longer "
                                 "(a data-loader wait, a slow collective)."),
     duration: float | None = typer.Option(None, "--duration", min=0.1,
-                                             help="Stop after this many seconds (exit 0 if no hang)."),
+                                             help="Stop after this many seconds: exit 0 if the job was seen to move, "
+                                             "4 if it was never seen to (watch longer)."),
     out: Path | None = typer.Option(None, "--out", help="Bundle to write on a hang "
                                        "(default ./mtpdiag-hang-HOST-TIME.json; a directory works)."),
     native: bool = o.NATIVE,
@@ -153,7 +155,7 @@ def watch(
         _ended(status, tracker, end - start)
     report = pipeline.progress_report(pipeline.diagnose_snapshot(snapshot, layout_options), tracker, end, interval, stall)
     emit(report, output, html)
-    raise typer.Exit(EXIT_OK)
+    raise typer.Exit(pipeline.exit_code(report))
 
 
 def _targets_now(list_targets: Callable[[], list]) -> list | None:

@@ -13,6 +13,8 @@ import pytest
 
 from mtpdiag.analysis.stall import MIN_PROGRESS_NS, StallTracker, cpu_moved, stack_signatures
 from mtpdiag.inputs.bundle import load_bundle
+from mtpdiag.model import replace
+from mtpdiag.vocabulary.states import Verdict
 from support.captures import CAPTURES
 
 NS_PER_TICK = 10_000_000
@@ -158,3 +160,39 @@ def test_the_window_starts_when_the_sample_that_saw_progress_ended():
     assert after.observe(12.5, spun, stacks, done=12.9).is_hang(12.5, 5.0)  # 5.5 s seen without progress
     # Without ``done``, the sample counts from its start, as before.
     assert tracker.observe(1.0, spun, stacks).quiet_since == 1.0
+
+
+def test_cpu_before_a_stack_baseline_is_not_progress_seen():
+    """A spinning rank moves its CPU at every sample: without a stack to compare with, that is not the job
+    seen to move (``progressed``), though it resets the window as before."""
+    cpu, stacks, ranks = _recorded("mtp_cp_pp")
+    spun = {pid: ns + 10 * MIN_PROGRESS_NS for pid, ns in cpu.items()}
+    tracker = StallTracker.start(0.0).observe(0.0, cpu, None).observe(1.0, spun, stacks)
+    assert tracker.quiet_since == 1.0 and not tracker.progressed
+    assert not tracker.observe(2.0, spun, stacks).progressed  # the same stacks again
+    assert tracker.observe(2.0, spun, stacks, fr_moved=True).progressed
+    moved_on = {**stacks, ranks[0]: (stacks[ranks[1]][0], None)}
+    assert tracker.observe(2.0, spun, moved_on).progressed
+    ran = {pid: ns + (5 * MIN_PROGRESS_NS if pid == ranks[3] else 0) for pid, ns in spun.items()}
+    assert tracker.after_pause(2.0, ran).progressed  # a main thread ran during a pause
+
+
+def test_a_watch_that_never_saw_the_job_move_is_not_ok():
+    """The time ran out before any progress was seen against a baseline: the last sample's diagnosis stands,
+    at least incomplete (exit 4), with a note to watch longer; once progress was seen, ok."""
+    from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM
+    from mtpdiag.pipeline import LayoutOptions, diagnose_snapshot, exit_code, progress_report
+
+    bundle = load_bundle(os.path.join(CAPTURES, "mtp_cp_pp", "bundle.json"))
+    cpu, stacks, _ = _recorded("mtp_cp_pp")
+    diagnosis = diagnose_snapshot(bundle, LayoutOptions(cp=2, pp=2))
+    assert exit_code(diagnosis) == EXIT_PROBLEM
+    quiet = StallTracker.start(0.0).observe(0.0, cpu, None).observe(1.0, cpu, stacks).observe(2.0, cpu, stacks)
+    assert not quiet.progressed and not quiet.is_hang(3.0, 5.0)
+    kept = progress_report(diagnosis, quiet, 3.0, 1.0, 5.0)
+    assert exit_code(kept) == EXIT_PROBLEM and kept.findings == diagnosis.findings
+    assert "watch longer" in kept.notes[-1] and kept.progress is not None and kept.progress.hang is False
+    calm = replace(diagnosis, verdict=Verdict.OK, findings=(), mismatches=())
+    assert exit_code(progress_report(calm, quiet, 3.0, 1.0, 5.0)) == EXIT_INCOMPLETE
+    moved = quiet.observe(3.0, cpu, {}, fr_moved=True)
+    assert moved.progressed and exit_code(progress_report(diagnosis, moved, 4.0, 1.0, 5.0)) == EXIT_OK
