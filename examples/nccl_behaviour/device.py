@@ -113,8 +113,8 @@ class Stream:
         return (self._shim.stream_issued() - self._shim.stream_completed()) & 0xFFFFFFFF
 
     def _run(self) -> None:
-        while True:
-            run, on_done = self._items.get()
+        while (item := self._items.get()) is not None:
+            run, on_done = item
             try:
                 run()
                 if on_done is not None:
@@ -125,8 +125,21 @@ class Stream:
                 threading.Event().wait()
             self._shim.stream_complete()
 
+    def close(self) -> None:
+        """Let the queued items run, then end the stream's thread (before the process groups are destroyed)."""
+        self._items.put(None)
+        self._thread.join()
+
 
 _STREAM: Stream | None = None
+
+
+def close_stream() -> None:
+    """End the process's stream, if one was created."""
+    global _STREAM
+    if _STREAM is not None:
+        _STREAM.close()
+        _STREAM = None
 
 
 def current_stream(sync: str | None = None) -> Stream:

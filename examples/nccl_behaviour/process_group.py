@@ -45,7 +45,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions, _create_work_from_future
 from torch.futures import Future
 
-from device import Stream, current_stream
+from device import Stream, close_stream, current_stream
 from recorder import RECORDER, Entry, ProcessGroupStatus
 
 BACKEND = "ncclcpu"
@@ -329,3 +329,12 @@ def _create(backend_opts, _pg_options) -> ProcessGroupNCCLOnCPU:
 def register() -> None:
     if BACKEND not in dist.Backend.backend_list:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+
+
+def destroy() -> None:
+    """destroy_process_group(), after the emulated watchdog and stream threads have ended (no-op on gloo)."""
+    import watchdog
+
+    watchdog.stop()
+    close_stream()
+    dist.destroy_process_group()

@@ -72,7 +72,7 @@ class Monitor:
         self.failed: set[ProcessGroupNCCLOnCPU] = set()
         self.to_retire: list[tuple[float, ProcessGroupNCCLOnCPU, WorkNCCL]] = []
         self.abort_after: tuple[float, ProcessGroupNCCLOnCPU, WorkNCCL] | None = None
-        self.pipe_fd = self._open_pipe()
+        self.pipe_fd, self.stopped = self._open_pipe(), threading.Event()  # stopped: stop() ends the thread
         self.thread = threading.Thread(target=self._run, name="emulated-nccl-watchdog", daemon=True)
         self.thread.start()
 
@@ -107,8 +107,8 @@ class Monitor:
 
     def _run(self) -> None:
         next_coord = time.monotonic()
-        while True:
-            time.sleep(WATCHDOG_SLEEP_S)
+        while not self.stopped.is_set():
+            self.stopped.wait(WATCHDOG_SLEEP_S)
             self._check_timeouts()
             now = time.monotonic()
             if now >= next_coord or self.signalled:
@@ -238,3 +238,16 @@ def start(default_group: ProcessGroupNCCLOnCPU) -> Monitor:
     if MONITOR is None:
         MONITOR = Monitor(default_group)
     return MONITOR
+
+
+def stop() -> None:
+    """ProcessGroupNCCL's shutdown: the watchdog thread ends before the groups and their store go.
+
+    A daemon thread still inside a store call while the interpreter exits is killed in C++, which aborts the
+    process ("terminate called without an active exception") after a job that finished well.
+    """
+    global MONITOR
+    if MONITOR is not None:
+        MONITOR.stopped.set()
+        MONITOR.thread.join()
+        MONITOR = None

@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.barrier()
     print(f"rank {rank} done", flush=True)
     mpu.destroy_model_parallel()
-    dist.destroy_process_group()
+    process_group.destroy()  # the emulated watchdog and stream end first
     return 0
 
 
