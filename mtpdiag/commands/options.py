@@ -35,7 +35,9 @@ HTML = typer.Option(None, "--html", help="Also write a self-contained HTML repor
 RAY = typer.Option(None, "--ray", metavar="[ADDRESS]", help="Capture every node of a Ray cluster through Ray "
                    "itself (no pdsh, no shared directory): a capture task pinned to each node, its bundle back "
                    "through Ray's object store. ADDRESS defaults to auto (RAY_ADDRESS, or the cluster this node "
-                   "runs). Needs mtpdiag and py-spy on every node, and Ray here: pip install 'mtpdiag[ray]'.")
+                   "runs); HOST:PORT of the GCS joins as a Ray driver, which listens on a port; http://HEAD:8265 (the "
+                   "job server, as ray job submit) runs the capture as a Ray job and opens no port here. Needs "
+                   "mtpdiag and py-spy on every node, and Ray here: pip install 'mtpdiag[ray]'.")
 RAY_TIMEOUT = typer.Option(60.0, "--ray-timeout", min=1.0, help="Seconds to wait for every node's capture task "
                            "under --ray; a node still busy then is reported as not captured.")
 
@@ -57,14 +59,23 @@ def fill_optional_values(argv: list[str]) -> list[str]:
 
 
 def ray_cluster(address: str | None, timeout: float, pid: list[int] | None, all_: bool,
-                host: str | None = None) -> Any:
-    """The connection ``--ray ADDRESS`` asks for (None without ``--ray``); the flags that pick local
-    processes are refused with it, before anything connects."""
+                host: str | None = None, command: str = "inspect") -> Any:
+    """The connection ``--ray ADDRESS`` asks for (None without ``--ray``): a Ray driver's, or with an
+    ``http(s)://`` job server, capture jobs'. The flags that pick local processes are refused with it, and
+    ``watch`` with a job server, before anything connects."""
     if address is None:
         return None
     if pid or all_ or host:
         flag = "--pid" if pid else "--all" if all_ else "--host"
         raise InputError(f"--ray captures every node's ranks and names each node itself: drop {flag}")
+    from mtpdiag.capture.ray_job import RayJobCluster, job_server
+
+    server = job_server(address)
+    if server is not None and command == "watch":
+        raise InputError(f"watch samples every second and needs a driver's connection (--ray HOST:PORT of the "
+                         f"GCS, or auto on a node), not the job server at {server}; inspect and collect take it")
+    if server is not None:
+        return RayJobCluster(server, timeout)
     from mtpdiag.capture.ray_cluster import RayCluster
 
     return RayCluster(address, timeout)

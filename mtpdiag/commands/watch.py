@@ -74,7 +74,7 @@ def watch(
         check_destination(str(out))
     layout_options = pipeline.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
                                             config=config, overrides=tuple(override or ()))
-    cluster = o.ray_cluster(ray, ray_timeout, pid, all_)
+    cluster = o.ray_cluster(ray, ray_timeout, pid, all_, command="watch")
     status = _Status()
     fr_progress = LiveProgress() if cluster is None else None  # --ray: each node picks its dumps up itself
     start = time.monotonic()

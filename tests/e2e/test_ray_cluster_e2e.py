@@ -38,7 +38,15 @@ import pytest
 
 from conftest import unavailable
 from mtpdiag.capture import procfs
-from support.jobs_e2e import ROOT, check_ray_verl_hang, end_sessions, free_port, run_cli, wait_until_quiet
+from support.jobs_e2e import (
+    ROOT,
+    check_ray_verl_hang,
+    end_sessions,
+    free_port,
+    run_cli,
+    run_watching_ports,
+    wait_until_quiet,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
@@ -57,6 +65,7 @@ NODE_GONE = ("did not finish within", "could not be placed", "the node died", "d
 @dataclass
 class Cluster:
     address: str
+    jobs: str  # the head's job server (the dashboard), http://127.0.0.1:PORT
     sessions: set[int]
     driver: int
     actors: dict[int, int]  # rank -> pid
@@ -131,19 +140,20 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray-cluster")
     # Ray's unix socket paths live under its temp dir and must stay under 108 bytes: pytest's is too long.
     ray_tmp = tempfile.mkdtemp(prefix="mtpd-rc-", dir="/tmp")
-    port = free_port()
+    port, dashboard = free_port(), free_port()
     # Both nodes' Ray workers import this checkout's mtpdiag (the capture task runs there).
     env = {**os.environ, **NODE_ENV, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     log = tmp / "head.log"
     head = (f'set -e\n"{sys.executable}" -m ray.scripts.scripts start --head --port={port} '
-            f'--num-cpus=1 --num-gpus=0 --include-dashboard=false --disable-usage-stats --temp-dir={ray_tmp}\n'
+            f'--num-cpus=1 --num-gpus=0 --include-dashboard=true --dashboard-host=127.0.0.1 --dashboard-port={dashboard} '
+            f'--disable-usage-stats --temp-dir={ray_tmp}\n'
             f'echo "head started"\nexec "$@" --address 127.0.0.1:{port}\n')
     driver = [sys.executable, DRIVER, *OVERRIDES, "--gate", "buggy", "--worker-env", f"WANDB_API_KEY={CANARY}"]
     with open(log, "w") as out:
         proc = subprocess.Popen(["bash", "-c", head, "bash", *driver], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, cwd=ROOT, start_new_session=True)
-    state = Cluster(address="", sessions={proc.pid}, driver=proc.pid, actors={}, node_of={}, raylets={},
+    state = Cluster(address="", jobs=f"http://127.0.0.1:{dashboard}", sessions={proc.pid}, driver=proc.pid, actors={}, node_of={}, raylets={},
                     node_sessions={}, env=env, tmp=tmp, ray_tmp=ray_tmp)
     try:
         _wait_for(lambda: _line(log, "head started") or proc.poll() is not None, "head node", 180, log)
@@ -184,6 +194,15 @@ def _cli(cluster: Cluster, *args: str, cwd: str = ROOT, timeout: float = 300) ->
     assert CANARY not in done.stdout and CANARY not in done.stderr, args
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     return done
+
+
+def _cli_watching_ports(cluster: Cluster, *args: str) -> tuple[subprocess.CompletedProcess, set[int]]:
+    """``_cli``, and the TCP ports the command listened on while it ran."""
+    done, ports = run_watching_ports([sys.executable, "-m", "mtpdiag", *args], env={**os.environ, "COLUMNS": "200"},
+                                     cwd=ROOT, timeout=400)
+    assert CANARY not in done.stdout and CANARY not in done.stderr, args
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    return done, ports
 
 
 def _ray_python_processes(cluster: Cluster) -> set[int]:
@@ -239,10 +258,12 @@ def test_inspect_ray_diagnoses_both_nodes_with_the_layout_from_the_driver(cluste
     before = _ray_python_processes(cluster)
     # the first capture on a fresh install starts a Ray worker and imports mtpdiag cold on each node: more than
     # the default 60 s on a loaded 2-core CI machine
-    done = _cli(cluster, "inspect", "--ray", cluster.address, "--json", "--ray-timeout", "240")
+    done, ports = _cli_watching_ports(cluster, "inspect", "--ray", cluster.address, "--json", "--ray-timeout", "240")
     assert done.returncode == 1, done.stderr[-3000:]
     assert "warning" not in done.stderr, done.stderr
     _check_full_diagnosis(json.loads(done.stdout), cluster)
+    # A Ray driver listens for its tasks' replies (docs/design.md: the one opt-in exception); the probe sees it.
+    assert ports, "no listening port seen: the probe of the job-server test below would prove nothing"
     # Ray ends the driver's job, and with it the workers that ran the capture tasks: nothing of ours stays.
     _wait_for(lambda: _ray_python_processes(cluster) <= before, "end of the capture tasks' workers", 60)
 
@@ -284,6 +305,28 @@ def test_watch_ray_calls_the_hang_and_saves_its_bundle(cluster, tmp_path):
     _check_full_diagnosis(report, cluster)
     (bundle,) = list(tmp_path.glob("mtpdiag-hang-*.json"))
     assert CANARY.encode() not in bundle.read_bytes()
+
+
+def test_inspect_and_collect_through_the_job_server_open_no_port(cluster, tmp_path):
+    """``--ray http://HEAD:8265``: the capture runs as a Ray job on the head; this side is an HTTP client only."""
+    done, ports = _cli_watching_ports(cluster, "inspect", "--ray", cluster.jobs, "--json", "--ray-timeout", "240")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "warning" not in done.stderr, done.stderr
+    _check_full_diagnosis(json.loads(done.stdout), cluster)
+    assert ports == set(), ports
+    collected, ports = _cli_watching_ports(cluster, "collect", "--ray", cluster.jobs, "--out", str(tmp_path))
+    assert collected.returncode == 0 and ports == set(), (collected.stderr[-3000:], ports)
+    (bundle,) = tmp_path.iterdir()
+    assert sorted(c["rank"] for c in json.loads(bundle.read_text())["captures"]) == list(range(WORLD))
+    # The capture jobs' logs on the head hold their replies, with no more than a bundle holds.
+    logs = list(Path(cluster.ray_tmp).glob("session_latest/logs/job-driver-mtpdiag-capture-*.log"))
+    assert len(logs) == 2 and not any(CANARY.encode() in log.read_bytes() for log in logs), logs
+
+
+def test_watch_refuses_a_job_server_before_connecting():
+    done = run_cli("watch", "--ray", "http://127.0.0.1:9", "--duration", "1")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "needs a driver's connection" in done.stderr and "http://127.0.0.1:9" in done.stderr, done.stderr
 
 
 def test_without_ray_nothing_imports_ray_and_the_local_capture_still_works(cluster):

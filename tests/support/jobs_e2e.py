@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -175,3 +176,46 @@ def check_ray_verl_hang(report: dict) -> None:
     assert (finding["id"], finding["ranks"]) == ("mtp-cp-gated-reduce", [2, 3])
     (root,) = [m for m in report["mismatches"] if m["role"] == "root"]
     assert (root["group"], root["entered"], root["absent"], root["gate"]) == ("dp_cp", [2], [3], {"cp": 0})
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports (v4 and v6) on which process ``pid`` listens, from its socket fds and /proc/net/tcp*."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return set()
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = open(f"/proc/{pid}/net/{table}").read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # TCP_LISTEN, owned by one of its fds
+                ports.add(int(fields[1].rpartition(":")[2], 16))
+    return ports
+
+
+def run_watching_ports(cmd: list[str], env: dict, cwd: str, timeout: float) -> tuple[subprocess.CompletedProcess, set[int]]:
+    """Run ``cmd``; its result, and every TCP port it listened on while it ran (sampled every 50 ms)."""
+    seen: set[int] = set()
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd) as proc:
+        result: dict[str, str] = {}
+
+        def drain() -> None:
+            result["out"], result["err"] = proc.communicate(timeout=timeout)
+
+        reader = threading.Thread(target=drain)
+        reader.start()
+        while reader.is_alive():
+            seen |= listening_ports(proc.pid)
+            reader.join(0.05)
+    return subprocess.CompletedProcess(cmd, proc.returncode, result.get("out", ""), result.get("err", "")), seen
