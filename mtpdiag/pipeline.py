@@ -23,7 +23,7 @@ from mtpdiag.vocabulary.states import Verdict
 if TYPE_CHECKING:  # watch's and --ray's parts, imported where they run
     from mtpdiag.analysis.stall import StallTracker
     from mtpdiag.capture.flight_recorder import LiveProgress
-    from mtpdiag.capture.ray_cluster import RayCluster
+    from mtpdiag.capture.ray_cluster import ClusterProgress, RayCluster
     from mtpdiag.model.flight_recorder import FRDump
     from mtpdiag.model.watchdog import WatchdogLog
 
@@ -198,7 +198,7 @@ def exit_code(report: Report) -> int:
 
 def sample_once(tracker: StallTracker, targets: list, now: float,
                 take_stacks: Callable[[list, bool], Snapshot | None],
-                fr_progress: LiveProgress | None = None,
+                fr_progress: LiveProgress | ClusterProgress | None = None,
                 read_cpu: Callable[[list], dict] | None = None) -> tuple[StallTracker, Snapshot | None]:
     """One sample: main-thread CPU first, then the stacks. ``take_stacks(targets, nonblocking)``.
 
@@ -207,7 +207,7 @@ def sample_once(tracker: StallTracker, targets: list, now: float,
     a rank that burns CPU may be working, or spinning at a host sync; only its stack can tell.
     Returns the updated tracker and the snapshot (None at the first sample, which is the CPU baseline).
     With ``fr_progress`` (the job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE), a collective completed since the last
-    sample is progress too. Progress seen in this sample starts the quiet window when the sample ends (``now``
+    sample is progress too (``--ray``: polled on the nodes during ``take_stacks``). Progress seen in this sample starts the quiet window when the sample ends (``now``
     plus the time it took), not when it began. ``read_cpu(targets)`` reads the CPU elsewhere (``--ray``: on
     every node); by default the targets are pids of this host.
     """

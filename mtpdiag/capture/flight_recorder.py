@@ -16,7 +16,7 @@ import pwd
 import re
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from mtpdiag.capture import procfs
 from mtpdiag.capture.fr_locate import dump_prefixes, pipe_prefix, request_live_dump
@@ -156,10 +156,18 @@ class LiveProgress:
     REASK_S = 5.0  # a request not answered by then is taken as lost, and made again
     MTIME_SLACK_S = 0.05  # file times come from the kernel's coarse clock, a tick behind time.time()
 
-    def __init__(self) -> None:
-        self._asked: dict[int, float] = {}      # rank -> when its unanswered request was made
-        self._read_mtime: dict[int, float] = {}  # rank -> the mtime of the last dump read
-        self._completed: dict[int, int] = {}
+    def __init__(self, state: dict[str, dict[int, Any]] | None = None) -> None:
+        state = state or {}
+        self._asked: dict[int, float] = dict(state.get("asked") or {})  # rank -> when its open request was made
+        self._read_mtime: dict[int, float] = dict(state.get("read_mtime") or {})  # rank -> its last dump read
+        self._completed: dict[int, int] = dict(state.get("completed") or {})
+
+    def state(self, ranks: set[int] | None = None) -> dict[str, dict[int, Any]]:
+        """What the next poll needs, as plain data (of ``ranks`` only, if given): ``--ray`` keeps it on the
+        driver between samples and hands each node's capture task the state of its ranks."""
+        def keep(table: dict[int, Any]) -> dict[int, Any]:
+            return {r: v for r, v in table.items() if ranks is None or r in ranks}
+        return {"asked": keep(self._asked), "read_mtime": keep(self._read_mtime), "completed": keep(self._completed)}
 
     def poll(self, captures: tuple[RankCapture, ...]) -> bool:
         """Whether a rank completed a collective since its dump last read (read the new dumps, then ask the

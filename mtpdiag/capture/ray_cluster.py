@@ -18,7 +18,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,34 @@ class ClusterCapture:
     notes: tuple[str, ...] = ()
 
 
+class ClusterProgress:
+    """``watch --ray``'s Flight Recorder signal. ``LiveProgress`` polls a rank's dumps and debug-info pipe, which
+    are on the rank's node, so each node's capture task polls its own ranks; the state between samples is kept
+    here, on the driver, and handed to every task with its request."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, dict[int, Any]] = {"asked": {}, "read_mtime": {}, "completed": {}}
+        self.moved = False
+
+    def update(self, replies: Iterable[Mapping[str, Any]]) -> None:
+        """Take each node's new state for the ranks it polled, and whether one of them completed a collective."""
+        for reply in replies:
+            answer = reply.get("fr_progress")
+            if not isinstance(answer, Mapping):
+                continue
+            self.moved |= bool(answer.get("moved"))
+            polled = {int(r) for r in answer.get("ranks") or ()}
+            new = answer.get("state") or {}
+            for key, table in self.state.items():
+                self.state[key] = {r: v for r, v in table.items() if r not in polled}
+                self.state[key].update({int(r): v for r, v in (new.get(key) or {}).items()})
+
+    def poll(self, captures: object) -> bool:
+        """Whether a rank completed a collective in the capture just taken (``LiveProgress.poll``'s place)."""
+        moved, self.moved = self.moved, False
+        return moved
+
+
 class RayCluster:
     """A driver's connection to a Ray cluster (``address``: ``auto``, ``HOST:PORT`` or ``ray://…``)."""
 
@@ -81,6 +109,7 @@ class RayCluster:
             sys.stdout = self._stdout
             raise InputError(f"cannot connect to the Ray cluster at {address}: {one_line(exc)}") from None
         self._remote = self.ray.remote(capture_node)
+        self.progress: ClusterProgress | None = None  # watch's Flight Recorder signal, once asked for
         self._driver_node = self.ray.get_runtime_context().get_node_id()
         # This process and its ancestors run on the driver's node: never a rank, never a layout hint.
         self._driver = identify([os.getpid(), *procfs.ancestors(os.getpid())])
@@ -108,11 +137,21 @@ class RayCluster:
                      alive=bool(n.get("Alive")), death=printable(str(n.get("DeathReasonMessage") or "")))
                 for name, n in zip(names, listed, strict=True)]
 
+    def track_progress(self) -> ClusterProgress:
+        """From now on every capture also polls the ranks' Flight Recorder progress (``watch``)."""
+        if self.progress is None:
+            self.progress = ClusterProgress()
+        return self.progress
+
     def capture(self, **options: Any) -> ClusterCapture:
         """Every alive node's ranks, merged; ``options`` as ``ray_node.capture_node`` takes them."""
         nodes = self.nodes()
         alive = [n for n in nodes if n.alive]
+        if self.progress is not None:
+            options["fr_progress"] = self.progress.state
         replies, failed = self._run(alive, {"mode": "stacks", **options})
+        if self.progress is not None:
+            self.progress.update(replies.values())
         loaded, notes, hints = [], [], []
         for node in alive:
             reply = replies.get(node.id)

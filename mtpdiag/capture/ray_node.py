@@ -21,7 +21,7 @@ from typing import Any
 import mtpdiag
 from mtpdiag.capture import capture, procfs, raylet_hints
 from mtpdiag.capture.discover import workers_below
-from mtpdiag.capture.flight_recorder import with_dumps
+from mtpdiag.capture.flight_recorder import LiveProgress, with_dumps
 from mtpdiag.capture.pyspy import find_pyspy
 from mtpdiag.errors import MtpdiagError
 
@@ -33,11 +33,12 @@ def capture_node(request: dict[str, Any]) -> dict[str, Any]:
 
     ``request``: ``label`` (the host name the captures carry), ``mode`` (``stacks``, or ``cpu`` for ``watch``'s
     main-thread CPU reading alone), py-spy's ``native``, ``nonblocking``, ``timeout`` and ``native_timeout``,
-    ``fr_dump`` and ``fr_wait`` (the Flight Recorder), and ``exclude`` ([pid, start time] pairs of the driver and
-    its ancestors, for the node it runs on). The reply holds ``bundle`` (None when the node runs no rank),
-    ``cpu`` (pid -> ns), ``hints`` (the sizes on the command lines of the job drivers this node runs), ``notes``,
-    ``unreadable`` (processes below the raylet whose environment could not be read), or ``failure``: one line
-    saying why nothing could be captured (py-spy missing, permission denied).
+    ``fr_dump`` and ``fr_wait`` (the Flight Recorder), ``fr_progress`` (``watch``: the ``LiveProgress.state`` the
+    driver keeps, polled here), and ``exclude`` ([pid, start time] pairs of the driver and its ancestors, for the
+    node it runs on). The reply holds ``bundle`` (None when the node runs no rank), ``cpu`` (pid -> ns), ``hints``
+    (the sizes on the command lines of the job drivers this node runs), ``notes``, ``unreadable`` (processes below
+    the raylet whose environment could not be read), ``fr_progress`` (``moved``, and the new state of this node's
+    ranks), or ``failure``: one line saying why nothing could be captured (py-spy missing, permission denied).
     """
     reply: dict[str, Any] = {"schema": REPLY_SCHEMA, "version": mtpdiag.__version__, "pid": os.getpid()}
     try:
@@ -59,6 +60,11 @@ def capture_node(request: dict[str, Any]) -> dict[str, Any]:
                            host=str(request.get("label") or ""), exclude=exclude, require_any=False)
         snapshot, notes = with_dumps(snapshot, request=bool(request.get("fr_dump")),
                                      wait_s=float(request.get("fr_wait", 10.0)))
+        if request.get("fr_progress") is not None:  # watch: the Flight Recorder's progress signal, kept by the driver
+            progress = LiveProgress(request["fr_progress"])
+            moved = progress.poll(snapshot.captures)
+            ranks = {c.rank for c in snapshot.captures if c.rank is not None}
+            reply["fr_progress"] = {"moved": moved, "ranks": sorted(ranks), "state": progress.state(ranks)}
     except MtpdiagError as exc:
         return {**reply, "failure": str(exc)}
     return {**reply, "bundle": snapshot.to_dict(), "notes": list(notes)}

@@ -76,7 +76,9 @@ def watch(
                                             config=config, overrides=tuple(override or ()))
     cluster = o.ray_cluster(ray, ray_timeout, pid, all_, command="watch")
     status = _Status()
-    fr_progress = LiveProgress() if cluster is None else None  # --ray: each node picks its dumps up itself
+    # The Flight Recorder's progress signal (a job that set TORCH_NCCL_DEBUG_INFO_PIPE_FILE); --ray: polled on
+    # each rank's node by its capture task, with the state kept here.
+    fr_progress = LiveProgress() if cluster is None else cluster.track_progress()
     start = time.monotonic()
     tracker = StallTracker.start(start)
     last: Snapshot | None = None
