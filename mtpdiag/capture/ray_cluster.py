@@ -189,9 +189,13 @@ class RayCluster:
         for node in nodes:
             exclude = self._driver if node.id == self._driver_node else []
             strategy = NodeAffinitySchedulingStrategy(node_id=node.id, soft=False)
-            refs.append(self._remote.options(
-                scheduling_strategy=strategy, num_cpus=0, max_retries=0, name="mtpdiag-capture",
-            ).remote({**request, "label": node.label, "exclude": exclude}))
+            try:
+                refs.append(self._remote.options(
+                    scheduling_strategy=strategy, num_cpus=0, max_retries=0, name="mtpdiag-capture",
+                ).remote({**request, "label": node.label, "exclude": exclude}))
+            except Exception as exc:  # a ray:// client server that cannot import mtpdiag fails here, not in a task
+                raise InputError(f"cannot submit the capture tasks to the Ray cluster at {self.address}: "
+                                 f"{why_failed(exc, self.ray)}") from None
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=self.timeout) if refs else ([], [])
         replies, failed = {}, []
         for node, ref in zip(nodes, refs, strict=True):

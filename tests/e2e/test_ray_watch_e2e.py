@@ -1,4 +1,5 @@
-"""End to end: ``watch --ray`` sees a healthy NCCL-style job move through the Flight Recorder, node by node.
+"""End to end on a one-node Ray cluster: ``watch --ray`` sees a healthy NCCL-style job move through the Flight
+Recorder, node by node; ``--ray ray://`` (Ray Client) captures it with no port opened here.
 
 A one-node Ray cluster (``ray start --head``, with its job server) runs a torchrun job of
 ``examples/nccl_behaviour`` submitted with ``ray job submit``, so that its ranks are below the raylet (raylet,
@@ -25,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from conftest import unavailable
-from support.jobs_e2e import ROOT, end_sessions, free_port, run_cli
+from support.jobs_e2e import ROOT, end_sessions, free_port, run_cli, run_watching_ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
@@ -40,18 +41,19 @@ def _job_log(ray_tmp: str) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """(the GCS address, the job's log): the healthy job running below the head's raylet."""
+    """(the GCS address, the Ray Client server's, the job's log): the healthy job below the head's raylet."""
     if importlib.util.find_spec("ray") is None or importlib.util.find_spec("aiohttp") is None:
         unavailable("ray[default] not installed (requirements-ci.txt pins it; bash scripts/test.sh installs it)")
     tmp = tmp_path_factory.mktemp("ray-watch")
     ray_tmp = tempfile.mkdtemp(prefix="mtpd-rw-", dir="/tmp")  # Ray's socket paths must stay short
-    port, dashboard = free_port(), free_port()
+    port, dashboard, client = free_port(), free_port(), free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     with open(tmp / "head.log", "w") as out:
         head = subprocess.Popen([*RAY, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
                                  "--num-cpus=1", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                                 f"--dashboard-port={dashboard}", "--disable-usage-stats", f"--temp-dir={ray_tmp}"],
+                                 f"--dashboard-port={dashboard}", f"--ray-client-server-port={client}",
+                                 "--disable-usage-stats", f"--temp-dir={ray_tmp}"],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=ROOT,
                                 start_new_session=True)
     sessions = {head.pid}
@@ -74,7 +76,7 @@ def cluster(tmp_path_factory):
         while not (log.exists() and "rank 0 step 1 " in log.read_text(errors="replace")):
             assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:] if log.exists() else "no log"
             time.sleep(0.5)
-        yield f"127.0.0.1:{port}", log
+        yield f"127.0.0.1:{port}", f"ray://127.0.0.1:{client}", log
     finally:
         left = end_sessions(sessions)
         shutil.rmtree(ray_tmp, ignore_errors=True)
@@ -83,7 +85,7 @@ def cluster(tmp_path_factory):
 
 def test_watch_ray_makes_no_false_call_on_a_healthy_job_with_3s_device_steps(cluster, tmp_path):
     """Without the Flight Recorder's signal this watch calls a hang after about 5 s (checked: exit 1)."""
-    address, log = cluster
+    address, _, log = cluster
     done = run_cli("watch", "--ray", address, "--duration", "60", "--ray-timeout", "240", "--out", str(tmp_path),
                    "--json", timeout=600)
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -92,3 +94,16 @@ def test_watch_ray_makes_no_false_call_on_a_healthy_job_with_3s_device_steps(clu
     assert report["progress"]["hang"] is False and report["verdict"] == "ok", report["progress"]
     assert report["progress"]["samples"] >= 3, report["progress"]
     assert "Traceback" not in log.read_text(errors="replace")  # the job ran on, untouched by the requests
+
+
+def test_inspect_through_ray_client_captures_the_ranks_below_the_raylet_and_opens_no_port(cluster):
+    """``ray://``: the driver runs in the head's client server; this process is a gRPC client only."""
+    _, client, _ = cluster
+    done, ports = run_watching_ports([sys.executable, "-m", "mtpdiag", "inspect", "--ray", client, "--json"],
+                                     env=dict(os.environ), cwd=ROOT, timeout=400)
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stdout, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert sorted(v["rank"] for v in report["ranks"]) == [0, 1, 2, 3], done.stderr[-2000:]
+    assert all(v["stack"] is not None for v in report["ranks"])
+    assert ports == set(), ports
