@@ -29,7 +29,7 @@ from mtpdiag.vocabulary.ops import BARRIER_OPS, RECV_OPS, SEND_OPS
 from mtpdiag.vocabulary.states import FROZEN_STATES, RankState, Role
 from mtpdiag.vocabulary.waits import SELF_INFLICTED
 
-PROBLEM_STATES = (RankState.RUNNING, *FROZEN_STATES)
+PROBLEM_STATES = frozenset((RankState.RUNNING, *FROZEN_STATES))
 
 
 def holds_up(view: RankView | None) -> bool:
@@ -82,7 +82,7 @@ def unmatched_p2p(views: Mapping[int, RankView]) -> list[P2PWait]:
     """Ranks in a send/recv with a known peer that is not in the matching op (or not waiting at all)."""
     out = []
     for rank, view in views.items():
-        if view.state != RankState.COLLECTIVE or view.peer is None or not is_point_to_point(view):
+        if view.peer is None or view.state != RankState.COLLECTIVE or not is_point_to_point(view):
             continue
         other = views.get(view.peer)
         if other is not None and other.state == RankState.COLLECTIVE and is_point_to_point(other):
@@ -101,10 +101,11 @@ class _Graph:
     index, so building the graph of 16k ranks creates no key objects.
     """
 
-    def __init__(self) -> None:
-        self.rank_nodes: dict[int, int] = {}
+    def __init__(self, ranks: Sequence[int] = ()) -> None:
+        """A graph whose first nodes are ``ranks``, in order."""
+        self.rank_nodes: dict[int, int] = {r: i for i, r in enumerate(ranks)}
         self.mismatch_nodes: list[int] = []
-        self.edges: list[list[int]] = []
+        self.edges: list[list[int]] = [[] for _ in self.rank_nodes]
 
     def rank(self, rank: int) -> int:
         found = self.rank_nodes.get(rank)
@@ -115,13 +116,14 @@ class _Graph:
 
     def add_mismatch(self, entered: Sequence[int], absent: Sequence[int]) -> int:
         """A node for the next split instance: its entered ranks wait on it, it waits on its absent ones."""
-        waits_on = [self.rank(a) for a in absent]  # may add nodes for uncaptured ranks: before this one's id
-        node = len(self.edges)
+        nodes, edges = self.rank_nodes, self.edges
+        # may add nodes for uncaptured ranks: before this one's id
+        waits_on = [nodes[a] if a in nodes else self.rank(a) for a in absent]
+        node = len(edges)
         self.mismatch_nodes.append(node)
-        self.edges.append(waits_on)
-        edges, rank = self.edges, self.rank
+        edges.append(waits_on)
         for r in entered:
-            edges[rank(r)].append(node)
+            edges[nodes[r] if r in nodes else self.rank(r)].append(node)
         return node
 
     def edge(self, a: int, b: int) -> None:
@@ -197,9 +199,7 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
     """Assign root/consequence roles and find the problem ranks others wait on. ``root_hints``: the keys
     (``mismatch.mismatch_key``) of splits the Flight Recorder's program order shows some rank skipped."""
     p2p = unmatched_p2p(views)
-    graph = _Graph()
-    for rank in views:
-        graph.rank(rank)
+    graph = _Graph(list(views))
     for m in mismatches:
         graph.add_mismatch(m.entered, m.absent)
     for w in p2p:
@@ -289,7 +289,8 @@ def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views:
                 rank0_gate=_rank0_style(m.gate, layout), other_side_in_barrier=False, entered=0,
                 first=m.entered[0], skipped=mismatch_key(m) in root_hints)
         cand.entered += len(m.entered)
-        cand.other_side_in_barrier |= any(in_barrier(a) for a in m.absent)
+        if not cand.other_side_in_barrier:  # once one absent rank of the site is in a barrier, that is said
+            cand.other_side_in_barrier = any(in_barrier(a) for a in m.absent)
         cand.first = min(cand.first, m.entered[0])
     for w in p2p:
         c = comp[graph.rank_nodes[w.rank]]

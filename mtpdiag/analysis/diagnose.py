@@ -17,7 +17,7 @@ from mtpdiag.analysis.findings.facts import Facts, Mode
 from mtpdiag.analysis.gate import CoordsOf
 from mtpdiag.analysis.mismatch import find_mismatches, is_point_to_point
 from mtpdiag.analysis.sites import group_sites
-from mtpdiag.analysis.views import StackReader, rank_view
+from mtpdiag.analysis.views import StackReader
 from mtpdiag.layout import LayoutError, ParallelLayout
 from mtpdiag.model import (
     STATE_UNKNOWN,
@@ -67,8 +67,9 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         return c
 
     fr_evidence = _fr_evidence() if fr is not None else None
-    read = StackReader()
-    captured = [rank_view(c, layout, coords_of, read) for c in snapshot.captures]
+    read = StackReader(layout)
+    captured = read.views(snapshot.captures)
+    coords_cache.update({v.rank: v.coords for v in captured if v.coords is not None})  # type: ignore[misc]
     stacks = read.stacks()
     evidence = fr_evidence.fold(fr, layout, coords_of if layout is not None else None) \
         if fr and fr_evidence is not None else None
@@ -273,8 +274,8 @@ def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...]) -> list[str]
         notes.append(f"not captured: {snapshot.errors[0]}{more}")
     if any(c.state == STATE_UNKNOWN for c in snapshot.captures):
         notes.append("process states unknown (dumps read from files): a stopped rank looks like a waiting one")
-    unknown_peers = [v.rank for v in views if v.rank is not None and v.state == RankState.COLLECTIVE
-                     and is_point_to_point(v) and v.peer is None]
+    unknown_peers = [v.rank for v in views if v.peer is None and v.rank is not None
+                     and v.state == RankState.COLLECTIVE and is_point_to_point(v)]
     if unknown_peers:
         notes.append(f"the peer of rank{'s' if len(unknown_peers) > 1 else ''} {_list(unknown_peers)}'s "
                      "send/recv is unknown: it is not matched")
