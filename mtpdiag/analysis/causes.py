@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import NamedTuple
 
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.mismatch import is_point_to_point, mismatch_key
@@ -41,9 +43,9 @@ def holds_up(view: RankView | None) -> bool:
     return view.state == RankState.WAITING and view.wait is not None and view.wait.kind in SELF_INFLICTED
 
 
-@dataclass(frozen=True)
-class P2PWait:
-    """A rank blocked in a send/recv whose peer is not in the matching op."""
+class P2PWait(NamedTuple):
+    """A rank blocked in a send/recv whose peer is not in the matching op (a tuple: a pipeline's thousands
+    of them are made faster)."""
 
     rank: int
     op: str
@@ -91,7 +93,7 @@ def unmatched_p2p(views: Mapping[int, RankView]) -> list[P2PWait]:
             if complementary and other.peer in (rank, None):
                 continue
         out.append(P2PWait(rank=rank, op=view.op or "", site=view.site, peer=view.peer))
-    return sorted(out, key=lambda w: w.rank)
+    return sorted(out, key=attrgetter("rank"))
 
 
 class _Graph:
@@ -127,6 +129,7 @@ class _Graph:
         return node
 
     def edge(self, a: int, b: int) -> None:
+        """Rank ``a`` waits on rank ``b``."""
         self.edges[self.rank(a)].append(self.rank(b))
 
     def components(self) -> list[int]:
@@ -200,8 +203,15 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
     (``mismatch.mismatch_key``) of splits the Flight Recorder's program order shows some rank skipped."""
     p2p = unmatched_p2p(views)
     graph = _Graph(list(views))
+    # A split of one entered and one absent rank (a CP pair) is an edge between them, not a node of its own:
+    # the graph of 16k ranks is then a third smaller, with the same components and reachability.
+    nodes: list[int | None] = []
     for m in mismatches:
-        graph.add_mismatch(m.entered, m.absent)
+        if len(m.entered) == 1 and len(m.absent) == 1:
+            graph.edge(m.entered[0], m.absent[0])
+            nodes.append(None)
+        else:
+            nodes.append(graph.add_mismatch(m.entered, m.absent))
     for w in p2p:
         graph.edge(w.rank, w.peer)
 
@@ -210,6 +220,9 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
     for c in comp:
         size[c] = size.get(c, 0) + 1
     cyclic = {c for c, n in size.items() if n > 1}
+    # each split's component: a pair's is its ranks' when they share one (it lies on their cycle), else its own
+    mcomp = [comp[n] if n is not None else _pair_component(comp, graph, m, i) for i, (m, n) in
+             enumerate(zip(mismatches, nodes, strict=True))]
 
     blocked: dict[int, list[Waiter]] = {}
     for i, m in enumerate(mismatches):
@@ -224,14 +237,13 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
     targets += [graph.rank_nodes[r] for r in blocked]
     downstream = graph.reaching(targets)
 
-    root_keys = _choose_roots(mismatches, p2p, views, graph, comp, cyclic, layout, root_hints)
+    root_keys = _choose_roots(mismatches, p2p, views, graph, comp, mcomp, cyclic, layout, root_hints)
     roles = []
-    for i, m in enumerate(mismatches):
-        node = graph.mismatch_nodes[i]
-        if comp[node] in cyclic:
-            root = root_keys.get(comp[node]) == _mismatch_key(m)
-        else:
-            root = node not in downstream
+    for m, node, c in zip(mismatches, nodes, mcomp, strict=True):
+        if c in cyclic:
+            root = root_keys.get(c) == _mismatch_key(m)
+        else:  # a pair reaches what its absent rank reaches
+            root = (node if node is not None else graph.rank_nodes[m.absent[0]]) not in downstream
         role = Role.ROOT if root else Role.CONSEQUENCE
         roles.append(m if m.role == role else replace(m, role=role))
     root_p2p: list[P2PWait] = []
@@ -267,18 +279,24 @@ class _Candidate:
     skipped: bool = False  # the Flight Recorder shows an absent rank went past it without issuing it
 
 
+def _pair_component(comp: list[int], graph: _Graph, m: Mismatch, index: int) -> int:
+    """The component of a split made an edge: its ranks' when they share one, else one of its own (a negative
+    id no node has)."""
+    entered, absent = comp[graph.rank_nodes[m.entered[0]]], comp[graph.rank_nodes[m.absent[0]]]
+    return entered if entered == absent else -1 - index
+
+
 def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views: Mapping[int, RankView],
-                  graph: _Graph, comp: list[int], cyclic: set[int],
+                  graph: _Graph, comp: list[int], mcomp: list[int], cyclic: set[int],
                   layout: ParallelLayout | None, root_hints: frozenset[SiteKey] = frozenset()) -> dict[int, SiteKey]:
-    """The root site of each cyclic core."""
+    """The root site of each cyclic core (``mcomp``: each split's component)."""
     candidates: dict[int, dict[SiteKey, _Candidate]] = {}
 
     def in_barrier(rank: int) -> bool:
         view = views.get(rank)
         return view is not None and view.state == RankState.COLLECTIVE and view.op in BARRIER_OPS
 
-    for i, m in enumerate(mismatches):
-        c = comp[graph.mismatch_nodes[i]]
+    for m, c in zip(mismatches, mcomp, strict=True):
         if c not in cyclic:
             continue
         key = _mismatch_key(m)

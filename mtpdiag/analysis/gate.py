@@ -48,13 +48,15 @@ class GateReading(NamedTuple):
     alternatives: tuple[dict[str, int], ...]
 
 
-def read_gate(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> GateReading:
+def read_gate(instances: Sequence[SplitInstance], coords_of: CoordsOf,
+              varying: tuple[str, ...] | None = None) -> GateReading:
     """The gate, as a hypothesis: ``strong`` when at least two ranks on each side split cleanly along it and
     nothing else separates them; ``weak`` when a side is one rank, or other coordinates separate the sides
     just as well (``alternatives``). Then data-dependent divergence (a loop that ran once more on some ranks,
-    a branch on rank-local data) fits as well as a rank test."""
+    a branch on rank-local data) fits as well as a rank test. ``varying``: ``varying_coordinates`` of the
+    instances, when the caller knows it."""
     sides = _Sides(instances, coords_of)
-    gate = _gate(instances, coords_of, sides)
+    gate = _gate(instances, coords_of, sides, varying)
     if gate is None:
         return GateReading(None, None, ())
     alternatives: tuple[dict[str, int], ...] = ()
@@ -91,11 +93,12 @@ def gate_of(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> dict[str
     return _gate(instances, coords_of, _Sides(instances, coords_of))
 
 
-def _gate(instances: Sequence[SplitInstance], coords_of: CoordsOf, sides: _Sides) -> dict[str, int] | None:
+def _gate(instances: Sequence[SplitInstance], coords_of: CoordsOf, sides: _Sides,
+          varying: tuple[str, ...] | None = None) -> dict[str, int] | None:
     if not sides.entered or not sides.absent:
         return None
     shared: dict[str, int] = {}
-    for name in varying_coordinates(instances, coords_of):
+    for name in varying if varying is not None else varying_coordinates(instances, coords_of):
         values = set(map(itemgetter(name), sides.entered))
         if len(values) == 1:
             shared[name] = values.pop()

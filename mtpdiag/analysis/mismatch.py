@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
-from mtpdiag.analysis.gate import CoordsOf, read_gate
+from mtpdiag.analysis.gate import CoordsOf, read_gate, varying_coordinates
 from mtpdiag.analysis.known_sites import is_mtp_site, kinds_of, lookup
 from mtpdiag.layout import GROUP_KINDS, INFERENCE_ORDER, ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
@@ -187,7 +187,9 @@ def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
             members = tuple(sorted(group))
             splits.append(_Split(members=members, entered=tuple([m for m in members if m in entered_set]),
                                  absent=tuple([m for m in members if m not in entered_set])))
-        gate = read_gate(splits, coords_of)
+        # the coordinates that vary inside the split instances: in one of them, when all instances are alike
+        varying = varying_coordinates(splits[:1], coords_of) if splits and layout.coordinates_alike(kind) else None
+        gate = read_gate(splits, coords_of, varying)
         if gate.strength == GateStrength.WEAK and is_mtp_site(site) and kind == "dp_cp" and gate.gate == {"cp": 0}:
             gate = gate._replace(strength=GateStrength.STRONG)  # the known verl #5895 signature, however few the ranks
         out += [Mismatch(op=op, site=site, group=kind, members=s.members, entered=s.entered, absent=s.absent,

@@ -207,6 +207,15 @@ class ParallelLayout:
         stage = rank // stride % size
         return rank + ((stage + step) % size - stage) * stride
 
+    def coordinates_alike(self, kind: str) -> bool:
+        """Whether the members of every instance of ``kind`` differ from each other in the same coordinates
+        (so a question about which coordinates vary inside instances is answered by any one of them).
+
+        A dense kind's instance is its first one shifted by a base whose digits are zero where the kind's
+        are, so the dense coordinates (tp, cp, dp, pp) of base + offset are the base's plus the offset's, with
+        no carry. The ep coordinate comes from the expert generator, and is constant only when ep == 1."""
+        return self.ep == 1 and GROUP_KINDS[kind][0] == "dense"
+
     def groups(self, kind: str) -> list[tuple[int, ...]]:
         """Every instance of a group kind, in megatron's order."""
         return list(self._kind_groups(kind))
