@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import NamedTuple
 
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.mismatch import is_point_to_point, mismatch_key
@@ -29,7 +31,7 @@ from mtpdiag.vocabulary.ops import BARRIER_OPS, RECV_OPS, SEND_OPS
 from mtpdiag.vocabulary.states import FROZEN_STATES, RankState, Role
 from mtpdiag.vocabulary.waits import SELF_INFLICTED
 
-PROBLEM_STATES = (RankState.RUNNING, *FROZEN_STATES)
+PROBLEM_STATES = frozenset((RankState.RUNNING, *FROZEN_STATES))
 
 
 def holds_up(view: RankView | None) -> bool:
@@ -41,9 +43,9 @@ def holds_up(view: RankView | None) -> bool:
     return view.state == RankState.WAITING and view.wait is not None and view.wait.kind in SELF_INFLICTED
 
 
-@dataclass(frozen=True)
-class P2PWait:
-    """A rank blocked in a send/recv whose peer is not in the matching op."""
+class P2PWait(NamedTuple):
+    """A rank blocked in a send/recv whose peer is not in the matching op (a tuple: a pipeline's thousands
+    of them are made faster)."""
 
     rank: int
     op: str
@@ -82,7 +84,7 @@ def unmatched_p2p(views: Mapping[int, RankView]) -> list[P2PWait]:
     """Ranks in a send/recv with a known peer that is not in the matching op (or not waiting at all)."""
     out = []
     for rank, view in views.items():
-        if view.state != RankState.COLLECTIVE or view.peer is None or not is_point_to_point(view):
+        if view.peer is None or view.state != RankState.COLLECTIVE or not is_point_to_point(view):
             continue
         other = views.get(view.peer)
         if other is not None and other.state == RankState.COLLECTIVE and is_point_to_point(other):
@@ -91,7 +93,7 @@ def unmatched_p2p(views: Mapping[int, RankView]) -> list[P2PWait]:
             if complementary and other.peer in (rank, None):
                 continue
         out.append(P2PWait(rank=rank, op=view.op or "", site=view.site, peer=view.peer))
-    return sorted(out, key=lambda w: w.rank)
+    return sorted(out, key=attrgetter("rank"))
 
 
 class _Graph:
@@ -101,10 +103,11 @@ class _Graph:
     index, so building the graph of 16k ranks creates no key objects.
     """
 
-    def __init__(self) -> None:
-        self.rank_nodes: dict[int, int] = {}
+    def __init__(self, ranks: Sequence[int] = ()) -> None:
+        """A graph whose first nodes are ``ranks``, in order."""
+        self.rank_nodes: dict[int, int] = {r: i for i, r in enumerate(ranks)}
         self.mismatch_nodes: list[int] = []
-        self.edges: list[list[int]] = []
+        self.edges: list[list[int]] = [[] for _ in self.rank_nodes]
 
     def rank(self, rank: int) -> int:
         found = self.rank_nodes.get(rank)
@@ -115,16 +118,18 @@ class _Graph:
 
     def add_mismatch(self, entered: Sequence[int], absent: Sequence[int]) -> int:
         """A node for the next split instance: its entered ranks wait on it, it waits on its absent ones."""
-        waits_on = [self.rank(a) for a in absent]  # may add nodes for uncaptured ranks: before this one's id
-        node = len(self.edges)
+        nodes, edges = self.rank_nodes, self.edges
+        # may add nodes for uncaptured ranks: before this one's id
+        waits_on = [nodes[a] if a in nodes else self.rank(a) for a in absent]
+        node = len(edges)
         self.mismatch_nodes.append(node)
-        self.edges.append(waits_on)
-        edges, rank = self.edges, self.rank
+        edges.append(waits_on)
         for r in entered:
-            edges[rank(r)].append(node)
+            edges[nodes[r] if r in nodes else self.rank(r)].append(node)
         return node
 
     def edge(self, a: int, b: int) -> None:
+        """Rank ``a`` waits on rank ``b``."""
         self.edges[self.rank(a)].append(self.rank(b))
 
     def components(self) -> list[int]:
@@ -197,11 +202,16 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
     """Assign root/consequence roles and find the problem ranks others wait on. ``root_hints``: the keys
     (``mismatch.mismatch_key``) of splits the Flight Recorder's program order shows some rank skipped."""
     p2p = unmatched_p2p(views)
-    graph = _Graph()
-    for rank in views:
-        graph.rank(rank)
+    graph = _Graph(list(views))
+    # A split of one entered and one absent rank (a CP pair) is an edge between them, not a node of its own:
+    # the graph of 16k ranks is then a third smaller, with the same components and reachability.
+    nodes: list[int | None] = []
     for m in mismatches:
-        graph.add_mismatch(m.entered, m.absent)
+        if len(m.entered) == 1 and len(m.absent) == 1:
+            graph.edge(m.entered[0], m.absent[0])
+            nodes.append(None)
+        else:
+            nodes.append(graph.add_mismatch(m.entered, m.absent))
     for w in p2p:
         graph.edge(w.rank, w.peer)
 
@@ -210,6 +220,9 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
     for c in comp:
         size[c] = size.get(c, 0) + 1
     cyclic = {c for c, n in size.items() if n > 1}
+    # each split's component: a pair's is its ranks' when they share one (it lies on their cycle), else its own
+    mcomp = [comp[n] if n is not None else _pair_component(comp, graph, m, i) for i, (m, n) in
+             enumerate(zip(mismatches, nodes, strict=True))]
 
     blocked: dict[int, list[Waiter]] = {}
     for i, m in enumerate(mismatches):
@@ -224,14 +237,13 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
     targets += [graph.rank_nodes[r] for r in blocked]
     downstream = graph.reaching(targets)
 
-    root_keys = _choose_roots(mismatches, p2p, views, graph, comp, cyclic, layout, root_hints)
+    root_keys = _choose_roots(mismatches, p2p, views, graph, comp, mcomp, cyclic, layout, root_hints)
     roles = []
-    for i, m in enumerate(mismatches):
-        node = graph.mismatch_nodes[i]
-        if comp[node] in cyclic:
-            root = root_keys.get(comp[node]) == _mismatch_key(m)
-        else:
-            root = node not in downstream
+    for m, node, c in zip(mismatches, nodes, mcomp, strict=True):
+        if c in cyclic:
+            root = root_keys.get(c) == _mismatch_key(m)
+        else:  # a pair reaches what its absent rank reaches
+            root = (node if node is not None else graph.rank_nodes[m.absent[0]]) not in downstream
         role = Role.ROOT if root else Role.CONSEQUENCE
         roles.append(m if m.role == role else replace(m, role=role))
     root_p2p: list[P2PWait] = []
@@ -267,18 +279,24 @@ class _Candidate:
     skipped: bool = False  # the Flight Recorder shows an absent rank went past it without issuing it
 
 
+def _pair_component(comp: list[int], graph: _Graph, m: Mismatch, index: int) -> int:
+    """The component of a split made an edge: its ranks' when they share one, else one of its own (a negative
+    id no node has)."""
+    entered, absent = comp[graph.rank_nodes[m.entered[0]]], comp[graph.rank_nodes[m.absent[0]]]
+    return entered if entered == absent else -1 - index
+
+
 def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views: Mapping[int, RankView],
-                  graph: _Graph, comp: list[int], cyclic: set[int],
+                  graph: _Graph, comp: list[int], mcomp: list[int], cyclic: set[int],
                   layout: ParallelLayout | None, root_hints: frozenset[SiteKey] = frozenset()) -> dict[int, SiteKey]:
-    """The root site of each cyclic core."""
+    """The root site of each cyclic core (``mcomp``: each split's component)."""
     candidates: dict[int, dict[SiteKey, _Candidate]] = {}
 
     def in_barrier(rank: int) -> bool:
         view = views.get(rank)
         return view is not None and view.state == RankState.COLLECTIVE and view.op in BARRIER_OPS
 
-    for i, m in enumerate(mismatches):
-        c = comp[graph.mismatch_nodes[i]]
+    for m, c in zip(mismatches, mcomp, strict=True):
         if c not in cyclic:
             continue
         key = _mismatch_key(m)
@@ -289,7 +307,8 @@ def _choose_roots(mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views:
                 rank0_gate=_rank0_style(m.gate, layout), other_side_in_barrier=False, entered=0,
                 first=m.entered[0], skipped=mismatch_key(m) in root_hints)
         cand.entered += len(m.entered)
-        cand.other_side_in_barrier |= any(in_barrier(a) for a in m.absent)
+        if not cand.other_side_in_barrier:  # once one absent rank of the site is in a barrier, that is said
+            cand.other_side_in_barrier = any(in_barrier(a) for a in m.absent)
         cand.first = min(cand.first, m.entered[0])
     for w in p2p:
         c = comp[graph.rank_nodes[w.rank]]

@@ -11,7 +11,7 @@ is running and its site is its innermost frame outside library and stdlib intern
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 from mtpdiag.analysis.known_sites import lookup
@@ -38,15 +38,7 @@ class Classified:
     op: str | None
     site: Site | None
     peer: int | None = None  # dst/src of a send/recv, from the torch frame's arguments
-    peer_frame: int | None = None  # which of the Python frames names the op, for a send/recv
-
-    def for_stack(self, thread: ThreadStack) -> Classified:
-        """This reading for a thread whose frames differ from the classified ones in their arguments only
-        (the ranks of a pipeline send to different peers): the same op and site, this thread's peer."""
-        if self.peer_frame is None:
-            return self
-        frames = _python_frames(thread.frames)
-        return replace(self, peer=_peer_of(self.op or "", frames[self.peer_frame]))
+    peer_frame: int | None = None  # which of the Python frames names the op, for a send/recv (``peer_of``)
 
 
 @dataclass(frozen=True)
@@ -79,7 +71,8 @@ def _op_of(block: Sequence[Frame]) -> tuple[str, int]:
     return short_name(distributed[0][1].function), distributed[0][0]
 
 
-def _peer_of(op: str, frame: Frame) -> int | None:
+def peer_of(op: str, frame: Frame) -> int | None:
+    """The peer a send (``dst``) or recv (``src``) frame names."""
     if op in SEND_OPS:
         return frame.arg("dst")
     if op in RECV_OPS:
@@ -100,7 +93,7 @@ def classify_stack(frames: tuple[Frame, ...], active: bool | None = None) -> Cla
     if any(is_torch_distributed(f) for f in block):
         op, at = _op_of(block)
         p2p = op in SEND_OPS or op in RECV_OPS
-        return Classified(op=op, site=_call_site(frames), peer=_peer_of(op, frames[at]),
+        return Classified(op=op, site=_call_site(frames), peer=peer_of(op, frames[at]),
                           peer_frame=at if p2p else None)
     if not block and active is False:
         # An idle thread whose innermost frame is code known to wait on Work handles itself

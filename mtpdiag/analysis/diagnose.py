@@ -8,6 +8,7 @@ ranks (groups are looked up by rank through the layout's cached index).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import attrgetter
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -15,9 +16,9 @@ from mtpdiag.analysis import findings
 from mtpdiag.analysis.causes import find_causes
 from mtpdiag.analysis.findings.facts import Facts, Mode
 from mtpdiag.analysis.gate import CoordsOf
-from mtpdiag.analysis.mismatch import find_mismatches, is_point_to_point
+from mtpdiag.analysis.mismatch import find_mismatches, is_p2p_op
 from mtpdiag.analysis.sites import group_sites
-from mtpdiag.analysis.views import StackReader, rank_view
+from mtpdiag.analysis.views import StackReader
 from mtpdiag.layout import LayoutError, ParallelLayout
 from mtpdiag.model import (
     STATE_UNKNOWN,
@@ -67,8 +68,9 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         return c
 
     fr_evidence = _fr_evidence() if fr is not None else None
-    read = StackReader()
-    captured = [rank_view(c, layout, coords_of, read) for c in snapshot.captures]
+    read = StackReader(layout)
+    captured = read.views(snapshot.captures)
+    coords_cache.update({v.rank: v.coords for v in captured if v.coords is not None})  # type: ignore[misc]
     stacks = read.stacks()
     evidence = fr_evidence.fold(fr, layout, coords_of if layout is not None else None) \
         if fr and fr_evidence is not None else None
@@ -87,8 +89,8 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
     logged = fold_log(log, layout, coords_of if layout is not None else None) if log and not evidence else None
     if layout is not None or evidence is not None or logged is not None:
         mode = Mode.GROUPS
-        from_stacks = find_mismatches({r: v for r, v in by_rank.items() if r not in fr_only}, layout, coords_of) \
-            if layout is not None else []
+        stacked = {r: v for r, v in by_rank.items() if r not in fr_only} if fr_only else by_rank
+        from_stacks = find_mismatches(stacked, layout, coords_of) if layout is not None else []
         split = fr_evidence.merge(from_stacks, evidence.mismatches) if evidence and fr_evidence is not None \
             else tuple(from_stacks)
         if logged is not None:
@@ -263,18 +265,22 @@ def _ordered_mismatches(mismatches: tuple[Mismatch, ...]) -> tuple[Mismatch, ...
 
 
 def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...]) -> list[str]:
+    """What the captures lack. Each question is asked of the distinct states and (op, site) pairs first (read
+    in C), and of the ranks only when one of them says yes: a job's 16k ranks hold a handful."""
     notes = []
-    bad = [v for v in views if v.state in (RankState.UNREADABLE, RankState.GONE)]
-    if bad:
+    states = set(map(attrgetter("state"), views))
+    if RankState.UNREADABLE in states or RankState.GONE in states:
+        bad = [v for v in views if v.state in (RankState.UNREADABLE, RankState.GONE)]
         notes.append(f"{len(bad)} rank{'s' if len(bad) > 1 else ''} could not be read "
                      f"(first: {who_and_why(bad[0])})")
     if snapshot.errors:
         more = f" (and {len(snapshot.errors) - 1} more)" if len(snapshot.errors) > 1 else ""
         notes.append(f"not captured: {snapshot.errors[0]}{more}")
-    if any(c.state == STATE_UNKNOWN for c in snapshot.captures):
+    if STATE_UNKNOWN in set(map(attrgetter("state"), snapshot.captures)):
         notes.append("process states unknown (dumps read from files): a stopped rank looks like a waiting one")
-    unknown_peers = [v.rank for v in views if v.rank is not None and v.state == RankState.COLLECTIVE
-                     and is_point_to_point(v) and v.peer is None]
+    p2p = {pair for pair in set(map(attrgetter("op", "site"), views)) if is_p2p_op(*pair)}
+    unknown_peers = [v.rank for v in views if v.peer is None and v.rank is not None
+                     and v.state == RankState.COLLECTIVE and (v.op, v.site) in p2p] if p2p else []
     if unknown_peers:
         notes.append(f"the peer of rank{'s' if len(unknown_peers) > 1 else ''} {_list(unknown_peers)}'s "
                      "send/recv is unknown: it is not matched")

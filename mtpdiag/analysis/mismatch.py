@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from typing import NamedTuple
 
-from mtpdiag.analysis.gate import CoordsOf, read_gate
+from mtpdiag.analysis.gate import CoordsOf, read_gate, varying_coordinates
 from mtpdiag.analysis.known_sites import is_mtp_site, kinds_of, lookup
 from mtpdiag.layout import GROUP_KINDS, INFERENCE_ORDER, ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
@@ -38,8 +39,10 @@ def is_point_to_point(view: RankView) -> bool:
     return is_p2p_op(view.op, view.site)
 
 
+@lru_cache(maxsize=1024)
 def is_p2p_op(op: str | None, site: Site | None) -> bool:
-    """``is_point_to_point`` of a rank in ``op`` at ``site``."""
+    """``is_point_to_point`` of a rank in ``op`` at ``site`` (cached: asked of every rank, and a job's ranks
+    wait at a handful of sites)."""
     if op in P2P_OPS:
         return True
     if op in (BATCH_P2P_OP, WAIT_OP):
@@ -172,30 +175,44 @@ def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
         if view.state == RankState.COLLECTIVE and view.op is not None:
             waiting.setdefault((view.op, view.site), []).append(rank)
     by_site = {key: ranks for key, ranks in waiting.items() if not is_p2p_op(*key)}
+    doing_of = _doing_of(views)
     out: list[Mismatch] = []
     for (op, site), entered in sorted(by_site.items(), key=lambda item: min(item[1])):
         reading = read_kind(op, site, entered, layout)
         kind = reading.kind
         entered_set = set(entered)
-        split: dict[int, tuple[int, ...]] = {}
-        seen: set[int] = set()
-        for rank in entered:
-            group = layout.group_of(kind, rank)
-            if id(group) not in seen:
-                seen.add(id(group))
-                if not entered_set.issuperset(group):
-                    split[id(group)] = group
+        touched = {id(g): g for g in map(layout.group_index(kind).__getitem__, entered)}
         splits = []
-        for group in sorted(split.values(), key=min):
+        for group in sorted((g for g in touched.values() if not entered_set.issuperset(g)), key=min):
             members = tuple(sorted(group))
             splits.append(_Split(members=members, entered=tuple([m for m in members if m in entered_set]),
                                  absent=tuple([m for m in members if m not in entered_set])))
-        gate = read_gate(splits, coords_of)
+        # the coordinates that vary inside the split instances: in one of them, when all instances are alike
+        varying = varying_coordinates(splits[:1], coords_of) if splits and layout.coordinates_alike(kind) else None
+        gate = read_gate(splits, coords_of, varying)
         if gate.strength == GateStrength.WEAK and is_mtp_site(site) and kind == "dp_cp" and gate.gate == {"cp": 0}:
             gate = gate._replace(strength=GateStrength.STRONG)  # the known verl #5895 signature, however few the ranks
         out += [Mismatch(op=op, site=site, group=kind, members=s.members, entered=s.entered, absent=s.absent,
-                         gate=gate.gate, absent_doing={a: doing(views.get(a)) for a in s.absent},
+                         gate=gate.gate, absent_doing={a: doing_of(a) for a in s.absent},
                          group_from=reading.source, group_candidates=reading.candidates,
                          gate_strength=gate.strength, gate_alternatives=gate.alternatives)
                 for s in splits]
     return out
+
+
+def _doing_of(views: Mapping[int, RankView]) -> Callable[[int], str]:
+    """``doing`` of a rank's view, worded once for the ranks that agree in what it reads (state, op, site,
+    wait kind): a split of 8,192 instances names thousands of absent ranks doing the same thing."""
+    said: dict[tuple[object, ...], str] = {}
+
+    def doing_of(rank: int) -> str:
+        view = views.get(rank)
+        if view is None:
+            return doing(None)
+        key = (view.state, view.op, view.site, view.wait.kind if view.wait is not None else None)
+        found = said.get(key)
+        if found is None:
+            found = said[key] = doing(view)
+        return found
+
+    return doing_of

@@ -1,42 +1,63 @@
-"""Each rank's view in the report (``rank_view``): what it waits in, where, its state and wait, its peer and
-its coordinates, with each distinct stack read once (``StackReader``), which is what keeps the analysis of
-16k ranks near-linear: the per-rank work is a few dict lookups.
+"""Each rank's view in the report: what it waits in, where, its state and wait, its peer and its coordinates.
+
+The ranks are read by equivalence class, as LLNL STAT does: ranks whose main-thread stack has the same
+*shape* (its frames without their arguments: the ranks of a pipeline stage send to as many peers as there
+are ranks, from one stack) and whose /proc facts agree show the same op, site, state and wait, so those are
+read once per class (``StackReader.views``). What is left for each rank is a few lookups: its stack's index
+in the report's ``stacks`` table, its class, its peer (the send's ``dst`` read once per distinct stack, or
+the neighbour stage by layout arithmetic) and its coordinates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Sequence
+from typing import NamedTuple
 
-from mtpdiag.analysis.classify import Classified, StateReading, classify_capture, rank_state, side_collective, site_of
+from mtpdiag.analysis.classify import (
+    Classified,
+    classify_capture,
+    peer_of,
+    rank_state,
+    side_collective,
+    site_of,
+)
 from mtpdiag.analysis.known_sites import lookup
 from mtpdiag.analysis.mismatch import is_p2p_op
-from mtpdiag.analysis.wait import wait_state
+from mtpdiag.analysis.wait import python_frames, wait_state
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import RankCapture, RankView, Stack, ThreadStack, WaitState, replace
+from mtpdiag.model import RankCapture, RankView, Site, Stack, ThreadStack, WaitState, replace
+from mtpdiag.vocabulary.states import RankState
 from mtpdiag.vocabulary.waits import WaitKind
 
-CoordsOf = Callable[[int], Mapping[str, int]]
+
+class Reading(NamedTuple):
+    """What every rank of one class shows (``peer_frame``: which Python frame names a send/recv's peer;
+    ``direction``: ``next``/``prev``, the stage that known pipeline code talks to, when the op is p2p)."""
+
+    op: str | None
+    site: Site | None
+    state: RankState
+    error: str | None
+    wait: WaitState | None
+    peer_frame: int | None
+    direction: str | None
 
 
 class StackReader:
-    """Each distinct stack read once: its place in the report's stack table, and the readings of the ranks
-    that hold it (classification, pipeline direction, wait and state).
+    """The report's stack table, and the reading of each class of ranks, built as the ranks are read.
 
-    Stacks are keyed by value (frames are hashable and cache their hash), so at 16k ranks a handful of
-    readings serve every rank, whichever reader built the frames. The readings are keyed by the stack's
-    shape, its frames without their arguments: the ranks of a pipeline stage send to as many peers as
-    there are ranks, from one stack; only the peer is read again for each (``Classified.for_stack``).
+    Stacks are keyed by value (frames are hashable and cache their hash), so whichever reader built the
+    frames, a 16k-rank job's ranks fall into a handful of classes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, layout: ParallelLayout | None = None) -> None:
+        self.layout = layout
         self._ids: dict[Stack, int] = {}
         self._shape_of: list[int] = []  # stack id -> shape id
         self._shapes: dict[Stack, int] = {}
-        self._by_shape: dict[tuple[int, bool | None], Classified] = {}
-        self._classified: dict[tuple[int, bool | None], Classified] = {}
-        self._direction: dict[int, str | None] = {}
-        self._states: dict[tuple[object, ...], StateReading] = {}
-        self._waits: dict[tuple[object, ...], WaitState | None] = {}
+        self._peers: dict[tuple[int, int], int | None] = {}  # (stack id, peer frame) -> the send's dst/recv's src
+        self._readings: dict[tuple[object, ...], Reading | None] = {}  # None: read each rank on its own
+        self._directions: dict[int, str | None] = {}
 
     def stack_id(self, frames: Stack) -> int:
         """The index of ``frames`` in the report's stack table (``stacks``), added when new."""
@@ -50,81 +71,97 @@ class StackReader:
     def stacks(self) -> tuple[Stack, ...]:
         return tuple(self._ids)
 
-    def state(self, capture: RankCapture, classified: Classified, wait: WaitState | None) -> StateReading:
-        """``rank_state``, shared by the ranks whose state, error and stack kind agree."""
-        waiting = wait is not None and wait.kind != WaitKind.RUNNING
-        key = (capture.state, capture.error, not capture.threads, classified.op is None, waiting)
-        found = self._states.get(key)
-        if found is None:
-            found = self._states[key] = rank_state(capture, classified, waiting)
-        return found
+    def views(self, captures: Sequence[RankCapture]) -> list[RankView]:
+        """Each capture's view, in order."""
+        layout = self.layout
+        world = layout.world_size if layout is not None else 0
+        coords = layout.coords if layout is not None else None
+        ids, shape_of, readings = self._ids, self._shape_of, self._readings
+        out: list[RankView] = []
+        for capture in captures:
+            threads = capture.threads
+            thread = threads[0] if len(threads) == 1 else capture.main_thread  # one thread is the main one
+            if thread is None or not thread.frames:
+                out.append(self._one(capture))
+                continue
+            sid = ids.get(thread.frames)
+            if sid is None:
+                sid = self.stack_id(thread.frames)
+            key = (shape_of[sid], thread.active, thread.calls, capture.state, capture.error, capture.main_syscall,
+                   capture.cuda, len(threads) > 1)
+            reading = readings.get(key)
+            if reading is None and key not in readings:
+                reading = readings[key] = self._read(capture, thread)
+            if reading is None:
+                out.append(self._one(capture))
+                continue
+            rank = capture.rank
+            placed = rank is not None and 0 <= rank < world
+            peer = None
+            if reading.peer_frame is not None:
+                peer = self._peer(sid, thread.frames, reading)
+            if peer is None and placed and reading.direction is not None:
+                peer = _pipeline_peer(rank, reading.direction, layout)  # type: ignore[arg-type]
+            out.append(RankView(
+                rank=rank, pid=capture.pid, host=capture.host, state=reading.state,
+                coords=coords(rank) if placed else None,  # type: ignore[misc,arg-type]
+                op=reading.op, site=reading.site, stack=sid, peer=peer, error=reading.error, wait=reading.wait,
+            ))
+        return out
 
-    def wait(self, capture: RankCapture, thread: ThreadStack | None, stack: int | None, op: str | None,
-             side_thread: str | None, main: bool) -> WaitState | None:
-        """``wait_state``, shared by the ranks whose stack shape and /proc facts agree."""
-        if thread is None or stack is None:
-            return wait_state(capture, thread, op, side_thread)
-        key = (self._shape_of[stack], thread.active, thread.calls, op, side_thread, capture.state,
-               capture.main_syscall, capture.cuda, main)
-        found = self._waits.get(key, _UNSET)
-        if found is _UNSET:
-            found = self._waits[key] = wait_state(capture, thread, op, side_thread)
-        return found  # type: ignore[return-value]
+    def _read(self, capture: RankCapture, thread: ThreadStack) -> Reading | None:
+        """The reading of ``capture``'s class; None when its ranks must be read one by one (a main thread in no
+        collective among several threads: the collective may be another thread's)."""
+        classified = classify_capture(capture)
+        if classified.op is None and len(capture.threads) > 1:
+            return None
+        wait = wait_state(capture, thread, classified.op)
+        state = rank_state(capture, classified, wait is not None and wait.kind != WaitKind.RUNNING)
+        p2p = classified.op is not None and is_p2p_op(classified.op, classified.site)
+        return Reading(op=classified.op, site=classified.site, state=state.state, error=state.error, wait=wait,
+                       peer_frame=classified.peer_frame,
+                       direction=self._direction(self.stack_id(thread.frames), thread.frames) if p2p else None)
 
-    def classify(self, capture: RankCapture, thread: ThreadStack | None, stack: int | None) -> Classified:
-        """``classify_capture`` of a rank whose main thread is ``thread`` (its stack ``stack``)."""
-        if thread is None or stack is None:
-            return classify_capture(capture)
-        key = (stack, thread.active)
-        found = self._classified.get(key)
-        if found is None:
-            shape = (self._shape_of[stack], thread.active)
-            base = self._by_shape.get(shape)
-            if base is None:
-                found = self._by_shape[shape] = classify_capture(capture)
-            else:
-                found = base.for_stack(thread)
-            self._classified[key] = found
-        return found
+    def _peer(self, sid: int, frames: Stack, reading: Reading) -> int | None:
+        """The peer a send/recv names in its arguments, read once per distinct stack."""
+        key = (sid, reading.peer_frame or 0)
+        if key not in self._peers:
+            self._peers[key] = peer_of(reading.op or "", python_frames(frames)[reading.peer_frame or 0])
+        return self._peers[key]
 
-    def direction(self, stack: int, frames: Stack) -> str | None:
+    def _direction(self, stack: int, frames: Stack) -> str | None:
         """``next``/``prev``: the neighbour stage that known pipeline code in ``frames`` talks to."""
         shape = self._shape_of[stack]
-        if shape not in self._direction:
-            self._direction[shape] = next(
+        if shape not in self._directions:
+            self._directions[shape] = next(
                 (row.peer for row in map(lookup, map(site_of, frames)) if row is not None and row.peer), None)
-        return self._direction[shape]
+        return self._directions[shape]
 
-
-_UNSET: object = object()
-
-
-def rank_view(capture: RankCapture, layout: ParallelLayout | None, coords_of: CoordsOf, read: StackReader) -> RankView:
-    thread = capture.main_thread
-    stack = read.stack_id(thread.frames) if thread is not None and thread.frames else None
-    classified = read.classify(capture, thread, stack)
-    side_name = None
-    main = True
-    if classified.op is None and len(capture.threads) > 1:
-        side = side_collective(capture)
-        if side is not None:  # the rank's collective runs on another thread: that thread is what matters
-            thread, classified = side
-            side_name = thread.name or f"thread {thread.thread_id}"
-            stack = read.stack_id(thread.frames) if thread.frames else None
-            main = False
-    wait = read.wait(capture, thread, stack, classified.op, side_name, main)
-    state = read.state(capture, classified, wait)
-    rank = capture.rank
-    placed = rank if layout is not None and rank is not None and 0 <= rank < layout.world_size else None
-    peer = classified.peer
-    if peer is None and placed is not None and layout is not None and stack is not None and thread is not None \
-            and classified.op is not None and is_p2p_op(classified.op, classified.site):
-        peer = _pipeline_peer(placed, read.direction(stack, thread.frames), layout)
-    return RankView(
-        rank=rank, pid=capture.pid, host=capture.host, state=state.state,
-        coords=dict(coords_of(placed)) if placed is not None else None,
-        op=classified.op, site=classified.site, stack=stack, peer=peer, error=state.error, wait=wait,
-    )
+    def _one(self, capture: RankCapture) -> RankView:
+        """The view of a rank read on its own: no stack, or a collective that may be on another thread."""
+        thread = capture.main_thread
+        stack = self.stack_id(thread.frames) if thread is not None and thread.frames else None
+        classified: Classified = classify_capture(capture)
+        side_name = None
+        if classified.op is None and len(capture.threads) > 1:
+            side = side_collective(capture)
+            if side is not None:  # the rank's collective runs on another thread: that thread is what matters
+                thread, classified = side
+                side_name = thread.name or f"thread {thread.thread_id}"
+                stack = self.stack_id(thread.frames) if thread.frames else None
+        wait = wait_state(capture, thread, classified.op, side_name)
+        state = rank_state(capture, classified, wait is not None and wait.kind != WaitKind.RUNNING)
+        rank, layout = capture.rank, self.layout
+        placed = rank if layout is not None and rank is not None and 0 <= rank < layout.world_size else None
+        peer = classified.peer
+        if peer is None and placed is not None and layout is not None and stack is not None and thread is not None \
+                and classified.op is not None and is_p2p_op(classified.op, classified.site):
+            peer = _pipeline_peer(placed, self._direction(stack, thread.frames), layout)
+        return RankView(
+            rank=rank, pid=capture.pid, host=capture.host, state=state.state,
+            coords=layout.coords(placed) if layout is not None and placed is not None else None,
+            op=classified.op, site=classified.site, stack=stack, peer=peer, error=state.error, wait=wait,
+        )
 
 
 def _pipeline_peer(rank: int, direction: str | None, layout: ParallelLayout) -> int | None:
@@ -135,6 +172,4 @@ def _pipeline_peer(rank: int, direction: str | None, layout: ParallelLayout) -> 
     """
     if direction is None or layout.pp < 2:
         return None
-    stages = layout.group_of("pp", rank)
-    here = stages.index(rank)
-    return stages[(here + (1 if direction == "next" else -1)) % len(stages)]
+    return layout.pp_neighbour(rank, 1 if direction == "next" else -1)

@@ -18,7 +18,7 @@ from mtpdiag.atomic import write_atomic
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.base import FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.files import json_start
-from mtpdiag.model import BUNDLE_SCHEMA, Snapshot, printable, replace
+from mtpdiag.model import BUNDLE_SCHEMA, Snapshot, printable
 from mtpdiag.model.fields import may_hold_unprintable, one_line_error, scrub
 
 FORM = "bundle"
@@ -136,7 +136,8 @@ def sniff(text: str | bytes, path: str) -> bool:
 def read(text: str | bytes, path: str, context: ReadContext) -> FileCaptures:
     """The bundle's captures, each naming the file it was read from (what ``analyze`` says of a rank)."""
     snapshot = snapshot_from_json(text.encode() if isinstance(text, str) else text, path)
-    snapshot = replace(snapshot, captures=tuple(replace(c, source=path) for c in snapshot.captures))
+    with_source = msgspec.structs.replace
+    snapshot = with_source(snapshot, captures=tuple([with_source(c, source=path) for c in snapshot.captures]))
     return FileCaptures(path, snapshot.captures, snapshot, form=FORM)
 
 

@@ -8,7 +8,7 @@ The expert groups (ep, etp, edp, ...) come from a second generator with tp=etp, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import NoReturn
@@ -168,8 +168,9 @@ class ParallelLayout:
                               f"groups, which megatron refuses")
         return layout
 
-    @property
+    @cached_property
     def world_size(self) -> int:
+        """Cached: ``coords`` checks every rank against it (16k times for a 16k-rank report)."""
         return self.tp * self.cp * self.dp * self.pp
 
     @cached_property
@@ -199,17 +200,37 @@ class ParallelLayout:
         dense, expert = self._dense.strides(), self._expert.strides()
         return (dense["tp"], dense["cp"], expert["ep"] if self.ep > 1 else (1, 1), dense["dp"], dense["pp"])
 
+    def pp_neighbour(self, rank: int, step: int) -> int:
+        """The rank ``step`` stages on in ``rank``'s pipeline group (wrapping): ``group_of("pp", rank)``'s
+        members are in stage order, one pp stride apart, so this is arithmetic, not a group lookup."""
+        stride, size = self._digits[4]
+        stage = rank // stride % size
+        return rank + ((stage + step) % size - stage) * stride
+
+    def coordinates_alike(self, kind: str) -> bool:
+        """Whether the members of every instance of ``kind`` differ from each other in the same coordinates
+        (so a question about which coordinates vary inside instances is answered by any one of them).
+
+        A dense kind's instance is its first one shifted by a base whose digits are zero where the kind's
+        are, so the dense coordinates (tp, cp, dp, pp) of base + offset are the base's plus the offset's, with
+        no carry. The ep coordinate comes from the expert generator, and is constant only when ep == 1."""
+        return self.ep == 1 and GROUP_KINDS[kind][0] == "dense"
+
     def groups(self, kind: str) -> list[tuple[int, ...]]:
         """Every instance of a group kind, in megatron's order."""
         return list(self._kind_groups(kind))
 
     def group_of(self, kind: str, rank: int) -> tuple[int, ...]:
         """The instance of ``kind`` that holds ``rank``."""
+        return self.group_index(kind)[rank]
+
+    def group_index(self, kind: str) -> Mapping[int, tuple[int, ...]]:
+        """Every rank's instance of ``kind`` (one shared tuple per instance), built on first use."""
         index = self._index_cache.get(kind)
         if index is None:
             index = {r: g for g in self._kind_groups(kind) for r in g}
             self._index_cache[kind] = index
-        return index[rank]
+        return index
 
     def _kind_groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
         """Built per kind on first use: at 16k ranks, all kinds at once cost half a second."""

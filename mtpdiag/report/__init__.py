@@ -10,6 +10,7 @@ A format's module is imported only when it is used: ``--json`` never loads rich.
 
 from __future__ import annotations
 
+import codecs
 import importlib
 import shutil
 import sys
@@ -50,6 +51,14 @@ def emit(report: Report, fmt: str = "console", html: Path | None = None) -> None
     """Print the report to stdout in ``fmt``, and also write the HTML page to ``html`` when asked."""
     if html is not None:
         write_page(report, html)
+    buffer = getattr(sys.stdout, "buffer", None)
+    if fmt == "json" and buffer is not None and codecs.lookup(sys.stdout.encoding or "ascii").name == "utf-8":
+        from mtpdiag.report import json_report
+
+        sys.stdout.flush()
+        buffer.write(json_report.document(report))
+        buffer.flush()
+        return
     sys.stdout.write(render(report, fmt, color=sys.stdout.isatty(), width=terminal_width()))
     sys.stdout.flush()
 

@@ -33,6 +33,15 @@ def render(report: Report) -> str:
     return msgspec.json.format(text, indent=2) if len(report.ranks) <= INDENT_MAX_RANKS else text
 
 
+def document(report: Report) -> bytes:
+    """What ``--json`` prints, as UTF-8 bytes: ``render``'s text and a newline, never decoded into a str and
+    encoded back (13 MB at 16k ranks: 30 ms of 50)."""
+    data = encode(report)
+    if len(report.ranks) <= INDENT_MAX_RANKS:
+        data = msgspec.json.format(data, indent=2)
+    return data + b"\n"
+
+
 def to_dict(report: Report) -> dict[str, Any]:
     """The report as the JSON document's Python value (what ``json.loads(render(report))`` gives)."""
     value: dict[str, Any] = json.loads(encode(report))
