@@ -18,6 +18,7 @@ import os
 import re
 import socket
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from mtpdiag.layout import cmdline
 from mtpdiag.model import Snapshot, printable, replace
 
 INSTALL_RAY = "pip install 'mtpdiag[ray]'"
+CLIENT_ATTEMPTS = 3  # ray:// connections, see RayCluster._init
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _NO_MODULE = re.compile(r"No module named '([^']+)'")
 
@@ -104,7 +106,7 @@ class RayCluster:
         try:
             if not address.startswith("ray://"):
                 answers(gcs_address(address))  # ray.init retries an address nothing answers at for ever
-            self.ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+            self._init()
         except Exception as exc:  # ConnectionError (no cluster there), ValueError (a bad address), RuntimeError
             sys.stdout = self._stdout
             raise InputError(f"cannot connect to the Ray cluster at {address}: {one_line(exc)}") from None
@@ -113,6 +115,20 @@ class RayCluster:
         self._driver_node = self.ray.get_runtime_context().get_node_id()
         # This process and its ancestors run on the driver's node: never a rank, never a layout hint.
         self._driver = identify([os.getpid(), *procfs.ancestors(os.getpid())])
+
+    def _init(self) -> None:
+        """``ray.init``. Ray Client (``ray://``) starts a server process on the head for each connection, and on
+        a loaded head that start fails now and then ("Initialization failure from server"): tried again."""
+        for attempt in range(1, CLIENT_ATTEMPTS + 1):
+            try:
+                self.ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
+                return
+            except ConnectionAbortedError as exc:
+                if not self.address.startswith("ray://") or attempt == CLIENT_ATTEMPTS:
+                    raise
+                print(f"mtpdiag: note: the Ray Client server at {self.address} could not start this connection "
+                      f"({one_line(exc)}): trying again ({attempt + 1} of {CLIENT_ATTEMPTS})", file=sys.stderr)
+                time.sleep(1.0)
 
     def __enter__(self) -> RayCluster:
         return self
