@@ -89,6 +89,21 @@ def capture_ray(cluster: RayCluster, said: set[str] | None = None, **options: An
     return result.snapshot
 
 
+def import_ahead(formats: tuple[str, ...]) -> None:
+    """Import what ``with_flight_recorder``, ``diagnose_snapshot`` and the renderers of ``formats`` will import.
+
+    ``inspect`` calls this while py-spy dumps the ranks (``capture(meanwhile=...)``): the imports (about a
+    third of its start-up) then overlap that wait instead of following it.
+    """
+    import importlib
+
+    from mtpdiag.report import RENDERERS
+
+    for module in ("mtpdiag.capture.flight_recorder", "mtpdiag.analysis", "mtpdiag.layout.sources",
+                   *(f"mtpdiag.report.{RENDERERS[fmt].module}" for fmt in formats)):
+        importlib.import_module(module)
+
+
 def with_world_size(snapshot: Snapshot, world_size: int) -> Snapshot:
     """Give every capture that lacks WORLD_SIZE the one from --world-size."""
     captures = tuple(
