@@ -11,10 +11,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot, replace, who_and_why
@@ -31,8 +32,7 @@ if TYPE_CHECKING:  # watch's and --ray's parts, imported where they run
 MAX_WORLD_SIZE = 1 << 18
 
 
-@dataclass(frozen=True)
-class LayoutOptions:
+class LayoutOptions(msgspec.Struct, frozen=True):
     tp: int | None = None
     cp: int | None = None
     pp: int | None = None
