@@ -202,6 +202,7 @@ class _HintReader:
         self._argv_hints: dict[int, dict[str, int]] = {}
         self._session_hints: dict[int, dict[str, int]] = {}
         self._job_driver_hints: dict[int, dict[str, int]] = {}
+        self._sessions: dict[int, list[int]] | None = None  # session id -> its pids, from one pass over /proc
 
     def for_process(self, pid: int) -> dict[str, int]:
         ancestors = procfs.ancestors(pid)
@@ -235,10 +236,13 @@ class _HintReader:
 
     def _of_session(self, session: int) -> dict[str, int]:
         if session not in self._session_hints:
-            members = []
-            for pid in procfs.all_pids():
-                stat = procfs.read_stat(pid)
-                if stat and stat.session == session and pid not in self._own and procfs.is_python(pid):
-                    members.append(pid)
+            if self._sessions is None:  # torchrun gives each worker a session of its own: /proc is read once
+                self._sessions = {}
+                for pid in procfs.all_pids():
+                    stat = procfs.read_stat(pid)
+                    if stat:
+                        self._sessions.setdefault(stat.session, []).append(pid)
+            members = [pid for pid in self._sessions.get(session, ())
+                       if pid not in self._own and procfs.is_python(pid)]
             self._session_hints[session] = cmdline.merge_hints(*(self._hints_of(p) for p in members))
         return self._session_hints[session]
