@@ -102,6 +102,11 @@ def import_ahead(formats: tuple[str, ...]) -> None:
     for module in ("mtpdiag.capture.flight_recorder", "mtpdiag.analysis", "mtpdiag.layout.sources",
                    *(f"mtpdiag.report.{RENDERERS[fmt].module}" for fmt in formats)):
         importlib.import_module(module)
+    if "console" in formats:
+        try:  # rich loads its emoji table with the first markup it renders (a private module: skipped if moved)
+            importlib.import_module("rich._emoji_codes")
+        except ImportError:
+            pass
 
 
 def with_world_size(snapshot: Snapshot, world_size: int) -> Snapshot:
