@@ -11,10 +11,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot, replace, who_and_why
@@ -31,8 +32,7 @@ if TYPE_CHECKING:  # watch's and --ray's parts, imported where they run
 MAX_WORLD_SIZE = 1 << 18
 
 
-@dataclass(frozen=True)
-class LayoutOptions:
+class LayoutOptions(msgspec.Struct, frozen=True):
     tp: int | None = None
     cp: int | None = None
     pp: int | None = None
@@ -87,6 +87,26 @@ def capture_ray(cluster: RayCluster, said: set[str] | None = None, **options: An
         raise NothingCaptured(f"nothing could be captured on the {len(result.nodes)} nodes of the Ray cluster "
                               f"(first: {first})")
     return result.snapshot
+
+
+def import_ahead(formats: tuple[str, ...]) -> None:
+    """Import what ``with_flight_recorder``, ``diagnose_snapshot`` and the renderers of ``formats`` will import.
+
+    ``inspect`` calls this while py-spy dumps the ranks (``capture(meanwhile=...)``): the imports (about a
+    third of its start-up) then overlap that wait instead of following it.
+    """
+    import importlib
+
+    from mtpdiag.report import RENDERERS
+
+    for module in ("mtpdiag.capture.flight_recorder", "mtpdiag.analysis", "mtpdiag.layout.sources",
+                   *(f"mtpdiag.report.{RENDERERS[fmt].module}" for fmt in formats)):
+        importlib.import_module(module)
+    if "console" in formats:
+        try:  # rich loads its emoji table with the first markup it renders (a private module: skipped if moved)
+            importlib.import_module("rich._emoji_codes")
+        except ImportError:
+            pass
 
 
 def with_world_size(snapshot: Snapshot, world_size: int) -> Snapshot:

@@ -9,12 +9,11 @@ calls, and ``flight_recorder``/``fr_locate`` pick up a live job's Flight Recorde
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Callable, Collection, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
+from typing import NamedTuple
 
 import mtpdiag
 from mtpdiag.capture import procfs, pyspy
@@ -33,29 +32,43 @@ __all__ = ["capture", "find_targets", "raylet_hints", "CaptureFailed", "STATE_GO
 def capture(pids: Iterable[int] = (), *, scan_all: bool = False, native: bool = False,
             nonblocking: bool = False, timeout: float = 10.0, progress: bool = False,
             host: str | None = None, native_timeout: float = 30.0, exclude: Collection[int] = (),
-            require_any: bool = True) -> Snapshot:
+            require_any: bool = True, meanwhile: Callable[[], object] | None = None) -> Snapshot:
     """Capture every worker behind ``pids`` (and, with ``scan_all``, every ranked process here).
 
     ``native`` adds C/C++ frames (evidence of what a rank waits on); a native dump can take seconds, so it
     has its own ``native_timeout``, and a rank whose native dump fails is dumped again without it.
     ``exclude``: pids that are neither targets nor layout hints (``--ray``: the mtpdiag driver on this node).
     Without ``require_any`` a capture that read no stack is returned (one node of several) instead of raising.
+    ``meanwhile`` runs on this thread while py-spy dumps (``inspect`` imports the analysis then).
     """
     targets = find_targets(list(pids), scan_all, exclude)
     pyspy.find_pyspy()  # fail early, with one line, when py-spy is missing
-    label = host or socket.gethostname()
-    hints = _HintReader(exclude)
-    # /proc reads first, all at once: the moment the stacks describe should be one moment.
-    pending = [(pid, _read_proc(pid, hints)) for pid in targets]
+    label = host or os.uname().nodename  # what socket.gethostname() returns on Linux, without importing socket
+    # What describes the moment is read first, all at once, and py-spy is started on each rank right after:
+    # the stacks and these facts should describe one moment. What does not change while a rank waits (the
+    # command lines its layout hints come from, its mapped libraries) is read while py-spy runs.
+    moments = [(pid, _Moment.read(pid)) for pid in targets]
+    started = {pid: _start_first(pid, moment.stat, native=native, nonblocking=nonblocking)
+               for pid, moment in moments[:_MAX_PARALLEL]}
 
-    def one(item: tuple[int, _ProcFacts]) -> RankCapture:
-        pid, facts = item
-        return _capture_one(pid, facts, label, native=native, nonblocking=nonblocking, timeout=timeout,
-                            native_timeout=native_timeout)
+    def one(item: tuple[int, _Moment]) -> _Dumped:
+        pid, moment = item
+        return _dump_one(pid, moment.stat, started.get(pid), native=native, nonblocking=nonblocking,
+                         timeout=timeout, native_timeout=native_timeout)
 
-    with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(pending))) as pool:
-        captures = _run_with_progress(pool, one, pending, show=progress and len(pending) > 4
-                                      and sys.stderr.isatty())
+    with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(moments))) as pool:
+        futures = [pool.submit(one, item) for item in moments]
+        hints = _HintReader(exclude)
+        lasting = [(hints.for_process(pid) if moment.stat is not None else {}, procfs.maps_cuda(pid))
+                   for pid, moment in moments]
+        if meanwhile is not None:
+            meanwhile()
+        dumps = _results(futures, show=progress and len(moments) > 4 and sys.stderr.isatty())
+    captures = [RankCapture(pid=pid, host=label, rank=moment.rank, state=dumped.state, threads=dumped.threads,
+                            env=Env.of(moment.env), error=dumped.error, nonblocking=dumped.nonblocking,
+                            main_cpu_ticks=moment.main_cpu_ticks, layout_hints=layout_hints,
+                            main_syscall=moment.main_syscall, cuda=cuda)
+                for (pid, moment), dumped, (layout_hints, cuda) in zip(moments, dumps, lasting, strict=True)]
     if require_any and not any(c.threads for c in captures):
         reasons = "; ".join(f"pid {c.pid}: {c.error or c.state}" for c in captures[:3])
         raise NothingCaptured(f"could not capture any of {len(captures)} target(s) ({reasons})")
@@ -67,16 +80,18 @@ def capture(pids: Iterable[int] = (), *, scan_all: bool = False, native: bool = 
     )
 
 
-@dataclass(frozen=True)
-class _ProcFacts:
+class _Moment(NamedTuple):
     """What /proc says about a worker just before its stacks are dumped."""
 
     stat: procfs.ProcStat | None
     env: dict[str, str]  # whitelisted keys only
     main_cpu_ticks: int | None
-    hints: dict[str, int]
-    main_syscall: str | None = None
-    cuda: bool | None = None
+    main_syscall: str | None
+
+    @classmethod
+    def read(cls, pid: int) -> _Moment:
+        return cls(stat=procfs.read_stat(pid), env=procfs.read_env(pid) or {},
+                   main_cpu_ticks=procfs.main_thread_ticks(pid), main_syscall=procfs.main_thread_syscall(pid))
 
     @property
     def rank(self) -> int | None:
@@ -87,62 +102,70 @@ class _ProcFacts:
         return None
 
 
-def _read_proc(pid: int, hints: _HintReader) -> _ProcFacts:
-    stat = procfs.read_stat(pid)
-    return _ProcFacts(stat=stat, env=procfs.read_env(pid) or {}, main_cpu_ticks=procfs.main_thread_ticks(pid),
-                      hints=hints.for_process(pid) if stat is not None else {},
-                      main_syscall=procfs.main_thread_syscall(pid), cuda=procfs.maps_cuda(pid))
+class _Dumped(NamedTuple):
+    """What dumping one rank gave: its state, its threads, and why not or how (``error``)."""
+
+    state: str
+    threads: tuple[ThreadStack, ...] = ()
+    error: str | None = None
+    nonblocking: bool = False
 
 
-def _capture_one(pid: int, facts: _ProcFacts, host: str, *, native: bool, nonblocking: bool,
-                 timeout: float, native_timeout: float = 30.0) -> RankCapture:
-    stat = facts.stat
-
-    def made(state: str, threads: tuple[ThreadStack, ...] = (), *, error: str | None = None,
-             nonblocking: bool = False) -> RankCapture:
-        return RankCapture(pid=pid, host=host, rank=facts.rank, state=state, threads=threads,
-                           env=Env.of(facts.env), error=error, nonblocking=nonblocking,
-                           main_cpu_ticks=facts.main_cpu_ticks, layout_hints=dict(facts.hints),
-                           main_syscall=facts.main_syscall, cuda=facts.cuda)
-
+def _start_first(pid: int, stat: procfs.ProcStat | None, *, native: bool,
+                 nonblocking: bool) -> pyspy.Running | None:
+    """The first py-spy dump of a rank, started (None for a rank that is gone): native when asked and the rank
+    can be paused, else without pausing it when asked or when it is stopped already."""
     if stat is None or stat.state == "Z":
-        return made(STATE_GONE, error="the process exited before it could be captured")
+        return None
+    use_nonblocking = nonblocking or stat.state in _STOPPED
+    if native and not use_nonblocking:  # py-spy reads native stacks only of a paused process
+        return pyspy.start(pid, native=True)
+    return pyspy.start(pid, nonblocking=use_nonblocking)
+
+
+def _dump_one(pid: int, stat: procfs.ProcStat | None, first: pyspy.Running | None, *, native: bool,
+              nonblocking: bool, timeout: float, native_timeout: float = 30.0) -> _Dumped:
+    """Finish the rank's first dump (``first``, or started here), and dump it again as its failure calls for."""
+    if stat is None or stat.state == "Z":
+        return _Dumped(STATE_GONE, error="the process exited before it could be captured")
+    running = first or _start_first(pid, stat, native=native, nonblocking=nonblocking)
+    assert running is not None  # the rank is not gone
     use_nonblocking = nonblocking or stat.state in _STOPPED
     note = None
-    if native and not use_nonblocking:  # py-spy reads native stacks only of a paused process
+    if native and not use_nonblocking:
         try:
-            return made(stat.state, pyspy.dump(pid, native=True, timeout=native_timeout))
+            return _Dumped(stat.state, pyspy.finish(running, native_timeout))
         except CaptureFailed as exc:
             note = f"native dump failed ({exc}): Python frames only"
+        running = pyspy.start(pid)
     elif native:
         note = "no native frames: py-spy reads them only by pausing the process (--nonblocking, or stopped)"
     try:
-        threads = pyspy.dump(pid, nonblocking=use_nonblocking, timeout=timeout)
+        threads = pyspy.finish(running, timeout)
     except CaptureFailed as exc:
         now = procfs.read_stat(pid)
         if now is None or now.state == "Z":
-            return made(STATE_GONE, error="the process exited during the capture")
+            return _Dumped(STATE_GONE, error="the process exited during the capture")
         if not use_nonblocking and (exc.timed_out or "Failed to suspend process" in str(exc)):
             # Pausing a rank that spins on a busy machine can take longer than the timeout, and one that another
             # tracer holds cannot be paused at all: read its memory without pausing it instead.
             try:
                 threads = pyspy.dump(pid, nonblocking=True, timeout=timeout)
             except CaptureFailed as exc2:
-                return made(STATE_UNREADABLE, error=f"{exc}; without pausing: {exc2}")
-            return made(now.state, threads, nonblocking=True,
-                        error=f"{exc}: read without pausing it (py-spy --nonblocking)")
+                return _Dumped(STATE_UNREADABLE, error=f"{exc}; without pausing: {exc2}")
+            return _Dumped(now.state, threads, nonblocking=True,
+                           error=f"{exc}: read without pausing it (py-spy --nonblocking)")
         if use_nonblocking or now.state not in _STOPPED:
-            return made(STATE_UNREADABLE, error=str(exc))
+            return _Dumped(STATE_UNREADABLE, error=str(exc))
         stat, use_nonblocking = now, True
         try:
             threads = pyspy.dump(pid, nonblocking=True, timeout=timeout)
         except CaptureFailed as exc2:
-            return made(STATE_UNREADABLE, error=str(exc2))
-    return made(stat.state, threads, nonblocking=use_nonblocking, error=note)
+            return _Dumped(STATE_UNREADABLE, error=str(exc2))
+    return _Dumped(stat.state, threads, nonblocking=use_nonblocking, error=note)
 
 
-def _run_with_progress(pool: ThreadPoolExecutor, fn: Callable, items: list, *, show: bool) -> list:
-    futures = [pool.submit(fn, item) for item in items]
+def _results(futures: list[Future[_Dumped]], *, show: bool) -> list[_Dumped]:
     if not show:
         return [f.result() for f in futures]
     from rich.console import Console
@@ -179,6 +202,7 @@ class _HintReader:
         self._argv_hints: dict[int, dict[str, int]] = {}
         self._session_hints: dict[int, dict[str, int]] = {}
         self._job_driver_hints: dict[int, dict[str, int]] = {}
+        self._sessions: dict[int, list[int]] | None = None  # session id -> its pids, from one pass over /proc
 
     def for_process(self, pid: int) -> dict[str, int]:
         ancestors = procfs.ancestors(pid)
@@ -212,10 +236,13 @@ class _HintReader:
 
     def _of_session(self, session: int) -> dict[str, int]:
         if session not in self._session_hints:
-            members = []
-            for pid in procfs.all_pids():
-                stat = procfs.read_stat(pid)
-                if stat and stat.session == session and pid not in self._own and procfs.is_python(pid):
-                    members.append(pid)
+            if self._sessions is None:  # torchrun gives each worker a session of its own: /proc is read once
+                self._sessions = {}
+                for pid in procfs.all_pids():
+                    stat = procfs.read_stat(pid)
+                    if stat:
+                        self._sessions.setdefault(stat.session, []).append(pid)
+            members = [pid for pid in self._sessions.get(session, ())
+                       if pid not in self._own and procfs.is_python(pid)]
             self._session_hints[session] = cmdline.merge_hints(*(self._hints_of(p) for p in members))
         return self._session_hints[session]

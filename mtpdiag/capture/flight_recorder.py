@@ -15,8 +15,9 @@ import os
 import pwd
 import re
 import time
-from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+import msgspec
 
 from mtpdiag.capture import procfs
 from mtpdiag.capture.fr_locate import dump_prefixes, pipe_prefix, request_live_dump
@@ -25,8 +26,7 @@ from mtpdiag.model import RankCapture, Snapshot, replace
 from mtpdiag.model.flight_recorder import FRDump
 
 
-@dataclass(frozen=True)
-class FoundDumps:
+class FoundDumps(msgspec.Struct, frozen=True):
     """What was found: the dumps (None when there are none), and one line per thing worth saying."""
 
     dumps: FRDump | None

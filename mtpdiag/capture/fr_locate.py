@@ -16,7 +16,8 @@ import errno
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+import msgspec
 
 DUMP_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
@@ -49,8 +50,7 @@ def pipe_prefix(env: Mapping[str, str]) -> str | None:
     return value or None
 
 
-@dataclass(frozen=True)
-class LiveDumpRequest:
+class LiveDumpRequest(msgspec.Struct, frozen=True):
     """What ``request_live_dump`` did: ``sent`` when a reader got the request; else ``reason``."""
 
     path: str

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+
+import msgspec
 
 from mtpdiag.model import ENV_WHITELIST, printable
 
 PROC = "/proc"
 
 
-@dataclass(frozen=True)
-class ProcStat:
+class ProcStat(msgspec.Struct, frozen=True):
     """The fields of /proc/PID/stat that mtpdiag uses."""
 
     pid: int

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from functools import partial
+from typing import NamedTuple
 
 from mtpdiag.capture import procfs, source
 from mtpdiag.errors import InputError
@@ -49,9 +50,17 @@ def find_pyspy() -> str:
     raise InputError("py-spy not found on PATH (pip install py-spy)")
 
 
-def dump(pid: int, *, native: bool = False, nonblocking: bool = False,
-         timeout: float = 10.0) -> tuple[ThreadStack, ...]:
-    """Every thread of ``pid``, innermost frame first. Raises CaptureFailed on failure or timeout."""
+class Running(NamedTuple):
+    """A ``py-spy dump`` started on one process (``start``); ``finish`` waits for it and reads its stacks."""
+
+    pid: int
+    proc: subprocess.Popen[bytes]
+    nonblocking: bool
+    before: procfs.ProcStat | None  # the state before py-spy paused it (to undo a pause a timeout leaves)
+
+
+def start(pid: int, *, native: bool = False, nonblocking: bool = False) -> Running:
+    """Start dumping ``pid`` without waiting: a caller that dumps several ranks starts them all, then waits."""
     cmd = [find_pyspy(), "dump", "--json", "--locals"]
     if native:
         cmd.append("--native")
@@ -59,14 +68,20 @@ def dump(pid: int, *, native: bool = False, nonblocking: bool = False,
         cmd.append("--nonblocking")
     cmd += ["--pid", str(pid)]
     before = procfs.read_stat(pid)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    return Running(pid, proc, nonblocking, before)
+
+
+def finish(running: Running, timeout: float = 10.0) -> tuple[ThreadStack, ...]:
+    """Every thread of the process ``running`` dumps, innermost frame first. Raises CaptureFailed on failure or
+    after ``timeout`` seconds of waiting."""
+    proc, pid = running.proc, running.pid
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        note = "" if nonblocking else _resume_if_left_stopped(pid, before)
+        note = "" if running.nonblocking else _resume_if_left_stopped(pid, running.before)
         raise CaptureFailed(f"py-spy timed out after {timeout:g}s{note}", timed_out=True) from None
     if proc.returncode != 0:
         text = err.decode("utf-8", "replace")
@@ -78,6 +93,12 @@ def dump(pid: int, *, native: bool = False, nonblocking: bool = False,
         return threads_from_bytes(out, line_calls=partial(source.line_calls, pid), live=True)
     except ValueError as exc:
         raise CaptureFailed(f"py-spy printed unreadable JSON ({exc})") from None
+
+
+def dump(pid: int, *, native: bool = False, nonblocking: bool = False,
+         timeout: float = 10.0) -> tuple[ThreadStack, ...]:
+    """Every thread of ``pid``, innermost frame first. Raises CaptureFailed on failure or timeout."""
+    return finish(start(pid, native=native, nonblocking=nonblocking), timeout)
 
 
 def _resume_if_left_stopped(pid: int, before: procfs.ProcStat | None) -> str:

@@ -52,9 +52,10 @@ def inspect(
                                             nonblocking=nonblocking, timeout=timeout, fr_dump=fr_dump,
                                             fr_wait=fr_wait)
     else:
+        formats = (output, "html") if html is not None else (output,)
         snapshot = capture(list(pid or []), scan_all=all_, native=native,
                            native_timeout=native_timeout, nonblocking=nonblocking,
-                           timeout=timeout, progress=True)
+                           timeout=timeout, progress=True, meanwhile=lambda: pipeline.import_ahead(formats))
         snapshot = pipeline.with_flight_recorder(snapshot, request=fr_dump, wait_s=fr_wait)
     layout_options = pipeline.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
                                             config=config, overrides=tuple(override or ()))

@@ -19,14 +19,12 @@ Rules (the same for every command that reads files):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.files import DUMP_SUFFIXES, expand, read_bytes
 from mtpdiag.inputs.identity import compile_rank_from, rank_from_name
-from mtpdiag.inputs.merge import check_duplicate_ranks, check_world_sizes, merge
-from mtpdiag.inputs.registry import read_file
 from mtpdiag.model import STATE_UNKNOWN, STATE_UNREADABLE, Snapshot, who_and_why
 
 __all__ = ["DUMP_SUFFIXES", "READERS", "STATE_UNKNOWN", "STATE_UNREADABLE", "Dumped", "FileCaptures", "Inputs",
@@ -48,8 +46,7 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@dataclass(frozen=True)
-class Inputs:
+class Inputs(msgspec.Struct, frozen=True):
     """What ``read_inputs`` found: the snapshot, and notes on what was merged or chosen (one line each)."""
 
     snapshot: Snapshot
@@ -65,13 +62,18 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
     """``load_paths`` plus its notes. ``rank_from``: a regex whose first group is the rank (``--rank-from``)."""
     if not paths:
         raise InputError("no input: give bundle files, py-spy dumps or directories")
+    # The registry (and the bundle reader it holds) loads with the first file: a live capture reads py-spy's
+    # output with pyspy_json alone.
+    from mtpdiag.inputs.merge import check_duplicate_ranks, check_world_sizes, merge
+    from mtpdiag.inputs.registry import read_file
+
     context = ReadContext(rank_from=compile_rank_from(rank_from))
     files = expand(paths)
     loaded: list[FileCaptures] = []
     errors: list[str] = []
     for path in files:
         try:
-            loaded.append(load_file(path, context))
+            loaded.append(read_file(read_bytes(path), path, context))
         except InputError as exc:
             errors.append(str(exc))
     if not loaded:
@@ -91,4 +93,6 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
 
 def load_file(path: str, context: ReadContext | None = None) -> FileCaptures:
     """Captures of one file, whichever form it is; InputError naming it otherwise."""
+    from mtpdiag.inputs.registry import read_file
+
     return read_file(read_bytes(path), path, context or ReadContext())

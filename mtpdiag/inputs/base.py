@@ -10,21 +10,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from mtpdiag.inputs.lines import Line
 from mtpdiag.model import RankCapture, Snapshot, ThreadStack
 
 
-@dataclass(frozen=True)
-class ReadContext:
+class ReadContext(msgspec.Struct, frozen=True):
     """What the caller of ``load_paths`` passes down to every reader."""
 
     rank_from: re.Pattern | None = None  # --rank-from: its first group is the rank
 
 
-@dataclass(frozen=True)
-class FileCaptures:
+class FileCaptures(msgspec.Struct, frozen=True):
     """What one file contributed. ``notes`` say what was merged or guessed (one line each)."""
 
     path: str
@@ -34,8 +33,7 @@ class FileCaptures:
     form: str = ""  # the reader's name
 
 
-@dataclass(frozen=True)
-class Reader:
+class Reader(msgspec.Struct, frozen=True):
     """One input format."""
 
     name: str
@@ -43,8 +41,7 @@ class Reader:
     read: Callable[[str, str, ReadContext], FileCaptures]
 
 
-@dataclass(frozen=True)
-class Dumped:
+class Dumped(msgspec.Struct, frozen=True):
     """One process as a pasted dump shows it, before its rank is settled.
 
     ``context`` holds the lines that may name the process (its header, the lines that lead into it, the

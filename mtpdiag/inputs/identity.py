@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+
+import msgspec
 
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.base import Dumped
@@ -29,8 +30,7 @@ _FILE_HEADER = re.compile(r"^==> (.{1,300}) <==$")  # what ``head``/``tail`` pri
 _RANK_FLAG = re.compile(r"(?:^|\s)--(?:global[-_])?rank(?:=|\s+)([0-9]{1,9})(?=\s|$)")
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(msgspec.Struct, frozen=True):
     """One source's word on a rank, and where it was read (for the error when two disagree)."""
 
     rank: int

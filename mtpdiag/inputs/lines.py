@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+import msgspec
 
 from mtpdiag.model import ENV_WHITELIST, printable
 
@@ -29,8 +30,7 @@ PYTHON_SOURCE = (".py", ".pyw")
 JOB_KEYS = frozenset({"WORLD_SIZE", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"})
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(msgspec.Struct, frozen=True):
     """One line: its log prefix (if any) and its content with the surrounding whitespace removed."""
 
     prefix: str
@@ -38,8 +38,7 @@ class Line:
     raw: str  # the line without colour codes and line ending: what rank facts are read from
 
 
-@dataclass(frozen=True)
-class Command:
+class Command(msgspec.Struct, frozen=True):
     """A ``py-spy dump``/``pystack remote`` command line found in a paste."""
 
     tool: str

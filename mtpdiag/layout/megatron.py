@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import NoReturn
 
+import msgspec
+
 from mtpdiag.vocabulary.labels import coords_label
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -45,8 +47,7 @@ class LayoutError(ValueError):
     """Parallel sizes that cannot describe the world (an input error)."""
 
 
-@dataclass(frozen=True)
-class _Generator:
+class _Generator(msgspec.Struct, frozen=True):
     """One megatron RankGenerator: ordered (name, size) digits, fastest first."""
 
     digits: tuple[tuple[str, int], ...]

@@ -12,7 +12,8 @@ token one of them takes is a token the other takes.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+import msgspec
 
 _NAME = r"[A-Za-z_$][A-Za-z0-9_$-]*"
 _INDEX = r"(?:0|[1-9](?:_?[0-9])*)"
@@ -23,8 +24,7 @@ KEY = rf"(?:{_GROUP}|{_PACKAGE})(?:@{_PACKAGE})?"
 _OVERRIDE = re.compile(rf"^(?P<op>\+\+|\+|~)?(?P<key>{KEY})(?:=(?P<value>.*))?$", re.DOTALL)
 
 
-@dataclass(frozen=True)
-class Override:
+class Override(msgspec.Struct, frozen=True):
     """One override. ``op``: "" (set), "+" (add), "++" (add or set) or "~" (delete); ``value`` is None only
     for a delete without one."""
 

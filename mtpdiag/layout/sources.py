@@ -9,16 +9,16 @@ the only I/O here.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from mtpdiag.errors import InputError
 from mtpdiag.layout.megatron import LayoutError, ParallelLayout
 from mtpdiag.vocabulary.sizes import COMMAND_LINE_FLAGS, CONFIG_NAMES, SOURCE_KEYS
 
 
-@dataclass(frozen=True)
-class _Source:
+class _Source(msgspec.Struct, frozen=True):
     """One place sizes came from, and how that place spells a size (for conflict messages)."""
 
     name: str                      # "flags", "config job.yaml", "command line of the target processes"
