@@ -137,3 +137,21 @@ def test_a_huge_counter_does_not_make_the_matcher_count_to_it(tmp_path):
         status["last_enqueued_collective"] = 2**62
     dump = _load_or_error(tmp_path, pickle.dumps(data))
     assert dump is not None
+
+
+def test_a_bundled_dump_whose_group_holds_a_negative_rank_is_diagnosed_not_a_crash(tmp_path):
+    """Found by test_fuzz_parsers: a recorded NCCL bundle whose Flight Recorder group lists rank -1 made the
+    layout check index the layout's groups with it (KeyError, exit 70)."""
+    from support.jobs_e2e import ROOT, run_cli
+
+    path = f"{ROOT}/tests/fixtures/captures/lookalike_aux_loss_sizes_nccl/bundle.json"
+    data = json.loads(open(path).read())
+    (group,) = [g for g in data["flight_recorder"]["ranks"][0]["groups"]
+                if g["desc"] == "DATA_PARALLEL_GROUP_WITH_CP"]  # a Megatron group the layout is checked against
+    group["ranks"][0] = -1
+    damaged = tmp_path / "bundle.json"
+    damaged.write_text(json.dumps(data))
+    done = run_cli("analyze", str(damaged), "--json")
+    assert done.returncode in (1, 4) and "internal error" not in done.stderr, done.stderr
+    section = json.loads(done.stdout)["flight_recorder"]
+    assert any("rank -1, outside the layout's world" in d for d in section["disagreements"]), section["disagreements"]

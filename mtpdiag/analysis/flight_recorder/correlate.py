@@ -97,10 +97,10 @@ def _layout_conflicts(report: Report, groups: Iterable[FRGroup]) -> list[str]:
     layout = _layout(report)
     if layout is None:
         return []
-    groups = sorted(groups, key=lambda g: group_sort_key(g.name))
-    top = max((max(g.ranks) for g in groups), default=-1)
-    if top >= layout.world_size:
-        return [f"FR groups hold rank {top}, outside the layout's world of {layout.world_size}"]
+    groups = sorted((g for g in groups if g.ranks), key=lambda g: group_sort_key(g.name))
+    outside = [r for g in groups for r in (min(g.ranks), max(g.ranks)) if not 0 <= r < layout.world_size]
+    if outside:  # a dump of another job or layout, or a damaged one: no group of the layout to hold it against
+        return [f"FR groups hold rank {outside[0]}, outside the layout's world of {layout.world_size}"]
     wrong: dict[str, list[FRGroup]] = {}
     for g in groups:
         kind = MEGATRON_GROUP_KINDS.get(g.desc)
