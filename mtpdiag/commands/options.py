@@ -35,9 +35,9 @@ HTML = typer.Option(None, "--html", help="Also write a self-contained HTML repor
 RAY = typer.Option(None, "--ray", metavar="[ADDRESS]", help="Capture every node of a Ray cluster through Ray "
                    "itself (no pdsh, no shared directory): a capture task pinned to each node, its bundle back "
                    "through Ray's object store. ADDRESS defaults to auto (RAY_ADDRESS, or the cluster this node "
-                   "runs); HOST:PORT of the GCS joins as a Ray driver, which listens on a port; http://HEAD:8265 (the "
-                   "job server, as ray job submit) runs the capture as a Ray job and opens no port here. Needs "
-                   "mtpdiag and py-spy on every node, and Ray here: pip install 'mtpdiag[ray]'.")
+                   "runs); HOST:PORT of the GCS joins as a Ray driver, which listens on a port; ray://HEAD:10001 "
+                   "(Ray Client) and http://HEAD:8265 (the job server, as ray job submit; not for watch) open no port "
+                   "here. Needs mtpdiag and py-spy on every node, and Ray here: pip install 'mtpdiag\\[ray]'.")
 RAY_TIMEOUT = typer.Option(60.0, "--ray-timeout", min=1.0, help="Seconds to wait for every node's capture task "
                            "under --ray; a node still busy then is reported as not captured.")
 

@@ -18,3 +18,18 @@ from mtpdiag.commands.options import fill_optional_values
 ])
 def test_a_bare_ray_means_auto(argv, expected):
     assert fill_optional_values(argv) == expected
+
+
+@pytest.mark.parametrize("command", ["inspect", "collect", "watch"])
+def test_the_help_names_the_extra_to_install(command):
+    """Rich reads ``[ray]`` as markup and drops it unless it is escaped (the help said ``pip install 'mtpdiag'``)."""
+    import os
+    import subprocess
+    import sys
+
+    from support.jobs_e2e import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "mtpdiag", command, "--help"], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "COLUMNS": "400"}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'mtpdiag[ray]'" in done.stdout, done.stdout
