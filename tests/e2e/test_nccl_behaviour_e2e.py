@@ -153,10 +153,16 @@ def test_each_main_thread_waits_at_its_host_sync_line_outside_torch_distributed(
 def test_spinning_host_syncs_burn_cpu_and_futex_waits_do_not(hung):
     pids = hung["ranks"]
     # 0 and 2 spin, 1 and 3 sleep in a futex (same job, same load)
-    states = {r: procfs.read_stat(pids[r]).state for r in range(4)}
     used = {r: record.main_thread_cpu_percent(pids[r], 1.5) for r in range(4)}
     assert min(used[0], used[2]) > 5 * max(used[1], used[3], 0.5), used
-    assert (states[1], states[3]) == ("S", "S"), states
+    # The main thread's state, sampled: a futex sleeper is "S" nearly always (one sample of 'R' for rank 3 was
+    # seen once: a wake-up between two waits, e.g. after a signal or a ptrace detach).
+    samples = []
+    for _ in range(20):
+        samples.append({r: procfs.read_stat(pids[r]).state for r in (1, 3)})
+        time.sleep(0.05)
+    sleeping = {r: sum(s[r] == "S" for s in samples) for r in (1, 3)}
+    assert min(sleeping.values()) >= 16, (sleeping, samples)
 
 
 @pytest.mark.e2e
