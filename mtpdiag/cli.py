@@ -5,36 +5,20 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import typer
 
-from mtpdiag import __version__
+from mtpdiag import __version__, exits
 from mtpdiag.errors import EXIT_INTERNAL, EXIT_USAGE, MtpdiagError
 
 # Each module defines register(app). Order here is the order of `mtpdiag --help`.
 COMMAND_MODULES = ("inspect", "collect", "analyze", "watch", "check", "apply", "verify", "lint")
 
 
-# One-shot commands that leave no child process, thread, temporary file or atexit handler behind: their
-# process may end without freeing what it built (see exit_without_teardown).
+# One-shot commands that leave no child process, thread, temporary file or atexit handler behind: they may
+# end their process without freeing what they built (mtpdiag.exits).
 EXIT_WITHOUT_TEARDOWN = frozenset({"analyze"})
-
-
-def exit_without_teardown(code: int) -> NoReturn:
-    """End the process once its output is flushed, without freeing the objects the command made.
-
-    ``analyze`` of 16k ranks leaves about a million objects (views, splits, the decoded captures); the
-    interpreter's teardown frees them one by one, which costs about a tenth of the command's time
-    (``benchmarks/scale.py``). mypy ends the same way (``mypy.util.hard_exit``). Output that cannot be
-    flushed (a closed pipe) is dropped, as a normal exit would drop it.
-    """
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 def _version(value: bool) -> None:
@@ -102,11 +86,10 @@ def main() -> None:
         argv = fill_optional_values(sys.argv[1:])
         command = invoked_command(argv)
         app = build_app((command,) if command else COMMAND_MODULES)
-        code = app(args=argv, standalone_mode=False)
-        code = code if isinstance(code, int) else 0
         if command in EXIT_WITHOUT_TEARDOWN:
-            exit_without_teardown(code)
-        sys.exit(code)
+            exits.allow()
+        code = app(args=argv, standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except MtpdiagError as exc:
         typer.echo(f"mtpdiag: error: {_one_line(exc)}", err=True)
         sys.exit(exc.exit_code)

@@ -36,7 +36,7 @@ def analyze(
 ) -> None:
     """Diagnose captures saved earlier, from one host or many (bundles are merged by rank), with the Flight
     Recorder's dumps and the watchdog's log lines of the same hang when there are any."""
-    from mtpdiag import pipeline
+    from mtpdiag import exits, pipeline
     from mtpdiag.errors import InputError
     from mtpdiag.inputs import read_inputs
     from mtpdiag.model import Snapshot
@@ -71,7 +71,9 @@ def analyze(
         emit(report, output, html)
     if paths:
         pipeline.warn_incomplete(snapshot)
-    raise typer.Exit(pipeline.exit_code(report))
+    code = pipeline.exit_code(report)
+    exits.now(code)  # the snapshot and the report are never freed: the process ends here
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:
