@@ -11,8 +11,9 @@ is running and its site is its innermost frame outside library and stdlib intern
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
+
+import msgspec
 
 from mtpdiag.analysis.known_sites import lookup
 from mtpdiag.model import (
@@ -31,8 +32,7 @@ from mtpdiag.vocabulary.stacks import call_site_frame, is_torch_distributed, sho
 from mtpdiag.vocabulary.states import RankState
 
 
-@dataclass(frozen=True)
-class Classified:
+class Classified(msgspec.Struct, frozen=True):
     """One rank's main-thread reading. ``op`` None means it is in no collective."""
 
     op: str | None
@@ -41,8 +41,7 @@ class Classified:
     peer_frame: int | None = None  # which of the Python frames names the op, for a send/recv (``peer_of``)
 
 
-@dataclass(frozen=True)
-class StateReading:
+class StateReading(msgspec.Struct, frozen=True):
     """The report's state word for a rank, and why, when that is not obvious."""
 
     state: RankState

@@ -26,9 +26,10 @@ wheels. ``mtpdiag check`` and ``mtpdiag lint`` read the same rows (``collection_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
+
+import msgspec
 
 from mtpdiag.model import Site
 
@@ -39,8 +40,7 @@ Role = Literal["reduce", "caller", "engine"]
 MEGATRON_RELEASES = ("0.13", "0.14", "0.15", "0.16", "0.17", "0.18", "0.19")
 
 
-@dataclass(frozen=True)
-class Collective:
+class Collective(msgspec.Struct, frozen=True):
     """One collective a function issues.
 
     ``group`` says how the source names the group: a ``parallel_state`` getter as it is called
@@ -56,8 +56,7 @@ class Collective:
     when: str | None = None  # the condition it runs under, when not always
 
 
-@dataclass(frozen=True)
-class KnownSite:
+class KnownSite(msgspec.Struct, frozen=True):
     """One row of the table. ``None`` in ``function``/``file_suffix`` matches anything."""
 
     function: str | None

@@ -14,14 +14,14 @@ import codecs
 import importlib
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from mtpdiag.model import Report
 
 
-@dataclass(frozen=True)
-class Renderer:
+class Renderer(msgspec.Struct, frozen=True):
     name: str
     module: str  # under mtpdiag.report; its ``render(report) -> str``
     terminal: bool = False  # takes the terminal's colour and width (console)

@@ -16,7 +16,8 @@ did). Adding a finding is a builder in the module of its family and one line her
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from mtpdiag.analysis.findings import blocked, collectives, p2p, world
 from mtpdiag.analysis.findings.facts import Facts
@@ -27,8 +28,7 @@ from mtpdiag.vocabulary.states import FindingId, Verdict
 Builder = Callable[[Facts, Sequence[Finding]], list[Finding]]
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(msgspec.Struct, frozen=True):
     id: FindingId
     priority: int  # lower comes first in the report: the causes, then what they cause
     verdict: Verdict  # PROBLEM, or INCOMPLETE for a finding that says what the evidence cannot

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from mtpdiag.analysis.causes import Causes
 from mtpdiag.layout import ParallelLayout
@@ -24,8 +25,7 @@ class Mode(StrEnum):
     LAYOUT_FREE = "layout-free"  # no groups at all: only whole-world readings
 
 
-@dataclass(frozen=True)
-class Facts:
+class Facts(msgspec.Struct, frozen=True):
     """The views, the splits with their roles and the wait-for graph, the recorder's and the log's problems,
     and what is missing."""
 
