@@ -1,4 +1,4 @@
-from mtpdiag.cli import main
+from mtpdiag.cli import console_main
 
 if __name__ == "__main__":
-    main()
+    console_main()

@@ -77,8 +77,16 @@ def _click_exceptions() -> tuple[type[Any], ...]:
     return tuple(types)
 
 
-def main() -> None:
-    """Run the app; any MtpdiagError becomes one stderr line and its exit code, never a traceback."""
+def console_main() -> None:
+    """The ``mtpdiag`` console script and ``python -m mtpdiag``: ``main`` in a process of its own, which a
+    one-shot command may end without teardown (mtpdiag.exits)."""
+    main(own_process=True)
+
+
+def main(*, own_process: bool = False) -> None:
+    """Run the app; any MtpdiagError becomes one stderr line and its exit code, never a traceback.
+
+    In-process callers (tests) keep the default: the command returns, whatever it is."""
     try:
         # Without standalone mode click returns the code of a typer.Exit instead of exiting.
         from mtpdiag.commands.options import fill_optional_values
@@ -86,7 +94,7 @@ def main() -> None:
         argv = fill_optional_values(sys.argv[1:])
         command = invoked_command(argv)
         app = build_app((command,) if command else COMMAND_MODULES)
-        if command in EXIT_WITHOUT_TEARDOWN:
+        if own_process and command in EXIT_WITHOUT_TEARDOWN:
             exits.allow()
         code = app(args=argv, standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
