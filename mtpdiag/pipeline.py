@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -23,13 +23,21 @@ from mtpdiag.vocabulary.states import Verdict
 
 if TYPE_CHECKING:  # watch's and --ray's parts, imported where they run
     from mtpdiag.analysis.stall import StallTracker
-    from mtpdiag.capture.flight_recorder import LiveProgress
-    from mtpdiag.capture.ray_cluster import ClusterProgress, RayCluster
+    from mtpdiag.capture.ray_cluster import RayCluster
+    from mtpdiag.model import RankCapture
     from mtpdiag.model.flight_recorder import FRDump
     from mtpdiag.model.watchdog import WatchdogLog
 
 # The largest world mtpdiag diagnoses; the analysis and the reports are linear in it.
 MAX_WORLD_SIZE = 1 << 18
+
+
+class ProgressSignal(Protocol):
+    """``watch``'s Flight Recorder signal: whether a rank completed a collective since the last sample. Read
+    from the ranks' dumps on this host (``capture.flight_recorder.LiveProgress``), or by each node's capture task
+    while it took ``captures`` (``capture.ray_cluster.ClusterProgress``)."""
+
+    def poll(self, captures: tuple[RankCapture, ...]) -> bool: ...
 
 
 class LayoutOptions(msgspec.Struct, frozen=True):
@@ -218,7 +226,7 @@ def exit_code(report: Report) -> int:
 
 def sample_once(tracker: StallTracker, targets: list, now: float,
                 take_stacks: Callable[[list, bool], Snapshot | None],
-                fr_progress: LiveProgress | ClusterProgress | None = None,
+                fr_progress: ProgressSignal | None = None,
                 read_cpu: Callable[[list], dict] | None = None) -> tuple[StallTracker, Snapshot | None]:
     """One sample: main-thread CPU first, then the stacks. ``take_stacks(targets, nonblocking)``.
 

@@ -31,12 +31,13 @@ from mtpdiag.inputs.base import FileCaptures
 from mtpdiag.inputs.bundle import snapshot_from_data
 from mtpdiag.inputs.merge import check_world_sizes, merge
 from mtpdiag.layout import cmdline
-from mtpdiag.model import Snapshot, printable, replace
+from mtpdiag.model import RankCapture, Snapshot, printable, replace
 
 INSTALL_RAY = "pip install 'mtpdiag[ray]'"
 CLIENT_ATTEMPTS = 3  # ray:// connections, see RayCluster._init
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_NO_MODULE = re.compile(r"No module named '([^']+)'")
+# Python's words for a missing module: quoted since 3.3, bare after ``python -m`` ("No module named mtpdiag")
+_NO_MODULE = re.compile(r"No module named '?([\w.]+)")
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,9 @@ class ClusterProgress:
                 self.state[key] = {r: v for r, v in table.items() if r not in polled}
                 self.state[key].update({int(r): v for r, v in (new.get(key) or {}).items()})
 
-    def poll(self, captures: object) -> bool:
-        """Whether a rank completed a collective in the capture just taken (``LiveProgress.poll``'s place)."""
+    def poll(self, captures: tuple[RankCapture, ...]) -> bool:
+        """Whether a rank completed a collective in the capture just taken (``pipeline.ProgressSignal``). The
+        nodes polled their own ranks while they took ``captures`` (``update``): nothing is read from them here."""
         moved, self.moved = self.moved, False
         return moved
 
@@ -273,10 +275,9 @@ def answers(host_port: str, timeout: float = 10.0) -> None:
 def why_failed(exc: BaseException, ray: Any) -> str:
     """Why a node's capture task failed, in one line, with what to do about it."""
     errors = ray.exceptions
-    text = _ANSI.sub("", str(exc))
-    missing = _NO_MODULE.search(text)
-    if missing and missing.group(1).split(".")[0] == "mtpdiag":
-        return (f"mtpdiag cannot run there (No module named '{missing.group(1)}'): pip install "
+    missing = missing_mtpdiag(str(exc))
+    if missing:
+        return (f"mtpdiag cannot run there (No module named '{missing}'): pip install "
                 f"'mtpdiag=={mtpdiag.__version__}' into the Python that the node's Ray workers run")
     if isinstance(exc, errors.TaskUnschedulableError):
         return f"the capture task could not be placed on it ({one_line(exc)})"
@@ -294,10 +295,25 @@ def why_failed(exc: BaseException, ray: Any) -> str:
 
 
 def one_line(exc: BaseException) -> str:
-    """The last meaningful line of an exception's text (Ray's hold a traceback and colour codes), bounded."""
-    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
+    """The last meaningful line of an exception's text, bounded."""
+    return last_line(str(exc))
+
+
+def last_line(text: str) -> str:
+    """The last meaningful line of a text that may hold a traceback and colour codes (Ray's errors, a Ray
+    job's log), bounded; "" for a text without one."""
+    lines = [ln.strip() for ln in _ANSI.sub("", text).splitlines() if ln.strip()]
     lines = [ln for ln in lines if not ln.startswith(("ray::", "Traceback", "File ", "^"))] or lines or [""]
     return printable(lines[-1])[:300]
+
+
+def missing_mtpdiag(text: str) -> str | None:
+    """The mtpdiag module that a text (an error, a log) says Python could not import, else None."""
+    text = _ANSI.sub("", text)
+    for found in _NO_MODULE.finditer(text):
+        if found.group(1).split(".")[0] == "mtpdiag":
+            return found.group(1)
+    return None
 
 
 def with_hints(snapshot: Snapshot, hints: dict[str, int]) -> Snapshot:

@@ -22,7 +22,15 @@ import uuid
 from dataclasses import asdict
 from typing import Any
 
-from mtpdiag.capture.ray_cluster import INSTALL_RAY, ClusterCapture, Node, import_ray, one_line
+from mtpdiag.capture.ray_cluster import (
+    INSTALL_RAY,
+    ClusterCapture,
+    Node,
+    import_ray,
+    last_line,
+    missing_mtpdiag,
+    one_line,
+)
 from mtpdiag.errors import InputError, MtpdiagError, NothingCaptured
 from mtpdiag.model import printable
 
@@ -127,11 +135,10 @@ def _reply(logs: str) -> dict[str, Any] | None:
 
 def _why(logs: str) -> str:
     """The log's last meaningful line; a missing mtpdiag on the head said as what to install."""
-    if "No module named mtpdiag" in logs or "No module named 'mtpdiag" in logs:
+    if missing_mtpdiag(logs):
         return ("the Python of the head's Ray job server has no mtpdiag: pip install 'mtpdiag[ray]' into the "
                 "Python that runs Ray on every node")
-    lines = [ln.strip() for ln in logs.splitlines() if ln.strip()]
-    return printable(lines[-1])[:300] if lines else "its log is empty"
+    return last_line(logs) or "its log is empty"
 
 
 def _cluster_capture(reply: dict[str, Any], where: str) -> ClusterCapture:
