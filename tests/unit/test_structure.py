@@ -14,7 +14,7 @@ PACKAGE = Path(mtpdiag.__file__).parent
 # Run as a script under torchrun with torch and megatron-core: never imported by mtpdiag.
 SCRIPTS = {"mtpdiag.fix.verify.worker"}
 # The stages, bottom first: a module may import its own stage and those before it, never a later one.
-LAYERS = ("vocabulary", "errors", "model", "atomic", "layout", "inputs", "capture", "analysis", "lint", "report",
+LAYERS = ("vocabulary", "errors", "exits", "model", "atomic", "layout", "inputs", "capture", "analysis", "lint", "report",
           "pipeline", "fix", "commands", "cli", "__main__")
 MAX_LINES = 420  # "under about 400 lines"
 
