@@ -4,6 +4,8 @@
   must read as each rank read on its own does (``StackReader._one``, the general path).
 * ``ParallelLayout.coordinates_alike``: when it says so, every instance of a kind varies in the same
   coordinates as its first one (the gate reads them from one split instance).
+* ``ParallelLayout.coords_each`` (the coordinates of a report's ranks in one call) gives each rank's index in
+  its groups, as ``coords`` does, and None for a rank outside the world.
 * ``ParallelLayout.pp_neighbour`` is ``group_of("pp", rank)`` stepped by one stage.
 * ``find_causes`` makes a split of one entered and one absent rank an edge: the components of the graph
   with it as a node of its own must say the same of every split.
@@ -65,6 +67,16 @@ def test_instances_said_alike_vary_in_the_same_coordinates():
             assert len(patterns) == 1, (layout, kind, patterns)
             checked += 1
     assert checked > 1000
+
+
+def test_coords_each_is_each_ranks_place_in_its_groups_and_none_outside_the_world():
+    for layout in _layouts():
+        world = layout.world_size
+        places = [{c: sorted(layout.group_of(c, r)).index(r) for c in ("tp", "cp", "ep", "dp", "pp")}
+                  for r in range(world)]  # megatron's get_*_rank(): the index in the sorted group
+        assert layout.coords_each([*range(world), None, -1, world, world + 5]) == [*places, None, None, None, None]
+        assert layout.coords_each(iter(range(world - 1, -1, -1))) == places[::-1]
+        assert [layout.coords(r) for r in range(world)] == places
 
 
 def test_pp_neighbour_is_the_next_or_previous_member_of_the_pipeline_group():
