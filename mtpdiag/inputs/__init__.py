@@ -79,9 +79,9 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
     if not loaded:
         raise InputError(errors[0] if len(errors) == 1 else f"none of {len(errors)} files could be read "
                          f"(first: {errors[0]})")
-    check_world_sizes(loaded)
-    check_duplicate_ranks(loaded)
     snapshot = merge(loaded, errors)
+    check_world_sizes(loaded, snapshot.world_sizes)
+    check_duplicate_ranks(loaded, snapshot.captures)
     if not any(c.threads for c in snapshot.captures):  # exit 3, as when a live capture reads nothing
         if not snapshot.captures:
             raise NothingCaptured(f"the {len(loaded)} input(s) hold no capture")
