@@ -8,6 +8,7 @@ ranks (groups are looked up by rank through the layout's cached index).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import compress, filterfalse
 from operator import attrgetter
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -57,7 +58,7 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
     layout = _usable_layout(layout, world_size, notes)
     if world_size is None and layout is not None:
         world_size = layout.world_size
-    coords_cache: dict[int, Mapping[str, int]] = {}
+    coords_cache: dict[int | None, Mapping[str, int] | None] = {}
 
     def coords_of(rank: int) -> Mapping[str, int]:
         c = coords_cache.get(rank)
@@ -70,7 +71,8 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
     fr_evidence = _fr_evidence() if fr is not None else None
     read = StackReader(layout)
     captured = read.views(snapshot.captures)
-    coords_cache.update({v.rank: v.coords for v in captured if v.coords is not None})  # type: ignore[misc]
+    # Each view's coordinates by rank, read in C (None, for a rank outside the layout, is not a cached value).
+    coords_cache.update(zip(map(attrgetter("rank"), captured), map(attrgetter("coords"), captured), strict=True))
     stacks = read.stacks()
     evidence = fr_evidence.fold(fr, layout, coords_of if layout is not None else None) \
         if fr and fr_evidence is not None else None
@@ -78,9 +80,8 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
     if fr is not None and evidence is not None:
         captured, fr_only = _with_flight_recorder(captured, fr, evidence, layout, coords_of)
         notes += [f"Flight Recorder: {n}" for n in (*fr.notes, *evidence.analysis.notes)]
-    views = tuple(sorted(captured, key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.pid or 0)))
-    by_rank = _index(views, layout, notes)
-    missing = [r for r in range(world_size) if r not in by_rank] if world_size is not None else []
+    views, by_rank = _sorted_and_indexed(captured, layout, notes)
+    missing = list(filterfalse(by_rank.__contains__, range(world_size))) if world_size is not None else []
 
     mode, causes = Mode.LAYOUT_FREE, None
     mismatches: tuple[Mismatch, ...] = ()
@@ -127,7 +128,7 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
                   missing_is_a_finding=missing_is_a_finding, fr_found=fr is not None,
                   waited_on_undumped=evidence.waited_on_undumped if evidence else frozenset())
     found = findings.build(facts)
-    notes += _capture_notes(snapshot, views)
+    notes += _capture_notes(snapshot, views, read.states)
     verdict = _verdict(found, by_rank, layout, notes)
     report = Report(
         verdict=verdict,
@@ -192,6 +193,21 @@ def _with_flight_recorder(views: list[RankView], fr: FRDump, evidence: FREvidenc
 
 
 # ---------------------------------------------------------------- ranks
+
+
+def _sorted_and_indexed(captured: list[RankView], layout: ParallelLayout | None,
+                        notes: list[str]) -> tuple[tuple[RankView, ...], dict[int, RankView]]:
+    """The views by rank (unranked last, then by pid), and ``_index`` of them. When every view has a rank of its
+    own, inside the layout's world (a job's captures, merged by rank), the rank alone orders them and indexes
+    them, read in C (8 ms of Python at 16k ranks)."""
+    ranks = list(map(attrgetter("rank"), captured))
+    if ranks and None not in ranks and len(set(ranks)) == len(ranks):
+        ranks.sort()
+        if layout is None or 0 <= ranks[0] and ranks[-1] < layout.world_size:
+            views = tuple(sorted(captured, key=attrgetter("rank")))
+            return views, dict(zip(ranks, views, strict=True))
+    views = tuple(sorted(captured, key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.pid or 0)))
+    return views, _index(views, layout, notes)
 
 
 def _index(views: tuple[RankView, ...], layout: ParallelLayout | None, notes: list[str]) -> dict[int, RankView]:
@@ -264,23 +280,25 @@ def _ordered_mismatches(mismatches: tuple[Mismatch, ...]) -> tuple[Mismatch, ...
     return tuple(sorted(mismatches, key=lambda m: (m.role != Role.ROOT, m.members[0], m.op)))
 
 
-def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...]) -> list[str]:
-    """What the captures lack. Each question is asked of the distinct states and (op, site) pairs first (read
-    in C), and of the ranks only when one of them says yes: a job's 16k ranks hold a handful."""
+def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...], states: set[str]) -> list[str]:
+    """What the captures lack (``states``: the captures' /proc state letters, as ``StackReader.states`` saw
+    them). Each question is asked of the distinct states and (op, site) pairs first (read in C), and of the
+    ranks only when one of them says yes: a job's 16k ranks hold a handful."""
     notes = []
-    states = set(map(attrgetter("state"), views))
-    if RankState.UNREADABLE in states or RankState.GONE in states:
+    view_states = set(map(attrgetter("state"), views))
+    if RankState.UNREADABLE in view_states or RankState.GONE in view_states:
         bad = [v for v in views if v.state in (RankState.UNREADABLE, RankState.GONE)]
         notes.append(f"{len(bad)} rank{'s' if len(bad) > 1 else ''} could not be read "
                      f"(first: {who_and_why(bad[0])})")
     if snapshot.errors:
         more = f" (and {len(snapshot.errors) - 1} more)" if len(snapshot.errors) > 1 else ""
         notes.append(f"not captured: {snapshot.errors[0]}{more}")
-    if STATE_UNKNOWN in set(map(attrgetter("state"), snapshot.captures)):
+    if STATE_UNKNOWN in states:
         notes.append("process states unknown (dumps read from files): a stopped rank looks like a waiting one")
-    p2p = {pair for pair in set(map(attrgetter("op", "site"), views)) if is_p2p_op(*pair)}
-    unknown_peers = [v.rank for v in views if v.peer is None and v.rank is not None
-                     and v.state == RankState.COLLECTIVE and (v.op, v.site) in p2p] if p2p else []
+    pairs = list(map(attrgetter("op", "site"), views))
+    p2p = {pair for pair in set(pairs) if is_p2p_op(*pair)}
+    unknown_peers = [v.rank for v in compress(views, map(p2p.__contains__, pairs)) if v.peer is None
+                     and v.rank is not None and v.state == RankState.COLLECTIVE] if p2p else []
     if unknown_peers:
         notes.append(f"the peer of rank{'s' if len(unknown_peers) > 1 else ''} {_list(unknown_peers)}'s "
                      "send/recv is unknown: it is not matched")

@@ -63,6 +63,7 @@ class StackReader:
         self._peers: dict[tuple[int, int], int | None] = {}  # (stack id, peer frame) -> the send's dst/recv's src
         self._readings: dict[tuple[object, ...], Reading | None] = {}  # None: read each rank on its own
         self._directions: dict[int, str | None] = {}
+        self.states: set[str] = set()  # the /proc state letters of the captures read (a class's key holds one)
 
     def stack_id(self, frames: Stack) -> int:
         """The index of ``frames`` in the report's stack table (``stacks``), added when new."""
@@ -83,7 +84,7 @@ class StackReader:
             else repeat(None, len(captures))
         ids, shape_of, readings = self._ids, self._shape_of, self._readings
         out: list[RankView] = []
-        for capture, place in zip(captures, coords):
+        for capture, place in zip(captures, coords, strict=True):
             threads = capture.threads
             thread = threads[0] if len(threads) == 1 else capture.main_thread  # one thread is the main one
             if thread is None or not thread.frames:
@@ -97,6 +98,7 @@ class StackReader:
             reading = readings.get(key)
             if reading is None and key not in readings:
                 reading = readings[key] = self._read(capture, thread)
+                self.states.add(capture.state)
             if reading is None:
                 out.append(self._one(capture))
                 continue
@@ -142,6 +144,7 @@ class StackReader:
 
     def _one(self, capture: RankCapture) -> RankView:
         """The view of a rank read on its own: no stack, or a collective that may be on another thread."""
+        self.states.add(capture.state)
         thread = capture.main_thread
         stack = self.stack_id(thread.frames) if thread is not None and thread.frames else None
         classified: Classified = classify_capture(capture)

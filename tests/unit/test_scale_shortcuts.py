@@ -2,6 +2,8 @@
 
 * ``StackReader.views`` reads each class of ranks once; every recorded capture (and a tiled 64-rank world)
   must read as each rank read on its own does (``StackReader._one``, the general path).
+* ``diagnose._sorted_and_indexed`` orders and indexes views whose ranks are distinct by rank alone: it must
+  give what the general sort and ``_index`` give, notes included, whatever the ranks.
 * ``ParallelLayout.coordinates_alike``: when it says so, every instance of a kind varies in the same
   coordinates as its first one (the gate reads them from one split instance).
 * ``ParallelLayout.coords_each`` (the coordinates of a report's ranks in one call) gives each rank's index in
@@ -19,9 +21,10 @@ import random
 import pytest
 
 from mtpdiag.analysis.causes import _Graph, _pair_component
+from mtpdiag.analysis.diagnose import _index, _sorted_and_indexed
 from mtpdiag.analysis.views import StackReader
 from mtpdiag.layout import GROUP_KINDS, LayoutError, ParallelLayout
-from mtpdiag.model import Mismatch
+from mtpdiag.model import Mismatch, replace
 from mtpdiag.vocabulary.groups import COORDINATES
 from support.captures import load_scenario, scenarios, tile
 
@@ -44,6 +47,28 @@ def test_a_tiled_world_reads_by_class_as_each_rank_alone():
     views = by_class.views(tiled.captures)
     assert views == [alone._one(c) for c in tiled.captures]
     assert len({v.peer for v in views if v.op == "send"}) == 16  # each send's own dst, not its class's first
+
+
+def test_views_ordered_by_rank_alone_are_ordered_and_indexed_as_by_the_general_path():
+    snapshot, layout, _ = load_scenario("mtp_cp_pp")
+    big = ParallelLayout.for_world(64, cp=2, pp=2)
+    views = StackReader(big).views(tile(snapshot, layout, big).captures)
+    shuffled = random.Random(13).sample(views, len(views))
+    cases = {
+        "in rank order": views, "shuffled": shuffled, "empty": [],
+        "a rank twice": [*shuffled, replace(views[5], pid=1)],
+        "an unranked view": [*shuffled, replace(views[5], rank=None)],
+        "a rank outside the world": [*shuffled, replace(views[5], rank=64)],
+        "a negative rank": [*shuffled, replace(views[5], rank=-1)],
+    }
+    for case, captured in cases.items():
+        for lay in (big, None):
+            general_notes: list[str] = []
+            general = tuple(sorted(captured, key=lambda v: (v.rank is None, v.rank or 0, v.pid or 0)))
+            expected = (general, _index(general, lay, general_notes))
+            notes: list[str] = []
+            got = _sorted_and_indexed(list(captured), lay, notes)
+            assert got == expected and list(got[1]) == list(expected[1]) and notes == general_notes, (case, lay)
 
 
 def _layouts():
