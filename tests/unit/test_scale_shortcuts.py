@@ -4,6 +4,8 @@
   must read as each rank read on its own does (``StackReader._one``, the general path).
 * ``diagnose._sorted_and_indexed`` orders and indexes views whose ranks are distinct by rank alone: it must
   give what the general sort and ``_index`` give, notes included, whatever the ranks.
+* ``diagnose._Coordinates`` (the analysis' ``coords_of``) holds the views' coordinates and computes any other
+  rank's as ``ParallelLayout.coords`` does.
 * ``ParallelLayout.coordinates_alike``: when it says so, every instance of a kind varies in the same
   coordinates as its first one (the gate reads them from one split instance).
 * ``ParallelLayout.coords_each`` (the coordinates of a report's ranks in one call) gives each rank's index in
@@ -21,7 +23,7 @@ import random
 import pytest
 
 from mtpdiag.analysis.causes import _Graph, _pair_component
-from mtpdiag.analysis.diagnose import _index, _sorted_and_indexed
+from mtpdiag.analysis.diagnose import _Coordinates, _index, _sorted_and_indexed
 from mtpdiag.analysis.views import StackReader
 from mtpdiag.layout import GROUP_KINDS, LayoutError, ParallelLayout
 from mtpdiag.model import Mismatch, replace
@@ -69,6 +71,19 @@ def test_views_ordered_by_rank_alone_are_ordered_and_indexed_as_by_the_general_p
             notes: list[str] = []
             got = _sorted_and_indexed(list(captured), lay, notes)
             assert got == expected and list(got[1]) == list(expected[1]) and notes == general_notes, (case, lay)
+
+
+def test_coords_of_is_each_views_coordinates_and_the_layouts_for_any_other_rank():
+    snapshot, layout, _ = load_scenario("mtp_cp_pp")
+    big = ParallelLayout.for_world(64, cp=2, pp=2)
+    views = StackReader(big).views(tile(snapshot, layout, big).captures[:40])  # ranks 40-63 not captured
+    coords_of = _Coordinates(big, [*views, replace(views[0], rank=None, coords=None)]).__getitem__
+    assert [coords_of(r) for r in range(64)] == [big.coords(r) for r in range(64)]
+    assert all(coords_of(v.rank) is v.coords for v in views)
+    with pytest.raises(LayoutError, match="outside a world of 64"):
+        coords_of(64)
+    with pytest.raises(LayoutError, match="no coordinates without a layout"):
+        _Coordinates(None, StackReader(None).views(snapshot.captures))[0]
 
 
 def _layouts():
