@@ -24,7 +24,6 @@ import msgspec
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.files import DUMP_SUFFIXES, expand, read_bytes
-from mtpdiag.inputs.identity import compile_rank_from, rank_from_name
 from mtpdiag.model import STATE_UNKNOWN, STATE_UNREADABLE, Snapshot, who_and_why
 
 __all__ = ["DUMP_SUFFIXES", "READERS", "STATE_UNKNOWN", "STATE_UNREADABLE", "Dumped", "FileCaptures", "Inputs",
@@ -33,6 +32,7 @@ __all__ = ["DUMP_SUFFIXES", "READERS", "STATE_UNKNOWN", "STATE_UNREADABLE", "Dum
 
 
 _LAZY = {"READERS": ("mtpdiag.inputs.registry", "READERS"),  # the text readers load with the first text file
+         "rank_from_name": ("mtpdiag.inputs.identity", "rank_from_name"),  # as py-spy's JSON reader does
          "TextProcess": ("mtpdiag.inputs.pyspy_text", "TextProcess"),
          "parse_text_dump": ("mtpdiag.inputs.pyspy_text", "parse_text_dump")}
 
@@ -67,7 +67,11 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
     from mtpdiag.inputs.merge import check_duplicate_ranks, check_world_sizes, merge
     from mtpdiag.inputs.registry import read_file
 
-    context = ReadContext(rank_from=compile_rank_from(rank_from))
+    context = ReadContext()
+    if rank_from is not None:  # the rank rules load with the first file that is not a bundle, or with this
+        from mtpdiag.inputs.identity import compile_rank_from
+
+        context = ReadContext(rank_from=compile_rank_from(rank_from))
     files = expand(paths)
     loaded: list[FileCaptures] = []
     errors: list[str] = []
