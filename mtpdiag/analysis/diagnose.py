@@ -187,7 +187,7 @@ def _with_flight_recorder(views: list[RankView], fr: FRDump, evidence: FREvidenc
 
 class _Coordinates(dict[int, Mapping[str, int]]):
     """Coordinates by rank: the views' own, and any other rank's computed when first asked. Its ``__getitem__``
-    is the analysis' ``coords_of``: a lookup in C, asked 40k times at 16k ranks (a Python function cost 5 ms)."""
+    is the analysis' ``coords_of``: a lookup in C, asked 40k times at 16k ranks (a Python function: twice the cost)."""
 
     def __init__(self, layout: ParallelLayout | None, views: list[RankView]) -> None:
         coords = list(map(attrgetter("coords"), views))

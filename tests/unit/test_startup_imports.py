@@ -60,7 +60,8 @@ def test_reading_bundles_loads_no_other_reader_nor_the_rank_rules_of_file_names(
     code = ("import sys\n"
             "from mtpdiag.inputs import read_inputs\n"
             f"snapshot = read_inputs([{str(BUNDLE)!r}]).snapshot\n"
-            "print(len(snapshot.captures), ' '.join(sorted(m for m in sys.modules if m.startswith('mtpdiag.inputs.'))))")
+            "loaded = sorted(m for m in sys.modules if m.startswith('mtpdiag.inputs.'))\n"
+            "print(len(snapshot.captures), ' '.join(loaded))")
     count, *loaded = _run(code).split()
     assert int(count) == 4 and "mtpdiag.inputs.bundle" in loaded  # the control: the bundle was read
     assert not set(loaded) & {"mtpdiag.inputs.pyspy_json", "mtpdiag.inputs.identity", "mtpdiag.inputs.pyspy_text",
