@@ -11,7 +11,11 @@ the neighbour stage by layout arithmetic) and its coordinates.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
+from operator import attrgetter
 from typing import NamedTuple
+
+import msgspec
 
 from mtpdiag.analysis.classify import (
     Classified,
@@ -23,23 +27,24 @@ from mtpdiag.analysis.classify import (
 )
 from mtpdiag.analysis.known_sites import lookup
 from mtpdiag.analysis.mismatch import is_p2p_op
-from mtpdiag.analysis.wait import python_frames, wait_state
+from mtpdiag.analysis.wait import wait_state
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import RankCapture, RankView, Site, Stack, ThreadStack, WaitState, replace
+from mtpdiag.model import RankCapture, RankView, Site, Stack, ThreadStack, WaitState
 from mtpdiag.vocabulary.states import RankState
 from mtpdiag.vocabulary.waits import WaitKind
 
 
 class Reading(NamedTuple):
-    """What every rank of one class shows (``peer_frame``: which Python frame names a send/recv's peer;
-    ``direction``: ``next``/``prev``, the stage that known pipeline code talks to, when the op is p2p)."""
+    """What every rank of one class shows (``peer_at``: the index of the frame that names a send/recv's peer,
+    the same in every stack of the class; ``direction``: ``next``/``prev``, the stage that known pipeline code
+    talks to, when the op is p2p)."""
 
     op: str | None
     site: Site | None
     state: RankState
     error: str | None
     wait: WaitState | None
-    peer_frame: int | None
+    peer_at: int | None
     direction: str | None
 
 
@@ -58,13 +63,14 @@ class StackReader:
         self._peers: dict[tuple[int, int], int | None] = {}  # (stack id, peer frame) -> the send's dst/recv's src
         self._readings: dict[tuple[object, ...], Reading | None] = {}  # None: read each rank on its own
         self._directions: dict[int, str | None] = {}
+        self.states: set[str] = set()  # the /proc state letters of the captures read (a class's key holds one)
 
     def stack_id(self, frames: Stack) -> int:
         """The index of ``frames`` in the report's stack table (``stacks``), added when new."""
-        found = self._ids.get(frames)
-        if found is None:
-            found = self._ids[frames] = len(self._ids)
-            shape = tuple(replace(f, args=None) if f.args is not None else f for f in frames)
+        new = len(self._ids)
+        found = self._ids.setdefault(frames, new)
+        if found == new:
+            shape = tuple([f if f.args is None else msgspec.structs.replace(f, args=None) for f in frames])
             self._shape_of.append(self._shapes.setdefault(shape, len(self._shapes)))
         return found
 
@@ -74,11 +80,11 @@ class StackReader:
     def views(self, captures: Sequence[RankCapture]) -> list[RankView]:
         """Each capture's view, in order."""
         layout = self.layout
-        world = layout.world_size if layout is not None else 0
-        coords = layout.coords if layout is not None else None
+        coords = layout.coords_each(map(attrgetter("rank"), captures)) if layout is not None \
+            else repeat(None, len(captures))
         ids, shape_of, readings = self._ids, self._shape_of, self._readings
         out: list[RankView] = []
-        for capture in captures:
+        for capture, place in zip(captures, coords, strict=True):
             threads = capture.threads
             thread = threads[0] if len(threads) == 1 else capture.main_thread  # one thread is the main one
             if thread is None or not thread.frames:
@@ -92,19 +98,18 @@ class StackReader:
             reading = readings.get(key)
             if reading is None and key not in readings:
                 reading = readings[key] = self._read(capture, thread)
+                self.states.add(capture.state)
             if reading is None:
                 out.append(self._one(capture))
                 continue
             rank = capture.rank
-            placed = rank is not None and 0 <= rank < world
             peer = None
-            if reading.peer_frame is not None:
+            if reading.peer_at is not None:
                 peer = self._peer(sid, thread.frames, reading)
-            if peer is None and placed and reading.direction is not None:
+            if peer is None and place is not None and reading.direction is not None:
                 peer = _pipeline_peer(rank, reading.direction, layout)  # type: ignore[arg-type]
             out.append(RankView(
-                rank=rank, pid=capture.pid, host=capture.host, state=reading.state,
-                coords=coords(rank) if placed else None,  # type: ignore[misc,arg-type]
+                rank=rank, pid=capture.pid, host=capture.host, state=reading.state, coords=place,
                 op=reading.op, site=reading.site, stack=sid, peer=peer, error=reading.error, wait=reading.wait,
             ))
         return out
@@ -119,14 +124,14 @@ class StackReader:
         state = rank_state(capture, classified, wait is not None and wait.kind != WaitKind.RUNNING)
         p2p = classified.op is not None and is_p2p_op(classified.op, classified.site)
         return Reading(op=classified.op, site=classified.site, state=state.state, error=state.error, wait=wait,
-                       peer_frame=classified.peer_frame,
+                       peer_at=_frame_index(thread.frames, classified.peer_frame),
                        direction=self._direction(self.stack_id(thread.frames), thread.frames) if p2p else None)
 
     def _peer(self, sid: int, frames: Stack, reading: Reading) -> int | None:
         """The peer a send/recv names in its arguments, read once per distinct stack."""
-        key = (sid, reading.peer_frame or 0)
+        key = (sid, reading.peer_at or 0)
         if key not in self._peers:
-            self._peers[key] = peer_of(reading.op or "", python_frames(frames)[reading.peer_frame or 0])
+            self._peers[key] = peer_of(reading.op or "", frames[reading.peer_at or 0])
         return self._peers[key]
 
     def _direction(self, stack: int, frames: Stack) -> str | None:
@@ -139,6 +144,7 @@ class StackReader:
 
     def _one(self, capture: RankCapture) -> RankView:
         """The view of a rank read on its own: no stack, or a collective that may be on another thread."""
+        self.states.add(capture.state)
         thread = capture.main_thread
         stack = self.stack_id(thread.frames) if thread is not None and thread.frames else None
         classified: Classified = classify_capture(capture)
@@ -162,6 +168,13 @@ class StackReader:
             coords=layout.coords(placed) if layout is not None and placed is not None else None,
             op=classified.op, site=classified.site, stack=stack, peer=peer, error=state.error, wait=wait,
         )
+
+
+def _frame_index(frames: Stack, python_frame: int | None) -> int | None:
+    """The index in ``frames`` of their ``python_frame``-th Python frame (``--native`` interleaves C frames)."""
+    if python_frame is None:
+        return None
+    return [i for i, f in enumerate(frames) if not f.native][python_frame]
 
 
 def _pipeline_peer(rank: int, direction: str | None, layout: ParallelLayout) -> int | None:

@@ -24,7 +24,6 @@ import msgspec
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.files import DUMP_SUFFIXES, expand, read_bytes
-from mtpdiag.inputs.identity import compile_rank_from, rank_from_name
 from mtpdiag.model import STATE_UNKNOWN, STATE_UNREADABLE, Snapshot, who_and_why
 
 __all__ = ["DUMP_SUFFIXES", "READERS", "STATE_UNKNOWN", "STATE_UNREADABLE", "Dumped", "FileCaptures", "Inputs",
@@ -33,6 +32,7 @@ __all__ = ["DUMP_SUFFIXES", "READERS", "STATE_UNKNOWN", "STATE_UNREADABLE", "Dum
 
 
 _LAZY = {"READERS": ("mtpdiag.inputs.registry", "READERS"),  # the text readers load with the first text file
+         "rank_from_name": ("mtpdiag.inputs.identity", "rank_from_name"),  # as py-spy's JSON reader does
          "TextProcess": ("mtpdiag.inputs.pyspy_text", "TextProcess"),
          "parse_text_dump": ("mtpdiag.inputs.pyspy_text", "parse_text_dump")}
 
@@ -67,7 +67,11 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
     from mtpdiag.inputs.merge import check_duplicate_ranks, check_world_sizes, merge
     from mtpdiag.inputs.registry import read_file
 
-    context = ReadContext(rank_from=compile_rank_from(rank_from))
+    context = ReadContext()
+    if rank_from is not None:  # the rank rules load with the first file that is not a bundle, or with this
+        from mtpdiag.inputs.identity import compile_rank_from
+
+        context = ReadContext(rank_from=compile_rank_from(rank_from))
     files = expand(paths)
     loaded: list[FileCaptures] = []
     errors: list[str] = []
@@ -79,9 +83,9 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
     if not loaded:
         raise InputError(errors[0] if len(errors) == 1 else f"none of {len(errors)} files could be read "
                          f"(first: {errors[0]})")
-    check_world_sizes(loaded)
-    check_duplicate_ranks(loaded)
     snapshot = merge(loaded, errors)
+    check_world_sizes(loaded, snapshot.world_sizes)
+    check_duplicate_ranks(loaded, snapshot.captures)
     if not any(c.threads for c in snapshot.captures):  # exit 3, as when a live capture reads nothing
         if not snapshot.captures:
             raise NothingCaptured(f"the {len(loaded)} input(s) hold no capture")

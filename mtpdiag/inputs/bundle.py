@@ -136,8 +136,9 @@ def sniff(text: str | bytes, path: str) -> bool:
 def read(text: str | bytes, path: str, context: ReadContext) -> FileCaptures:
     """The bundle's captures, each naming the file it was read from (what ``analyze`` says of a rank)."""
     snapshot = snapshot_from_json(text.encode() if isinstance(text, str) else text, path)
-    with_source = msgspec.structs.replace
-    snapshot = with_source(snapshot, captures=tuple([with_source(c, source=path) for c in snapshot.captures]))
+    named = msgspec.structs.force_setattr  # on captures just decoded, that nothing else holds yet: no copies
+    for capture in snapshot.captures:
+        named(capture, "source", path)
     return FileCaptures(path, snapshot.captures, snapshot, form=FORM)
 
 

@@ -5,6 +5,7 @@ The same rank in two files, or two different world sizes, is an input error nami
 
 from __future__ import annotations
 
+from itertools import chain
 from operator import attrgetter
 
 from mtpdiag import __version__
@@ -14,7 +15,11 @@ from mtpdiag.model import UNKNOWN_HOST, RankCapture, Snapshot, world_sizes
 from mtpdiag.model.flight_recorder import FRDump, FRRankDump
 
 
-def check_world_sizes(loaded: list[FileCaptures]) -> None:
+def check_world_sizes(loaded: list[FileCaptures], sizes: list[int] | None = None) -> None:
+    """Two different WORLD_SIZEs are an input error naming the files. ``sizes``: the distinct sizes of all the
+    files' captures, when known (``Snapshot.world_sizes``): fewer than two spare the walk over every file."""
+    if sizes is not None and len(sizes) < 2:
+        return
     first: tuple[int, str] | None = None
     for item in loaded:
         for size in world_sizes(item.captures):
@@ -26,7 +31,16 @@ def check_world_sizes(loaded: list[FileCaptures]) -> None:
                 raise InputError(f"world sizes differ: {where}")
 
 
-def check_duplicate_ranks(loaded: list[FileCaptures]) -> None:
+def check_duplicate_ranks(loaded: list[FileCaptures], captures: tuple[RankCapture, ...] | None = None) -> None:
+    """A rank in two files, or twice in a file that is not a bundle, is an input error naming the files.
+    ``captures``: all the files' captures, when at hand: when no two carry one rank, the files are not walked
+    (read in C, 3 ms at 16k ranks; the walk is 8 ms)."""
+    if captures is not None:
+        every = list(map(attrgetter("rank"), captures))
+        distinct = set(every)
+        distinct.discard(None)
+        if len(distinct) == len(every) - every.count(None):
+            return
     owner: dict[int, str] = {}
     for item in loaded:
         ranks: dict[int, int] = {}
@@ -43,14 +57,15 @@ def check_duplicate_ranks(loaded: list[FileCaptures]) -> None:
 
 
 def merge(loaded: list[FileCaptures], errors: list[str]) -> Snapshot:
-    captures = tuple(c for item in loaded for c in item.captures)
+    captures = tuple(chain.from_iterable(item.captures for item in loaded))
     bundles = [item.snapshot for item in loaded if item.snapshot is not None]
-    hosts = sorted({c.host for c in captures if c.host != UNKNOWN_HOST})
+    hosts = set(map(attrgetter("host"), captures))  # read in C: 16k ranks
+    hosts.discard(UNKNOWN_HOST)
     created = sorted(b.created for b in bundles if b.created)
     bundle_errors = [e for b in bundles for e in b.errors]
     return Snapshot(
         captures=_by_rank(captures),
-        host=hosts[0] if len(hosts) == 1 else (",".join(hosts) if hosts else UNKNOWN_HOST),
+        host=",".join(sorted(hosts)) if hosts else UNKNOWN_HOST,
         created=created[0] if created else "",
         tool_version=__version__,
         errors=tuple(bundle_errors + errors),

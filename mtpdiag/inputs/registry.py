@@ -4,7 +4,7 @@ JSON first (told apart by its first bytes and read from the bytes by msgspec: th
 text forms from the most to the least distinctive header: pystack's ``Traceback for thread``,
 faulthandler's ``(most recent call first)``, py-spy's ``Thread N (idle)``; then a tool's error output;
 last, bare frame lines. Every reader takes the file's text; the JSON readers take its bytes as well. The
-text readers are imported with the first file that is not JSON: ``analyze`` of bundles never loads them.
+other readers are imported with the first file that is not a bundle: ``analyze`` of bundles never loads them.
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ import importlib
 from functools import lru_cache
 
 from mtpdiag.errors import InputError
-from mtpdiag.inputs import bundle, pyspy_json
+from mtpdiag.inputs import bundle
 from mtpdiag.inputs.base import FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.files import decoded, json_start
 from mtpdiag.inputs.lines import without_escapes
 
 # Modules under mtpdiag.inputs, each with its READER, in the order they are asked.
 ORDER = ("bundle", "pyspy_json", "pystack", "faulthandler", "pyspy_text", "failed", "snippet")
-_JSON = {"{": bundle.read, "[": pyspy_json.read}  # by the document's first character
 
 
 @lru_cache(maxsize=1)
@@ -37,8 +36,12 @@ def __getattr__(name: str) -> object:
 def read_file(raw: bytes, path: str, context: ReadContext) -> FileCaptures:
     """The captures of one file's bytes: JSON straight from the bytes, anything else from its text."""
     start = json_start(raw)
-    if start:
-        return _JSON[start](raw, path, context)
+    if start == "{":
+        return bundle.read(raw, path, context)
+    if start == "[":  # py-spy's JSON, imported with the first one (and the rules of ranks in file names with it)
+        from mtpdiag.inputs import pyspy_json
+
+        return pyspy_json.read(raw, path, context)
     return read_text(decoded(raw, path), path, context)
 
 

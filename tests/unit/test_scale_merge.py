@@ -50,6 +50,22 @@ def test_host_bundles_merge_by_rank_and_keep_host_and_file(host_bundles):
     assert ids[0] == "mtp-cp-gated-reduce" and "missing-rank" not in ids
 
 
+def test_a_rank_in_two_host_bundles_and_a_host_of_another_world_are_refused_naming_the_files(host_bundles,
+                                                                                            tmp_path):
+    _, paths, _ = host_bundles
+    merged = load_paths(paths)
+    assert merged.world_sizes == [WORLD] and merged.host == ",".join(f"node-{n}" for n in range(WORLD // PER_HOST))
+    moved = tmp_path / "moved.mtpdiag.json"
+    save_bundle(Snapshot(captures=(replace(merged.captures[WORLD - 1], source=None),), host="moved"), str(moved))
+    with pytest.raises(InputError, match=f"rank {WORLD - 1} is in two files: {paths[-1]} and {moved}"):
+        load_paths([*paths, str(moved)])
+    other = tmp_path / "other.mtpdiag.json"
+    stray = replace(merged.captures[0], rank=WORLD, env=replace(merged.captures[0].env, WORLD_SIZE=str(2 * WORLD)))
+    save_bundle(Snapshot(captures=(replace(stray, source=None),), host="other"), str(other))
+    with pytest.raises(InputError, match=f"world sizes differ: {paths[0]} says {WORLD}, {other} says {2 * WORLD}"):
+        load_paths([*paths, str(other)])
+
+
 def test_a_missing_host_is_reported_as_its_missing_ranks(host_bundles):
     _, paths, big = host_bundles
     absent = 5

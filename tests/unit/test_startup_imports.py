@@ -54,3 +54,20 @@ def test_import_ahead_imports_what_the_diagnosis_and_each_report_import():
         formats, findings, *late = line.split()
         assert int(findings) > 0  # the control: the recorded hang is diagnosed, so the analysis ran
         assert late == [], f"{formats}: imported only after import_ahead: {late}"
+
+
+def test_reading_bundles_loads_no_other_reader_nor_the_rank_rules_of_file_names():
+    code = ("import sys\n"
+            "from mtpdiag.inputs import read_inputs\n"
+            f"snapshot = read_inputs([{str(BUNDLE)!r}]).snapshot\n"
+            "loaded = sorted(m for m in sys.modules if m.startswith('mtpdiag.inputs.'))\n"
+            "print(len(snapshot.captures), ' '.join(loaded))")
+    count, *loaded = _run(code).split()
+    assert int(count) == 4 and "mtpdiag.inputs.bundle" in loaded  # the control: the bundle was read
+    assert not set(loaded) & {"mtpdiag.inputs.pyspy_json", "mtpdiag.inputs.identity", "mtpdiag.inputs.pyspy_text",
+                              "mtpdiag.inputs.pystack", "mtpdiag.inputs.faulthandler", "mtpdiag.inputs.failed"}
+    code = ("import sys\n"
+            "from mtpdiag.inputs import read_inputs\n"
+            f"read_inputs([{str(BUNDLE)!r}], rank_from='node-(\\\\d+)')\n"
+            "print('mtpdiag.inputs.identity' in sys.modules)")
+    assert _run(code) == "True"  # --rank-from is compiled by the rank rules
