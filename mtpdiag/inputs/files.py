@@ -80,14 +80,15 @@ def _walk(directory: str) -> list[tuple[str, tuple[int, int]]]:
 def read_bytes(path: str) -> bytes:
     """The file's bytes, without the BOM a Windows editor puts first; InputError naming it otherwise.
 
-    One ``read`` of the size ``fstat`` gives (and more only if the file grew since): ``open()``'s file
-    objects cost a quarter more, 5 ms over 2,048 host bundles."""
+    One ``read`` of the size ``fstat`` gives, and more until the end of the file only when that read did not
+    return exactly that size (the file grew since, a network file system read short, or the file is over the
+    2 GiB one read returns): ``open()``'s file objects cost a quarter more, 5 ms over 2,048 host bundles."""
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
             raw = os.read(fd, size + 1)
-            if len(raw) > size:
+            if len(raw) != size:
                 raw += b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
         finally:
             os.close(fd)
