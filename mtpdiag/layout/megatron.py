@@ -8,7 +8,7 @@ The expert groups (ep, etp, edp, ...) come from a second generator with tp=etp, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import NoReturn
@@ -68,34 +68,29 @@ class _Generator(msgspec.Struct, frozen=True):
         return out
 
     def groups(self, tokens: Iterable[str]) -> list[tuple[int, ...]]:
-        """Same result, same order, as RankGenerator.get_ranks('-'.join(tokens))."""
+        """Same result, same order, as RankGenerator.get_ranks('-'.join(tokens)); each instance ascending."""
         wanted = set(tokens)
         strides, stride = {}, 1
         for name, size in self.digits:
             strides[name] = stride
             stride *= size
-        inner = [(strides[n], s) for n, s in self.digits if n in wanted]
-        outer = [(strides[n], s) for n, s in self.digits if n not in wanted]
-        # Every instance is the first one shifted: place the members' offsets once, not once per rank.
-        offsets = [_place(i, inner) for i in range(_product(s for _, s in inner))]
-        return [tuple([base + o for o in offsets])
-                for base in (_place(g, outer) for g in range(_product(s for _, s in outer)))]
+        offsets = _numbers([(strides[n], s) for n, s in self.digits if n in wanted])
+        bases = _numbers([(strides[n], s) for n, s in self.digits if n not in wanted])
+        # Every instance is the first one shifted by a base. Built in C loops, not one Python step per rank
+        # (a 16k-rank world's 8,192 CP pairs took 10 ms): many small instances as columns, few large ones
+        # one by one.
+        if len(offsets) < len(bases):
+            return list(zip(*[list(map(o.__add__, bases)) for o in offsets]))
+        return [tuple(map(b.__add__, offsets)) for b in bases]
 
 
-def _product(values: Iterable[int]) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
-
-
-def _place(index: int, dims: list[tuple[int, int]]) -> int:
-    """Decompose ``index`` over ``dims`` (stride, size), first fastest, and return the global offset."""
-    offset = 0
+def _numbers(dims: list[tuple[int, int]]) -> list[int]:
+    """The value of every index over ``dims`` (stride, size), first fastest, in index order: ascending, since
+    each stride is at least the span of the digits before it."""
+    out = [0]
     for stride, size in dims:
-        offset += (index % size) * stride
-        index //= size
-    return offset
+        out = [o + step for step in range(0, stride * size, stride) for o in out]
+    return out
 
 
 def _ordered(order: str, sizes: dict[str, int]) -> tuple[tuple[str, int], ...]:
@@ -223,14 +218,19 @@ class ParallelLayout:
 
     def group_of(self, kind: str, rank: int) -> tuple[int, ...]:
         """The instance of ``kind`` that holds ``rank``."""
+        if not 0 <= rank < self.world_size:
+            raise LayoutError(f"rank {rank} is outside a world of {self.world_size}")
         return self.group_index(kind)[rank]
 
-    def group_index(self, kind: str) -> Mapping[int, tuple[int, ...]]:
-        """Every rank's instance of ``kind`` (one shared tuple per instance), built on first use."""
+    def group_index(self, kind: str) -> Sequence[tuple[int, ...]]:
+        """Every rank's instance of ``kind``, indexed by rank (one shared tuple per instance), built on first
+        use. A list, not a dict: half the cost to build at 16k ranks, and faster to look up."""
         index = self._index_cache.get(kind)
         if index is None:
-            index = {r: g for g in self._kind_groups(kind) for r in g}
-            self._index_cache[kind] = index
+            index = self._index_cache[kind] = [()] * self.world_size
+            for group in self._kind_groups(kind):
+                for rank in group:
+                    index[rank] = group
         return index
 
     def _kind_groups(self, kind: str) -> tuple[tuple[int, ...], ...]:
@@ -249,7 +249,7 @@ class ParallelLayout:
         return {}
 
     @cached_property
-    def _index_cache(self) -> dict[str, dict[int, tuple[int, ...]]]:
+    def _index_cache(self) -> dict[str, list[tuple[int, ...]]]:
         return {}
 
     def to_dict(self) -> dict[str, object]:
