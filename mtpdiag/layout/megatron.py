@@ -15,6 +15,7 @@ from typing import NoReturn
 
 import msgspec
 
+from mtpdiag.vocabulary.groups import COORDINATES
 from mtpdiag.vocabulary.labels import coords_label
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -80,7 +81,7 @@ class _Generator(msgspec.Struct, frozen=True):
         # (a 16k-rank world's 8,192 CP pairs took 10 ms): many small instances as columns, few large ones
         # one by one.
         if len(offsets) < len(bases):
-            return list(zip(*[list(map(o.__add__, bases)) for o in offsets]))
+            return list(zip(*[list(map(o.__add__, bases)) for o in offsets], strict=True))
         return [tuple(map(b.__add__, offsets)) for b in bases]
 
 
@@ -191,7 +192,7 @@ class ParallelLayout:
 
     @cached_property
     def _digits(self) -> tuple[tuple[int, int], ...]:
-        """(stride, size) of tp, cp, ep, dp and pp in a rank's mixed-radix number (ep from the expert
+        """(stride, size) of tp, cp, ep, dp and pp (``COORDINATES``) in a rank's mixed-radix number (ep from the expert
         generator): the report asks the coordinates of each of 16k ranks."""
         dense, expert = self._dense.strides(), self._expert.strides()
         return (dense["tp"], dense["cp"], expert["ep"] if self.ep > 1 else (1, 1), dense["dp"], dense["pp"])
@@ -211,6 +212,20 @@ class ParallelLayout:
         are, so the dense coordinates (tp, cp, dp, pp) of base + offset are the base's plus the offset's, with
         no carry. The ep coordinate comes from the expert generator, and is constant only when ep == 1."""
         return self.ep == 1 and GROUP_KINDS[kind][0] == "dense"
+
+    def varying_in(self, kind: str) -> tuple[str, ...] | None:
+        """The coordinates that vary inside each instance of ``kind`` when every instance varies in the same
+        ones (``coordinates_alike``), else None: a dense instance's dense coordinates are its digits, and the
+        kind's digits take every value of theirs there, so those of size > 1 vary and no other does."""
+        if not self.coordinates_alike(kind):
+            return None
+        sizes = dict(self._dense.digits)
+        return tuple(name for name in COORDINATES if name in GROUP_KINDS[kind][1] and sizes[name] > 1)
+
+    def coordinate(self, name: str, ranks: Iterable[int]) -> list[int]:
+        """``coords(rank)[name]`` of each rank of the world, in C loops: a gate reads it of thousands."""
+        stride, size = self._digits[COORDINATES.index(name)]
+        return list(map(size.__rmod__, map(stride.__rfloordiv__, ranks)))
 
     def groups(self, kind: str) -> list[tuple[int, ...]]:
         """Every instance of a group kind, in megatron's order."""

@@ -7,6 +7,10 @@
 * ``ParallelLayout.pp_neighbour`` is ``group_of("pp", rank)`` stepped by one stage.
 * ``find_causes`` makes a split of one entered and one absent rank an edge: the components of the graph
   with it as a node of its own must say the same of every split.
+* ``ParallelLayout.varying_in`` and ``coordinate`` answer from the rank digits what the instances' members'
+  ``coords`` say; each instance of ``groups`` is ascending (``find_mismatches`` takes its first as its least).
+* ``find_mismatches`` reads the gate in bulk from the layout and words the ranks waiting at one site together:
+  every split must say what ``read_gate`` (rank by rank, through ``coords``) and ``doing`` of each rank say.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import random
 import pytest
 
 from mtpdiag.analysis.causes import _Graph, _pair_component
+from mtpdiag.analysis.gate import read_gate
+from mtpdiag.analysis.known_sites import is_mtp_site
+from mtpdiag.analysis.mismatch import doing, find_mismatches
 from mtpdiag.analysis.views import StackReader
 from mtpdiag.layout import GROUP_KINDS, LayoutError, ParallelLayout
 from mtpdiag.model import Mismatch
@@ -65,6 +72,51 @@ def test_instances_said_alike_vary_in_the_same_coordinates():
             assert len(patterns) == 1, (layout, kind, patterns)
             checked += 1
     assert checked > 1000
+
+
+def test_varying_coordinates_and_coordinate_values_are_those_of_the_members_coords():
+    for layout in _layouts():
+        ranks = range(layout.world_size)
+        for name in COORDINATES:
+            assert layout.coordinate(name, ranks) == [layout.coords(r)[name] for r in ranks], (layout, name)
+        for kind in GROUP_KINDS:
+            groups = layout.groups(kind)
+            assert all(list(g) == sorted(g) for g in groups), (layout, kind)
+            varying = layout.varying_in(kind)
+            if varying is None:
+                assert not layout.coordinates_alike(kind)
+                continue
+            for group in groups:
+                assert varying == tuple(n for n in COORDINATES if len({layout.coords(r)[n] for r in group}) > 1)
+
+
+def _split_worlds():
+    for name in scenarios():
+        snapshot, layout, _ = load_scenario(name)
+        yield name, snapshot, layout
+    snapshot, layout, _ = load_scenario("mtp_cp_pp")
+    big = ParallelLayout.for_world(64, cp=2, pp=2)
+    yield "mtp_cp_pp tiled to 64", tile(snapshot, layout, big), big
+
+
+def test_splits_read_in_bulk_say_what_each_rank_read_alone_says():
+    checked = 0
+    for name, snapshot, layout in _split_worlds():
+        by_rank = {}
+        for view in StackReader(layout).views(snapshot.captures):
+            if view.rank is not None and 0 <= view.rank < layout.world_size:
+                by_rank.setdefault(view.rank, view)
+        splits = find_mismatches(by_rank, layout, layout.coords)
+        for m in splits:
+            assert m.absent_doing == {a: doing(by_rank.get(a)) for a in m.absent}, name
+            assert m.members == tuple(sorted(m.entered + m.absent)), name
+            site = [s for s in splits if (s.op, s.site) == (m.op, m.site)]
+            alone = read_gate(site, layout.coords)
+            assert (m.gate, m.gate_alternatives) == (alone.gate, alone.alternatives), name
+            known = is_mtp_site(m.site) and m.group == "dp_cp" and m.gate == {"cp": 0}  # always strong
+            assert m.gate_strength == (alone.strength if not known else "strong"), name
+            checked += 1
+    assert checked > 20
 
 
 def test_pp_neighbour_is_the_next_or_previous_member_of_the_pipeline_group():
