@@ -6,7 +6,9 @@
   coordinates as its first one (the gate reads them from one split instance).
 * ``ParallelLayout.pp_neighbour`` is ``group_of("pp", rank)`` stepped by one stage.
 * ``find_causes`` makes a split of one entered and one absent rank an edge: the components of the graph
-  with it as a node of its own must say the same of every split.
+  with it as a node of its own must say the same of every split. What reaches a core or a problem rank is
+  decided component by component in the order Tarjan closed them: it must be what a search of the
+  reversed graph finds.
 * ``ParallelLayout.varying_in`` and ``coordinate`` answer from the rank digits what the instances' members'
   ``coords`` say; each instance of ``groups`` is ascending (``find_mismatches`` takes its first as its least).
 * ``find_mismatches`` reads the gate in bulk from the layout and words the ranks waiting at one site together:
@@ -20,7 +22,7 @@ import random
 
 import pytest
 
-from mtpdiag.analysis.causes import _Graph, _pair_component
+from mtpdiag.analysis.causes import _Graph, _pair_components
 from mtpdiag.analysis.gate import read_gate
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.mismatch import doing, find_mismatches
@@ -156,13 +158,38 @@ def test_a_split_of_two_ranks_as_an_edge_keeps_every_split_in_its_component():
             short.edge(a, b)
         comp, comp_short = full.components(), short.components()
         sizes, sizes_short = _sizes(comp), _sizes(comp_short)
-        mcomp = [comp_short[k] if k is not None else _pair_component(comp_short, short, m, i)
-                 for i, (m, k) in enumerate(zip(splits, kept, strict=True))]
+        paired = [i for i, k in enumerate(kept) if k is None]
+        made = _pair_components(comp_short, short, [splits[i].entered[0] for i in paired],
+                                [splits[i].absent[0] for i in paired], paired)
+        mcomp = [comp_short[k] if k is not None else made[paired.index(i)] for i, k in enumerate(kept)]
         for i, j in itertools.product(range(len(splits)), repeat=2):
             assert (comp[nodes[i]] == comp[nodes[j]]) == (mcomp[i] == mcomp[j])
         for i in range(len(splits)):
             assert (sizes[comp[nodes[i]]] > 1) == (sizes_short.get(mcomp[i], 1) > 1)
+        # what reaches some problem ranks (and every cyclic core): as a search of the reversed graph says
+        problems = [full.rank_nodes[r] for r in rng.sample(range(n + 2), rng.randint(0, 2)) if r in full.rank_nodes]
+        targets = {v for v, c in enumerate(comp) if sizes[c] > 1} | set(problems)
+        reached = [False] * len(sizes)
+        for v in targets:
+            reached[comp[v]] = True
+        reached = full.reaching(comp, reached)
+        assert {v for v, c in enumerate(comp) if reached[c]} == _reaching(full.edges, targets)
     assert pairs > 1000
+
+
+def _reaching(edges: list[list[int]], targets: set[int]) -> set[int]:
+    """Nodes with a path to a target, by a plain search of the reversed graph."""
+    reverse: list[list[int]] = [[] for _ in edges]
+    for v, outs in enumerate(edges):
+        for w in outs:
+            reverse[w].append(v)
+    seen, todo = set(targets), list(targets)
+    while todo:
+        for u in reverse[todo.pop()]:
+            if u not in seen:
+                seen.add(u)
+                todo.append(u)
+    return seen
 
 
 def _sizes(comp: list[int]) -> dict[int, int]:
