@@ -91,25 +91,23 @@ def read_split_gate(members: Sequence[Sequence[int]], entered: Sequence[Sequence
 
 
 class _Sides:
-    """The distinct values that the coordinates ``names`` take together on the entered and on the absent
-    ranks of some instances (a few rows for thousands of ranks), and how many ranks each side has."""
+    """The coordinates ``names`` of the entered and of the absent ranks of some instances, a column of values
+    per coordinate (read in bulk; each question below is then a few C loops over them)."""
 
     def __init__(self, names: Sequence[str], entered: Sequence[int], absent: Sequence[int], values: Values) -> None:
-        self.names = tuple(names)
         self.entered_count, self.absent_count = len(entered), len(absent)
-        self.entered = set(zip(*[values(n, entered) for n in names], strict=True))
-        self.absent = set(zip(*[values(n, absent) for n in names], strict=True))
+        self.entered = {name: values(name, entered) for name in names}
+        self.absent = {name: values(name, absent) for name in names}
 
     def admits_any(self, gate: Mapping[str, int]) -> bool:
         """Whether some absent rank passes ``gate`` (whose coordinates are among ``names``)."""
-        terms = [(self.names.index(k), v) for k, v in gate.items()]
-        return any(all(row[i] == v for i, v in terms) for row in self.absent)
+        return tuple(gate.values()) in set(zip(*[self.absent[k] for k in gate], strict=True))
 
     def shared(self) -> dict[str, int]:
         """The coordinates that hold one value on every entered rank, with it."""
         out: dict[str, int] = {}
-        for i, name in enumerate(self.names):
-            values = {row[i] for row in self.entered}
+        for name, column in self.entered.items():
+            values = set(column)
             if len(values) == 1:
                 out[name] = values.pop()
         return out
