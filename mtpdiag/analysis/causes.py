@@ -236,16 +236,15 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
     for i, c in zip(pairs, _pair_components(comp, graph, waiters, waited, pairs), strict=True):
         mcomp[i] = c
 
-    holding = _holding_up(views, chain(chain.from_iterable(map(attrgetter("absent"), mismatches)),
-                                       map(attrgetter("peer"), p2p)))
+    holding = _holding_up(views)
     blocked: dict[int, list[Waiter]] = {}
-    if holding:
+    if holding or len(graph.rank_nodes) > len(views):  # or a split or send names a rank nobody captured
         for i, m in enumerate(mismatches):
             for a in m.absent:
-                if a in holding:
+                if a in holding or a not in views:
                     blocked.setdefault(a, []).append(Waiter(mismatch=i))
         for w in p2p:
-            if w.peer in holding:
+            if w.peer in holding or w.peer not in views:
                 blocked.setdefault(w.peer, []).append(Waiter(p2p=w))
 
     # what waits, directly or not, on a cyclic core or a problem rank
@@ -285,14 +284,11 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
                   blocked_on={r: tuple(ws) for r, ws in sorted(blocked.items())})
 
 
-def _holding_up(views: Mapping[int, RankView], ranks: Iterable[int]) -> set[int]:
-    """The ranks among ``ranks`` that ``holds_up``. A rank in a collective never does: only the others are
-    asked, picked in C loops (at 16k ranks thousands of absent ranks wait in collectives)."""
-    asked = set(ranks)
-    captured = list(asked.intersection(views))
-    states = map(attrgetter("state"), map(views.__getitem__, captured))
-    maybe = compress(captured, map(RankState.COLLECTIVE.__ne__, states))
-    return asked.difference(views) | {r for r in maybe if holds_up(views[r])}
+def _holding_up(views: Mapping[int, RankView]) -> set[int]:
+    """The captured ranks that ``holds_up`` (an uncaptured one always does). A rank in a collective never
+    does: only the others are asked, picked in C loops (at 16k ranks nearly all wait in collectives)."""
+    states = map(attrgetter("state"), views.values())
+    return {r for r in compress(views, map(RankState.COLLECTIVE.__ne__, states)) if holds_up(views[r])}
 
 
 def _mismatch_key(m: Mismatch) -> SiteKey:
