@@ -165,7 +165,9 @@ def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
     """Every partly entered group instance, for every site where ranks wait in a collective.
 
     ``views`` maps each captured rank inside the layout's world to its view. Only ranks in state
-    ``collective`` count as entered: a stopped rank cannot take part, so it is absent.
+    ``collective`` count as entered: a stopped rank cannot take part, so it is absent. ``coords_of`` (the
+    layout's coordinates of a rank) is not read any more: the gate reads the coordinates of thousands of ranks
+    from the layout in bulk (``ParallelLayout.coordinate``); the parameter stays until the callers drop it.
     """
     waiting: dict[tuple[str, Site | None], list[int]] = {}
     collective = RankState.COLLECTIVE

@@ -10,7 +10,8 @@
   decided component by component in the order Tarjan closed them: it must be what a search of the
   reversed graph finds.
 * ``ParallelLayout.varying_in`` and ``coordinate`` answer from the rank digits what the instances' members'
-  ``coords`` say; each instance of ``groups`` is ascending (``find_mismatches`` takes its first as its least).
+  ``coords`` say; each instance of ``groups`` is ascending (``find_mismatches`` takes its first as its least);
+  ``group_of`` refuses a rank outside the world (its index is a list).
 * ``find_mismatches`` reads the gate in bulk from the layout and words the ranks waiting at one site together:
   every split must say what ``read_gate`` (rank by rank, through ``coords``) and ``doing`` of each rank say.
 """
@@ -90,6 +91,9 @@ def test_varying_coordinates_and_coordinate_values_are_those_of_the_members_coor
                 continue
             for group in groups:
                 assert varying == tuple(n for n in COORDINATES if len({layout.coords(r)[n] for r in group}) > 1)
+        for outside in (-1, layout.world_size):  # the rank index is a list: a negative rank must not wrap
+            with pytest.raises(LayoutError):
+                layout.group_of("tp", outside)
 
 
 def _split_worlds():
