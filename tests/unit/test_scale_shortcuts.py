@@ -152,17 +152,17 @@ def test_a_split_of_two_ranks_as_an_edge_keeps_every_split_in_its_component():
         kept: list[int | None] = []
         for m in splits:
             if len(m.entered) == 1 and len(m.absent) == 1:
-                short.edge(m.entered[0], m.absent[0])
                 kept.append(None)
                 pairs += 1
             else:
                 kept.append(short.add_mismatch(m.entered, m.absent))
+        paired = [i for i, k in enumerate(kept) if k is None]
+        short.add_edges([splits[i].entered[0] for i in paired], [splits[i].absent[0] for i in paired])
         for a, b in edges:
             full.edge(a, b)
-            short.edge(a, b)
+        short.add_edges([a for a, _ in edges], [b for _, b in edges])
         comp, comp_short = full.components(), short.components()
         sizes, sizes_short = _sizes(comp), _sizes(comp_short)
-        paired = [i for i, k in enumerate(kept) if k is None]
         made = _pair_components(comp_short, short, [splits[i].entered[0] for i in paired],
                                 [splits[i].absent[0] for i in paired], paired)
         mcomp = [comp_short[k] if k is not None else made[paired.index(i)] for i, k in enumerate(kept)]
