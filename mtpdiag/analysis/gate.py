@@ -8,6 +8,7 @@ collective splits nothing, since every member of a DP×CP group is on the same s
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from itertools import chain, repeat
 from operator import itemgetter
 from typing import NamedTuple, Protocol
 
@@ -28,16 +29,28 @@ class SplitInstance(Protocol):
     def absent(self) -> Sequence[int]: ...
 
 
-def varying_coordinates(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> tuple[str, ...]:
-    """Coordinates that take more than one value inside at least one of the instances.
+Values = Callable[[str, Sequence[int]], Sequence[int]]  # coordinate ``name`` of each of ``ranks``
+
+
+def values_of(coords_of: CoordsOf) -> Values:
+    """``Values`` read rank by rank from ``coords_of``."""
+
+    def values(name: str, ranks: Sequence[int]) -> list[int]:
+        return list(map(itemgetter(name), map(coords_of, ranks)))
+
+    return values
+
+
+def varying_coordinates(members: Sequence[Sequence[int]], values: Values) -> tuple[str, ...]:
+    """Coordinates that take more than one value inside at least one of the instances (``members``: each
+    instance's ranks).
 
     Each member is compared with its instance's first member, one coordinate at a time over all the
     instances at once (8,192 split pairs of a 16k-rank job are one list comparison per coordinate)."""
-    members = [r for m in instances for r in m.members]
-    firsts = [m.members[0] for m in instances for _ in m.members]
-    mine, theirs = list(map(coords_of, members)), list(map(coords_of, firsts))
+    ranks = list(chain.from_iterable(members))
+    firsts, sizes = [m[0] for m in members], list(map(len, members))
     return tuple(name for name in COORDINATES
-                 if list(map(itemgetter(name), mine)) != list(map(itemgetter(name), theirs)))
+                 if list(values(name, ranks)) != list(chain.from_iterable(map(repeat, values(name, firsts), sizes))))
 
 
 class GateReading(NamedTuple):
@@ -55,32 +68,49 @@ def read_gate(instances: Sequence[SplitInstance], coords_of: CoordsOf,
     just as well (``alternatives``). Then data-dependent divergence (a loop that ran once more on some ranks,
     a branch on rank-local data) fits as well as a rank test. ``varying``: ``varying_coordinates`` of the
     instances, when the caller knows it."""
-    sides = _Sides(instances, coords_of)
-    gate = _gate(instances, coords_of, sides, varying)
+    return read_split_gate([m.members for m in instances], [m.entered for m in instances],
+                           [m.absent for m in instances], values_of(coords_of), varying)
+
+
+def read_split_gate(members: Sequence[Sequence[int]], entered: Sequence[Sequence[int]],
+                    absent: Sequence[Sequence[int]], values: Values,
+                    varying: tuple[str, ...] | None = None) -> GateReading:
+    """``read_gate`` of instances given as their members, entered and absent ranks (in the same order), with
+    coordinates read in bulk (``ParallelLayout.coordinate``: no Python step per rank at 16k ranks)."""
+    sides = _sides(members, entered, absent, values, varying)
+    gate = _gate(sides)
     if gate is None:
         return GateReading(None, None, ())
     alternatives: tuple[dict[str, int], ...] = ()
     if len(gate) > 1 and all(not sides.admits_any({k: v}) for k, v in gate.items()):
         first, *rest = gate.items()
         gate, alternatives = dict([first]), tuple({k: v} for k, v in rest)
-    strength = GateStrength.STRONG if len(sides.entered) >= 2 and len(sides.absent) >= 2 and not alternatives \
+    strength = GateStrength.STRONG if sides.entered_count >= 2 and sides.absent_count >= 2 and not alternatives \
         else GateStrength.WEAK
     return GateReading(gate, strength, alternatives)
 
 
 class _Sides:
-    """The coordinates of the entered and of the absent ranks of some instances, looked up once."""
+    """The coordinates ``names`` of the entered and of the absent ranks of some instances, a column of values
+    per coordinate (read in bulk; each question below is then a few C loops over them)."""
 
-    def __init__(self, instances: Sequence[SplitInstance], coords_of: CoordsOf) -> None:
-        self.entered = list(map(coords_of, [r for m in instances for r in m.entered]))
-        self.absent = list(map(coords_of, [r for m in instances for r in m.absent]))
+    def __init__(self, names: Sequence[str], entered: Sequence[int], absent: Sequence[int], values: Values) -> None:
+        self.entered_count, self.absent_count = len(entered), len(absent)
+        self.entered = {name: values(name, entered) for name in names}
+        self.absent = {name: values(name, absent) for name in names}
 
     def admits_any(self, gate: Mapping[str, int]) -> bool:
-        """Whether some absent rank passes ``gate``."""
-        if len(gate) == 1:
-            (name, value), = gate.items()
-            return value in set(map(itemgetter(name), self.absent))
-        return any(all(c[k] == v for k, v in gate.items()) for c in self.absent)
+        """Whether some absent rank passes ``gate`` (whose coordinates are among ``names``)."""
+        return tuple(gate.values()) in set(zip(*[self.absent[k] for k in gate], strict=True))
+
+    def shared(self) -> dict[str, int]:
+        """The coordinates that hold one value on every entered rank, with it."""
+        out: dict[str, int] = {}
+        for name, column in self.entered.items():
+            values = set(column)
+            if len(values) == 1:
+                out[name] = values.pop()
+        return out
 
 
 def gate_of(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> dict[str, int] | None:
@@ -90,18 +120,21 @@ def gate_of(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> dict[str
     When none does, the conjunction of the shared values is used if it separates them (``tp == 0 and
     cp == 0`` around a TP×CP group), pruned of coordinates it does not need. None if nothing separates.
     """
-    return _gate(instances, coords_of, _Sides(instances, coords_of))
+    return _gate(_sides([m.members for m in instances], [m.entered for m in instances],
+                        [m.absent for m in instances], values_of(coords_of)))
 
 
-def _gate(instances: Sequence[SplitInstance], coords_of: CoordsOf, sides: _Sides,
-          varying: tuple[str, ...] | None = None) -> dict[str, int] | None:
-    if not sides.entered or not sides.absent:
+def _sides(members: Sequence[Sequence[int]], entered: Sequence[Sequence[int]], absent: Sequence[Sequence[int]],
+           values: Values, varying: tuple[str, ...] | None = None) -> _Sides:
+    """The sides of instances over the coordinates that vary inside them (``varying``, when known)."""
+    names = varying if varying is not None else varying_coordinates(members, values)
+    return _Sides(names, list(chain.from_iterable(entered)), list(chain.from_iterable(absent)), values)
+
+
+def _gate(sides: _Sides) -> dict[str, int] | None:
+    if not sides.entered_count or not sides.absent_count:
         return None
-    shared: dict[str, int] = {}
-    for name in varying if varying is not None else varying_coordinates(instances, coords_of):
-        values = set(map(itemgetter(name), sides.entered))
-        if len(values) == 1:
-            shared[name] = values.pop()
+    shared = sides.shared()
     alone = {k: v for k, v in shared.items() if not sides.admits_any({k: v})}
     if alone:
         return alone

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
+from itertools import chain, filterfalse
+from operator import itemgetter
 from typing import NamedTuple
 
-from mtpdiag.analysis.gate import CoordsOf, read_gate, varying_coordinates
+from msgspec.structs import replace as struct_replace
+
+from mtpdiag.analysis.gate import CoordsOf, read_split_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, kinds_of, lookup
 from mtpdiag.layout import GROUP_KINDS, INFERENCE_ORDER, ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
@@ -110,21 +114,27 @@ def read_kind(op: str, site: Site | None, entered: Sequence[int], layout: Parall
         return KindReading(kind, GroupFrom.GUESS, (kind,))
     distinct: dict[tuple[tuple[int, ...], ...], str] = {}  # membership -> the first (smallest) kind that has it
     for k in fits:
-        distinct.setdefault(tuple(sorted({layout.group_of(k, r) for r in entered})), k)
+        distinct.setdefault(tuple(sorted(_instances(entered, k, layout)[0].values())), k)
     source = GroupFrom.UNIQUE_FIT if len(distinct) == 1 else GroupFrom.GUESS
     return KindReading(kind, source, tuple(distinct.values()))
 
 
+def _instances(entered: Sequence[int], kind: str,
+               layout: ParallelLayout) -> tuple[dict[int, tuple[int, ...]], Counter[int]]:
+    """The instances of ``kind`` that hold the (distinct) entered ranks, by id in the order first met, and
+    how many entered ranks each holds: one instance is split when it holds fewer than its size. C loops over
+    the layout's rank index, no Python step per rank (8,192 entered ranks at 16k)."""
+    groups = list(map(layout.group_index(kind).__getitem__, entered))
+    keys = list(map(id, groups))
+    return dict(zip(keys, groups, strict=True)), Counter(keys)
+
+
 def _all_split(entered: Sequence[int], kind: str, layout: ParallelLayout) -> bool:
     """Every instance of ``kind`` that the waiting ranks touch is only partly entered (size > 1)."""
-    entered_set = set(entered)
-    seen: dict[int, tuple[int, ...]] = {}
-    for rank in entered:
-        group = layout.group_of(kind, rank)
-        seen[id(group)] = group
-    if max(len(g) for g in seen.values()) < 2:
+    instances, counts = _instances(entered, kind, layout)
+    if max(map(len, instances.values())) < 2:
         return False
-    return all(not entered_set.issuperset(g) for g in seen.values())
+    return all(counts[key] < len(group) for key, group in instances.items())
 
 
 def choose_kind(entered: Sequence[int], kinds: Sequence[str], layout: ParallelLayout) -> str:
@@ -133,13 +143,8 @@ def choose_kind(entered: Sequence[int], kinds: Sequence[str], layout: ParallelLa
         return kinds[0]  # whatever the membership says (a known site's one kind)
     first_split: str | None = None
     for kind in kinds:
-        instances: dict[int, tuple[int, ...]] = {}
-        counts: Counter[int] = Counter()
-        for rank in entered:
-            group = layout.group_of(kind, rank)
-            instances[id(group)] = group
-            counts[id(group)] += 1
-        if max(len(g) for g in instances.values()) < 2:
+        instances, counts = _instances(entered, kind, layout)
+        if max(map(len, instances.values())) < 2:
             continue  # a group of one cannot hang
         split = sum(1 for key, group in instances.items() if counts[key] < len(group))
         if split == len(instances) or split == 0:
@@ -155,64 +160,70 @@ def mismatch_key(m: Mismatch) -> tuple[object, ...]:
     return (m.op, site, m.members)
 
 
-class _Split(NamedTuple):
-    """A partly entered instance, before its site's gate is known (what ``gate_of`` reads)."""
-
-    members: tuple[int, ...]
-    entered: tuple[int, ...]
-    absent: tuple[int, ...]
-
-
 def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
                     coords_of: CoordsOf) -> list[Mismatch]:
     """Every partly entered group instance, for every site where ranks wait in a collective.
 
     ``views`` maps each captured rank inside the layout's world to its view. Only ranks in state
-    ``collective`` count as entered: a stopped rank cannot take part, so it is absent.
+    ``collective`` count as entered: a stopped rank cannot take part, so it is absent. ``coords_of`` (the
+    layout's coordinates of a rank) is not read any more: the gate reads the coordinates of thousands of ranks
+    from the layout in bulk (``ParallelLayout.coordinate``); the parameter stays until the callers drop it.
     """
     waiting: dict[tuple[str, Site | None], list[int]] = {}
+    collective = RankState.COLLECTIVE
     for rank, view in views.items():
-        if view.state == RankState.COLLECTIVE and view.op is not None:
+        if view.state == collective and view.op is not None:
             waiting.setdefault((view.op, view.site), []).append(rank)
     by_site = {key: ranks for key, ranks in waiting.items() if not is_p2p_op(*key)}
-    doing_of = _doing_of(views)
+    said = _Doing(views, waiting)
     out: list[Mismatch] = []
     for (op, site), entered in sorted(by_site.items(), key=lambda item: min(item[1])):
         reading = read_kind(op, site, entered, layout)
         kind = reading.kind
-        entered_set = set(entered)
-        touched = {id(g): g for g in map(layout.group_index(kind).__getitem__, entered)}
-        splits = []
-        for group in sorted((g for g in touched.values() if not entered_set.issuperset(g)), key=min):
-            members = tuple(sorted(group))
-            splits.append(_Split(members=members, entered=tuple([m for m in members if m in entered_set]),
-                                 absent=tuple([m for m in members if m not in entered_set])))
-        # the coordinates that vary inside the split instances: in one of them, when all instances are alike
-        varying = varying_coordinates(splits[:1], coords_of) if splits and layout.coordinates_alike(kind) else None
-        gate = read_gate(splits, coords_of, varying)
+        instances, counts = _instances(entered, kind, layout)
+        # an instance's members are ascending (the layout's contract): its first is its least
+        groups = sorted([g for key, g in instances.items() if counts[key] < len(g)], key=itemgetter(0))
+        if not groups:
+            continue
+        inside = set(entered).__contains__
+        entered_of = [tuple(filter(inside, g)) for g in groups]
+        absent_of = [tuple(filterfalse(inside, g)) for g in groups]
+        gate = read_split_gate(groups, entered_of, absent_of, layout.coordinate, layout.varying_in(kind))
         if gate.strength == GateStrength.WEAK and is_mtp_site(site) and kind == "dp_cp" and gate.gate == {"cp": 0}:
             gate = gate._replace(strength=GateStrength.STRONG)  # the known verl #5895 signature, however few the ranks
-        out += [Mismatch(op=op, site=site, group=kind, members=s.members, entered=s.entered, absent=s.absent,
-                         gate=gate.gate, absent_doing={a: doing_of(a) for a in s.absent},
-                         group_from=reading.source, group_candidates=reading.candidates,
-                         gate_strength=gate.strength, gate_alternatives=gate.alternatives)
-                for s in splits]
+        words = said.of(absent_of)
+        # each instance's record is the site's with its ranks: a replace costs half a build from keywords
+        site_split = Mismatch(op=op, site=site, group=kind, members=(), entered=(), absent=(), gate=gate.gate,
+                              group_from=reading.source, group_candidates=reading.candidates,
+                              gate_strength=gate.strength, gate_alternatives=gate.alternatives)
+        out += [struct_replace(site_split, members=g, entered=e, absent=a, absent_doing={r: words[r] for r in a})
+                for g, e, a in zip(groups, entered_of, absent_of, strict=True)]
     return out
 
 
-def _doing_of(views: Mapping[int, RankView]) -> Callable[[int], str]:
-    """``doing`` of a rank's view, worded once for the ranks that agree in what it reads (state, op, site,
-    wait kind): a split of 8,192 instances names thousands of absent ranks doing the same thing."""
-    said: dict[tuple[object, ...], str] = {}
+class _Doing:
+    """``doing`` of ranks, worded once for the ranks that agree in what it reads (state, op, site, wait kind):
+    a split of 8,192 instances names thousands of absent ranks doing the same thing. A rank in a collective
+    reads its op and site only, so the ranks found waiting at one are worded together, without a step each."""
 
-    def doing_of(rank: int) -> str:
-        view = views.get(rank)
-        if view is None:
-            return doing(None)
-        key = (view.state, view.op, view.site, view.wait.kind if view.wait is not None else None)
-        found = said.get(key)
-        if found is None:
-            found = said[key] = doing(view)
-        return found
+    def __init__(self, views: Mapping[int, RankView], waiting: Mapping[tuple[str, Site | None], list[int]]) -> None:
+        self.views = views
+        self.words: dict[int, str] = {}
+        for ranks in waiting.values():
+            self.words.update(dict.fromkeys(ranks, doing(views[ranks[0]])))
+        self.said: dict[tuple[object, ...], str] = {}
 
-    return doing_of
+    def of(self, absent: Iterable[Iterable[int]]) -> dict[int, str]:
+        """Every rank's words (a mapping that holds at least the ranks of ``absent``)."""
+        words = self.words
+        for rank in set(chain.from_iterable(absent)).difference(words):
+            view = self.views.get(rank)
+            if view is None:
+                words[rank] = doing(None)
+                continue
+            key = (view.state, view.op, view.site, view.wait.kind if view.wait is not None else None)
+            found = self.said.get(key)
+            if found is None:
+                found = self.said[key] = doing(view)
+            words[rank] = found
+        return words

@@ -12,7 +12,14 @@
   its groups, as ``coords`` does, and None for a rank outside the world.
 * ``ParallelLayout.pp_neighbour`` is ``group_of("pp", rank)`` stepped by one stage.
 * ``find_causes`` makes a split of one entered and one absent rank an edge: the components of the graph
-  with it as a node of its own must say the same of every split.
+  with it as a node of its own must say the same of every split. What reaches a core or a problem rank is
+  decided component by component in the order Tarjan closed them: it must be what a search of the
+  reversed graph finds.
+* ``ParallelLayout.varying_in`` and ``coordinate`` answer from the rank digits what the instances' members'
+  ``coords`` say; each instance of ``groups`` is ascending (``find_mismatches`` takes its first as its least);
+  ``group_of`` refuses a rank outside the world (its index is a list).
+* ``find_mismatches`` reads the gate in bulk from the layout and words the ranks waiting at one site together:
+  every split must say what ``read_gate`` (rank by rank, through ``coords``) and ``doing`` of each rank say.
 """
 
 from __future__ import annotations
@@ -22,8 +29,11 @@ import random
 
 import pytest
 
-from mtpdiag.analysis.causes import _Graph, _pair_component
+from mtpdiag.analysis.causes import _Graph, _pair_components
 from mtpdiag.analysis.diagnose import _Coordinates, _index, _sorted_and_indexed
+from mtpdiag.analysis.gate import read_gate
+from mtpdiag.analysis.known_sites import is_mtp_site
+from mtpdiag.analysis.mismatch import doing, find_mismatches
 from mtpdiag.analysis.views import StackReader
 from mtpdiag.layout import GROUP_KINDS, LayoutError, ParallelLayout
 from mtpdiag.model import Mismatch, replace
@@ -119,6 +129,54 @@ def test_coords_each_is_each_ranks_place_in_its_groups_and_none_outside_the_worl
         assert [layout.coords(r) for r in range(world)] == places
 
 
+def test_varying_coordinates_and_coordinate_values_are_those_of_the_members_coords():
+    for layout in _layouts():
+        ranks = range(layout.world_size)
+        for name in COORDINATES:
+            assert layout.coordinate(name, ranks) == [layout.coords(r)[name] for r in ranks], (layout, name)
+        for kind in GROUP_KINDS:
+            groups = layout.groups(kind)
+            assert all(list(g) == sorted(g) for g in groups), (layout, kind)
+            varying = layout.varying_in(kind)
+            if varying is None:
+                assert not layout.coordinates_alike(kind)
+                continue
+            for group in groups:
+                assert varying == tuple(n for n in COORDINATES if len({layout.coords(r)[n] for r in group}) > 1)
+        for outside in (-1, layout.world_size):  # the rank index is a list: a negative rank must not wrap
+            with pytest.raises(LayoutError):
+                layout.group_of("tp", outside)
+
+
+def _split_worlds():
+    for name in scenarios():
+        snapshot, layout, _ = load_scenario(name)
+        yield name, snapshot, layout
+    snapshot, layout, _ = load_scenario("mtp_cp_pp")
+    big = ParallelLayout.for_world(64, cp=2, pp=2)
+    yield "mtp_cp_pp tiled to 64", tile(snapshot, layout, big), big
+
+
+def test_splits_read_in_bulk_say_what_each_rank_read_alone_says():
+    checked = 0
+    for name, snapshot, layout in _split_worlds():
+        by_rank = {}
+        for view in StackReader(layout).views(snapshot.captures):
+            if view.rank is not None and 0 <= view.rank < layout.world_size:
+                by_rank.setdefault(view.rank, view)
+        splits = find_mismatches(by_rank, layout, layout.coords)
+        for m in splits:
+            assert m.absent_doing == {a: doing(by_rank.get(a)) for a in m.absent}, name
+            assert m.members == tuple(sorted(m.entered + m.absent)), name
+            site = [s for s in splits if (s.op, s.site) == (m.op, m.site)]
+            alone = read_gate(site, layout.coords)
+            assert (m.gate, m.gate_alternatives) == (alone.gate, alone.alternatives), name
+            known = is_mtp_site(m.site) and m.group == "dp_cp" and m.gate == {"cp": 0}  # always strong
+            assert m.gate_strength == (alone.strength if not known else "strong"), name
+            checked += 1
+    assert checked > 20
+
+
 def test_pp_neighbour_is_the_next_or_previous_member_of_the_pipeline_group():
     for layout in _layouts():
         for rank in range(layout.world_size):
@@ -146,23 +204,48 @@ def test_a_split_of_two_ranks_as_an_edge_keeps_every_split_in_its_component():
         kept: list[int | None] = []
         for m in splits:
             if len(m.entered) == 1 and len(m.absent) == 1:
-                short.edge(m.entered[0], m.absent[0])
                 kept.append(None)
                 pairs += 1
             else:
                 kept.append(short.add_mismatch(m.entered, m.absent))
+        paired = [i for i, k in enumerate(kept) if k is None]
+        short.add_edges([splits[i].entered[0] for i in paired], [splits[i].absent[0] for i in paired])
         for a, b in edges:
             full.edge(a, b)
-            short.edge(a, b)
+        short.add_edges([a for a, _ in edges], [b for _, b in edges])
         comp, comp_short = full.components(), short.components()
         sizes, sizes_short = _sizes(comp), _sizes(comp_short)
-        mcomp = [comp_short[k] if k is not None else _pair_component(comp_short, short, m, i)
-                 for i, (m, k) in enumerate(zip(splits, kept, strict=True))]
+        made = _pair_components(comp_short, short, [splits[i].entered[0] for i in paired],
+                                [splits[i].absent[0] for i in paired], paired)
+        mcomp = [comp_short[k] if k is not None else made[paired.index(i)] for i, k in enumerate(kept)]
         for i, j in itertools.product(range(len(splits)), repeat=2):
             assert (comp[nodes[i]] == comp[nodes[j]]) == (mcomp[i] == mcomp[j])
         for i in range(len(splits)):
             assert (sizes[comp[nodes[i]]] > 1) == (sizes_short.get(mcomp[i], 1) > 1)
+        # what reaches some problem ranks (and every cyclic core): as a search of the reversed graph says
+        problems = [full.rank_nodes[r] for r in rng.sample(range(n + 2), rng.randint(0, 2)) if r in full.rank_nodes]
+        targets = {v for v, c in enumerate(comp) if sizes[c] > 1} | set(problems)
+        reached = [False] * len(sizes)
+        for v in targets:
+            reached[comp[v]] = True
+        reached = full.reaching(comp, reached)
+        assert {v for v, c in enumerate(comp) if reached[c]} == _reaching(full.edges, targets)
     assert pairs > 1000
+
+
+def _reaching(edges: list[list[int]], targets: set[int]) -> set[int]:
+    """Nodes with a path to a target, by a plain search of the reversed graph."""
+    reverse: list[list[int]] = [[] for _ in edges]
+    for v, outs in enumerate(edges):
+        for w in outs:
+            reverse[w].append(v)
+    seen, todo = set(targets), list(targets)
+    while todo:
+        for u in reverse[todo.pop()]:
+            if u not in seen:
+                seen.add(u)
+                todo.append(u)
+    return seen
 
 
 def _sizes(comp: list[int]) -> dict[int, int]:
