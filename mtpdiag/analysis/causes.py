@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_not, itemgetter
 
@@ -56,23 +55,21 @@ class P2PWait(msgspec.Struct, frozen=True, gc=False):
     peer: int
 
 
-@dataclass(frozen=True)
-class Waiter:
+class Waiter(msgspec.Struct, frozen=True):
     """Something that waits on a problem rank: a split instance (index) or a p2p wait."""
 
     mismatch: int | None = None
     p2p: P2PWait | None = None
 
 
-@dataclass(frozen=True)
-class Causes:
+class Causes(msgspec.Struct, frozen=True):
     """The outcome: roles assigned, root p2p waits, and the waited-on problem ranks."""
 
     mismatches: tuple[Mismatch, ...]
     root_p2p: tuple[P2PWait, ...]
     consequence_p2p: tuple[P2PWait, ...]
     # problem rank (running/stopped/gone/unreadable or not captured) -> what waits on it directly
-    blocked_on: Mapping[int, tuple[Waiter, ...]] = field(default_factory=dict)
+    blocked_on: Mapping[int, tuple[Waiter, ...]] = msgspec.field(default_factory=dict)
 
 
 def _direction(view: RankView) -> str:
@@ -298,8 +295,7 @@ def _p2p_key(w: P2PWait) -> SiteKey:
     return ("p", w.op, w.site)
 
 
-@dataclass
-class _Candidate:
+class _Candidate(msgspec.Struct):
     key: SiteKey
     mtp: bool
     barrier: bool

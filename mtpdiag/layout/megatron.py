@@ -9,7 +9,6 @@ The expert groups (ep, etp, edp, ...) come from a second generator with tp=etp, 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from functools import cached_property
 from typing import NoReturn
 
@@ -106,9 +105,9 @@ def _ordered(order: str, sizes: dict[str, int]) -> tuple[tuple[str, int], ...]:
     return tuple((t, sizes[t]) for t in tokens)
 
 
-@dataclass(frozen=True)
-class ParallelLayout:
-    """Parallel sizes of a job. ``dp`` is derived from the world size (see ``for_world``)."""
+class ParallelLayout(msgspec.Struct, frozen=True, dict=True):
+    """Parallel sizes of a job. ``dp`` is derived from the world size (see ``for_world``). The ``__dict__``
+    holds the cached properties (the generators, the digits and the group indexes), never a field."""
 
     tp: int = 1
     cp: int = 1
