@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from mtpdiag.inputs.lines import Line
 from mtpdiag.model import RankCapture, Snapshot, ThreadStack
+
+if TYPE_CHECKING:  # the text readers' line type: loaded with the first text file, never for bundles
+    from mtpdiag.inputs.lines import Line
 
 
 class ReadContext(msgspec.Struct, frozen=True):

@@ -16,7 +16,6 @@ from mtpdiag.errors import InputError
 from mtpdiag.inputs import bundle
 from mtpdiag.inputs.base import FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.files import decoded, json_start
-from mtpdiag.inputs.lines import without_escapes
 
 # Modules under mtpdiag.inputs, each with its READER, in the order they are asked.
 ORDER = ("bundle", "pyspy_json", "pystack", "faulthandler", "pyspy_text", "failed", "snippet")
@@ -48,6 +47,8 @@ def read_file(raw: bytes, path: str, context: ReadContext) -> FileCaptures:
 def read_text(text: str, path: str, context: ReadContext) -> FileCaptures:
     """The captures of one file's text, read by the first reader that recognises it (colour codes do not
     count: what a terminal coloured is read as what the person saw)."""
+    from mtpdiag.inputs.lines import without_escapes
+
     text = without_escapes(text)
     for reader in readers():
         if reader.sniff(text, path):

@@ -56,7 +56,7 @@ def test_import_ahead_imports_what_the_diagnosis_and_each_report_import():
         assert late == [], f"{formats}: imported only after import_ahead: {late}"
 
 
-def test_reading_bundles_loads_no_other_reader_nor_the_rank_rules_of_file_names():
+def test_reading_bundles_loads_no_other_reader_nor_the_rank_rules_of_file_names_nor_the_text_lines():
     code = ("import sys\n"
             "from mtpdiag.inputs import read_inputs\n"
             f"snapshot = read_inputs([{str(BUNDLE)!r}]).snapshot\n"
@@ -65,7 +65,8 @@ def test_reading_bundles_loads_no_other_reader_nor_the_rank_rules_of_file_names(
     count, *loaded = _run(code).split()
     assert int(count) == 4 and "mtpdiag.inputs.bundle" in loaded  # the control: the bundle was read
     assert not set(loaded) & {"mtpdiag.inputs.pyspy_json", "mtpdiag.inputs.identity", "mtpdiag.inputs.pyspy_text",
-                              "mtpdiag.inputs.pystack", "mtpdiag.inputs.faulthandler", "mtpdiag.inputs.failed"}
+                              "mtpdiag.inputs.pystack", "mtpdiag.inputs.faulthandler", "mtpdiag.inputs.failed",
+                              "mtpdiag.inputs.lines"}
     code = ("import sys\n"
             "from mtpdiag.inputs import read_inputs\n"
             f"read_inputs([{str(BUNDLE)!r}], rank_from='node-(\\\\d+)')\n"
