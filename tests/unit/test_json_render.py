@@ -67,11 +67,16 @@ def test_hostile_text_in_a_rank_survives_the_round_trip():
     assert back["ranks"][0]["host"] == HOSTILE and back["ranks"][0]["error"] == HOSTILE
 
 
-def test_a_lone_surrogate_is_replaced_rather_than_failing_the_report():
-    report = _small("mtp_cp_pp")
+@pytest.mark.parametrize("size", [_small, _big])
+def test_a_lone_surrogate_is_replaced_rather_than_failing_the_report(size):
+    report = size("mtp_cp_pp")
     report = replace(report, notes=(*report.notes, f"not captured: {SURROGATE}: not a text file"))
-    back = json.loads(json_report.render(report))
-    assert back["notes"][-1] == "not captured: rank\ufffd.json: not a text file"
+    for printed in (json_report.render(report).encode(), json_report.document(report)):  # --json prints the second
+        assert printed.endswith(b"}\n") or printed.endswith(b"}")
+        back = json.loads(printed)
+        assert back["notes"][-1] == "not captured: rank\ufffd.json: not a text file"
+        assert back == json.loads(json_report.document(replace(report, notes=report.notes[:-1]))) | {
+            "notes": back["notes"]}
 
 
 def test_native_frames_round_trip():
