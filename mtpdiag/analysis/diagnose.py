@@ -80,7 +80,7 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
     if layout is not None or evidence is not None or logged is not None:
         mode = Mode.GROUPS
         stacked = {r: v for r, v in by_rank.items() if r not in fr_only} if fr_only else by_rank
-        from_stacks = find_mismatches(stacked, layout, coords_of) if layout is not None else []
+        from_stacks = find_mismatches(stacked, layout) if layout is not None else []
         split = fr_evidence.merge(from_stacks, evidence.mismatches) if evidence and fr_evidence is not None \
             else tuple(from_stacks)
         if logged is not None:
@@ -147,9 +147,8 @@ def _world_op_splits(by_rank: dict[int, RankView], world_size: int | None) -> li
     if world_size is None or not by_rank or not any(v.op in WORLD_OPS for v in by_rank.values()):
         return []
     world = ParallelLayout.for_world(world_size)
-    coords_of = world.coords
     in_world_ops = {r: v for r, v in by_rank.items() if 0 <= r < world_size}
-    splits = [m for m in find_mismatches(in_world_ops, world, coords_of) if m.op in WORLD_OPS and m.group == "world"]
+    splits = [m for m in find_mismatches(in_world_ops, world) if m.op in WORLD_OPS and m.group == "world"]
     # Only where the absent ranks are in world-group calls too: one in a collective of a group the missing
     # layout would name may be the root, and without the layout this cannot say.
     return [m for m in splits if all(by_rank.get(a) is not None and by_rank[a].op in WORLD_OPS for a in m.absent)]

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from msgspec.structs import replace as struct_replace
 
-from mtpdiag.analysis.gate import CoordsOf, read_split_gate
+from mtpdiag.analysis.gate import read_split_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, kinds_of, lookup
 from mtpdiag.layout import GROUP_KINDS, INFERENCE_ORDER, ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
@@ -160,14 +160,12 @@ def mismatch_key(m: Mismatch) -> tuple[object, ...]:
     return (m.op, site, m.members)
 
 
-def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout,
-                    coords_of: CoordsOf) -> list[Mismatch]:
+def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout) -> list[Mismatch]:
     """Every partly entered group instance, for every site where ranks wait in a collective.
 
     ``views`` maps each captured rank inside the layout's world to its view. Only ranks in state
-    ``collective`` count as entered: a stopped rank cannot take part, so it is absent. ``coords_of`` (the
-    layout's coordinates of a rank) is not read any more: the gate reads the coordinates of thousands of ranks
-    from the layout in bulk (``ParallelLayout.coordinate``); the parameter stays until the callers drop it.
+    ``collective`` count as entered: a stopped rank cannot take part, so it is absent. The gate reads the
+    coordinates of thousands of ranks from the layout in bulk (``ParallelLayout.coordinate``).
     """
     waiting: dict[tuple[str, Site | None], list[int]] = {}
     collective = RankState.COLLECTIVE

@@ -164,7 +164,7 @@ def test_splits_read_in_bulk_say_what_each_rank_read_alone_says():
         for view in StackReader(layout).views(snapshot.captures):
             if view.rank is not None and 0 <= view.rank < layout.world_size:
                 by_rank.setdefault(view.rank, view)
-        splits = find_mismatches(by_rank, layout, layout.coords)
+        splits = find_mismatches(by_rank, layout)
         for m in splits:
             assert m.absent_doing == {a: doing(by_rank.get(a)) for a in m.absent}, name
             assert m.members == tuple(sorted(m.entered + m.absent)), name
