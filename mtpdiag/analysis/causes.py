@@ -258,7 +258,8 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
         if c in cyclic:
             cores.setdefault((c, *site_of(m)), []).append(i)
     root_keys = _choose_roots(mismatches, cores, p2p, views, graph, comp, cyclic, layout, root_hints)
-    roots = {i for (c, *site), idx in cores.items() if root_keys.get(c) == ("m", *site) for i in idx}
+    roots = {i for (c, *_), idx in cores.items() if root_keys.get(c) == _mismatch_key(mismatches[idx[0]])
+             for i in idx}
     roles = []
     for i, (m, node, c) in enumerate(zip(mismatches, nodes, mcomp, strict=True)):
         if c in cyclic:
@@ -323,10 +324,10 @@ def _choose_roots(mismatches: Sequence[Mismatch], cores: Mapping[CoreSite, list[
     group) in a cyclic core, in order)."""
     candidates: dict[int, dict[SiteKey, _Candidate]] = {}
     in_barrier = _in_barrier(views) if cores or p2p else set()
-    for (c, op, site, group), idx in cores.items():
+    for (c, op, site, _), idx in cores.items():
         first = mismatches[idx[0]]  # the site's first split speaks for its gate and its Flight Recorder key
         splits = [mismatches[i] for i in idx]
-        key: SiteKey = ("m", op, site, group)
+        key = _mismatch_key(first)
         candidates.setdefault(c, {})[key] = _Candidate(
             key=key, mtp=is_mtp_site(site), barrier=op in BARRIER_OPS, rank0_gate=_rank0_style(first.gate, layout),
             other_side_in_barrier=not in_barrier.isdisjoint(chain.from_iterable(map(attrgetter("absent"), splits))),

@@ -61,22 +61,22 @@ class GateReading(NamedTuple):
     alternatives: tuple[dict[str, int], ...]
 
 
-def read_gate(instances: Sequence[SplitInstance], coords_of: CoordsOf,
-              varying: tuple[str, ...] | None = None) -> GateReading:
+def read_gate(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> GateReading:
     """The gate, as a hypothesis: ``strong`` when at least two ranks on each side split cleanly along it and
     nothing else separates them; ``weak`` when a side is one rank, or other coordinates separate the sides
     just as well (``alternatives``). Then data-dependent divergence (a loop that ran once more on some ranks,
-    a branch on rank-local data) fits as well as a rank test. ``varying``: ``varying_coordinates`` of the
-    instances, when the caller knows it."""
+    a branch on rank-local data) fits as well as a rank test."""
     return read_split_gate([m.members for m in instances], [m.entered for m in instances],
-                           [m.absent for m in instances], values_of(coords_of), varying)
+                           [m.absent for m in instances], values_of(coords_of))
 
 
 def read_split_gate(members: Sequence[Sequence[int]], entered: Sequence[Sequence[int]],
                     absent: Sequence[Sequence[int]], values: Values,
                     varying: tuple[str, ...] | None = None) -> GateReading:
     """``read_gate`` of instances given as their members, entered and absent ranks (in the same order), with
-    coordinates read in bulk (``ParallelLayout.coordinate``: no Python step per rank at 16k ranks)."""
+    coordinates read in bulk (``ParallelLayout.coordinate``: no Python step per rank at 16k ranks).
+    ``varying``: the coordinates that vary inside the instances, when the caller knows them
+    (``ParallelLayout.varying_in``)."""
     sides = _sides(members, entered, absent, values, varying)
     gate = _gate(sides)
     if gate is None:

@@ -34,19 +34,14 @@ from mtpdiag.vocabulary.waits import WAIT_PHRASES
 _EXPERT_KINDS = frozenset(k for k, (generator, _) in GROUP_KINDS.items() if generator == "expert")
 
 
-def is_point_to_point(view: RankView) -> bool:
-    """A wait matched by peer: send/recv, or batched p2p and bare waits in point-to-point code.
+@lru_cache(maxsize=1024)
+def is_p2p_op(op: str | None, site: Site | None) -> bool:
+    """Whether a rank in ``op`` at ``site`` waits in a wait matched by peer: send/recv, or batched p2p and bare
+    waits in point-to-point code (cached: asked of every rank, and a job's ranks wait at a handful of sites).
 
     A ``batch_isend_irecv`` or ``wait`` at a known site of another kind (context-parallel ring
     attention) is treated as a collective of that site's group: every member must take part.
     """
-    return is_p2p_op(view.op, view.site)
-
-
-@lru_cache(maxsize=1024)
-def is_p2p_op(op: str | None, site: Site | None) -> bool:
-    """``is_point_to_point`` of a rank in ``op`` at ``site`` (cached: asked of every rank, and a job's ranks
-    wait at a handful of sites)."""
     if op in P2P_OPS:
         return True
     if op in (BATCH_P2P_OP, WAIT_OP):
