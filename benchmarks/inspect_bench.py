@@ -49,9 +49,18 @@ print(sum(len(s) for s in stacks))
 """
 
 # Modules that inspect, capture and analysis load; none of them may pull in torch or megatron.
-INSPECT_MODULES = ("mtpdiag.cli", "mtpdiag.commands.inspect", "mtpdiag.commands.options", "mtpdiag.pipeline",
-                   "mtpdiag.capture", "mtpdiag.analysis", "mtpdiag.layout.sources", "mtpdiag.inputs", "mtpdiag.report.json_report",
-                   "mtpdiag.report.console")
+INSPECT_MODULES = (
+    "mtpdiag.cli",
+    "mtpdiag.commands.inspect",
+    "mtpdiag.commands.options",
+    "mtpdiag.pipeline",
+    "mtpdiag.capture",
+    "mtpdiag.analysis",
+    "mtpdiag.layout.sources",
+    "mtpdiag.inputs",
+    "mtpdiag.report.json_report",
+    "mtpdiag.report.console",
+)
 
 
 CHILD_ENV = dict(os.environ)
@@ -71,8 +80,9 @@ def use_bytecode_cache(directory: str) -> None:
 def run_child(argv: list[str]) -> tuple[float, float, int]:
     """Wall seconds, CPU seconds (the child and its waited-for children) and exit status."""
     began = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            env=CHILD_ENV)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=CHILD_ENV
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.monotonic() - began
     err = proc.stderr.read().decode(errors="replace").strip()
@@ -107,22 +117,30 @@ def split_of_one_inspect(agent: int) -> dict[str, tuple[float, float]]:
     out: dict[str, tuple[float, float]] = {}
     out["python -c pass (interpreter start-up)"] = child_median([sys.executable, "-c", "pass"])
     out["python -m mtpdiag --version (start-up + CLI imports)"] = child_median(
-        [sys.executable, "-m", "mtpdiag", "--version"])
+        [sys.executable, "-m", "mtpdiag", "--version"]
+    )
     snapshot, out["capture(): discover, /proc, 4x py-spy --locals"] = here(lambda: capture([agent], timeout=30.0))
     _, out["layout + diagnose + JSON render"] = here(
-        lambda: json_report.render(diagnose_snapshot(snapshot, LayoutOptions())))
+        lambda: json_report.render(diagnose_snapshot(snapshot, LayoutOptions()))
+    )
     return out
 
 
 def import_offenders(top: int = 12) -> tuple[list[tuple[int, int, str]], bool]:
     """Top imports of ``mtpdiag inspect --help`` by cumulative time, and whether torch/megatron was one."""
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "mtpdiag", "inspect", "--help"],
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False, env=CHILD_ENV)
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "mtpdiag", "inspect", "--help"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        check=False,
+        env=CHILD_ENV,
+    )
     rows = []
     for line in done.stderr.splitlines():
         if not line.startswith("import time:") or "[us]" in line:
             continue
-        self_us, cumulative_us, name = line[len("import time:"):].split("|", 2)
+        self_us, cumulative_us, name = line[len("import time:") :].split("|", 2)
         if len(name) - len(name.lstrip()) <= 3:  # top-level imports and their direct children
             rows.append((int(cumulative_us), int(self_us), name.rstrip()))
     names = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
@@ -132,8 +150,11 @@ def import_offenders(top: int = 12) -> tuple[list[tuple[int, int, str]], bool]:
 
 def heavy_modules_after_import() -> str:
     """torch/megatron modules present after importing what inspect, capture and analysis use."""
-    program = ("import sys\n" + "".join(f"import {m}\n" for m in INSPECT_MODULES) +
-               "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')))")
+    program = (
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in INSPECT_MODULES)
+        + "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')))"
+    )
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=False, env=CHILD_ENV)
     return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
 
@@ -141,8 +162,11 @@ def heavy_modules_after_import() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--with-locals-baseline", action="store_true",
-                        help="also time the baseline with --locals, which inspect passes to py-spy")
+    parser.add_argument(
+        "--with-locals-baseline",
+        action="store_true",
+        help="also time the baseline with --locals, which inspect passes to py-spy",
+    )
     args = parser.parse_args()
     from mtpdiag.capture.pyspy import find_pyspy
 
@@ -160,8 +184,14 @@ def main() -> None:
             "inspect": [sys.executable, "-m", "mtpdiag", "inspect", "--pid", str(job.pid), "--json"],
         }
         if args.with_locals_baseline:
-            variants["baseline --locals"] = [sys.executable, "-c", BASELINE_PROGRAM, pyspy, "--locals",
-                                             *map(str, workers)]
+            variants["baseline --locals"] = [
+                sys.executable,
+                "-c",
+                BASELINE_PROGRAM,
+                pyspy,
+                "--locals",
+                *map(str, workers),
+            ]
         for argv in variants.values():  # untimed: the bytecode cache is written
             run_child(argv)
         runs: dict[str, list[tuple[float, float, int]]] = {name: [] for name in variants}
@@ -172,16 +202,20 @@ def main() -> None:
         print()
         for name, rows in runs.items():
             walls = [r[0] for r in rows]
-            print(f"{name:>18}: median {statistics.median(walls):.2f} s wall (min {min(walls):.2f}, "
-                  f"max {max(walls):.2f}), median {statistics.median(r[1] for r in rows):.2f} s cpu, "
-                  f"exit {rows[-1][2]}")
+            print(
+                f"{name:>18}: median {statistics.median(walls):.2f} s wall (min {min(walls):.2f}, "
+                f"max {max(walls):.2f}), median {statistics.median(r[1] for r in rows):.2f} s cpu, "
+                f"exit {rows[-1][2]}"
+            )
         ratios = [i[0] / b[0] for i, b in zip(runs["inspect"], runs["baseline"], strict=True)]
         ratio = statistics.median(ratios)
         cpu_ratio = statistics.median(i[1] / b[1] for i, b in zip(runs["inspect"], runs["baseline"], strict=True))
         verdict = "within" if ratio <= GOAL_RATIO else "ABOVE"
-        print(f"inspect / baseline: median ratio {ratio:.2f} over {len(ratios)} alternated pairs "
-              f"(min {min(ratios):.2f}, max {max(ratios):.2f}; {verdict} the goal of {GOAL_RATIO}); "
-              f"cpu ratio {cpu_ratio:.2f}")
+        print(
+            f"inspect / baseline: median ratio {ratio:.2f} over {len(ratios)} alternated pairs "
+            f"(min {min(ratios):.2f}, max {max(ratios):.2f}; {verdict} the goal of {GOAL_RATIO}); "
+            f"cpu ratio {cpu_ratio:.2f}"
+        )
         print("\nsplit of one inspect (wall / cpu seconds; cpu includes py-spy children):")
         for name, (wall, cpu) in split_of_one_inspect(job.pid).items():
             print(f"  {wall:6.2f} / {cpu:5.2f}  {name}")

@@ -78,12 +78,12 @@ def synthesize(world: int, per_host: int, directory: str) -> int:
         node = first // per_host
         host = f"node-{node:04d}"
         captures = tuple(
-            replace(c, host=host, source=None, layout_hints=hints,
-                    env=_collect_env(c.rank, world, per_host))
-            for c in tiled.captures[first:first + per_host]
+            replace(c, host=host, source=None, layout_hints=hints, env=_collect_env(c.rank, world, per_host))
+            for c in tiled.captures[first : first + per_host]
         )
-        bundle = Snapshot(captures=captures, host=host, created=snapshot.created or "2026-01-01T00:00:00+00:00",
-                          tool_version="0.1.0")
+        bundle = Snapshot(
+            captures=captures, host=host, created=snapshot.created or "2026-01-01T00:00:00+00:00", tool_version="0.1.0"
+        )
         # save_bundle's format without its fsync (2,048 fsyncs would dominate the set-up time)
         with open(bundle_path(bundle, directory), "w", encoding="utf-8") as f:
             f.write(bundle_text(bundle))
@@ -124,9 +124,15 @@ SHAPES = {"bundle": "host bundles", "pyspy": "py-spy JSON files"}
 
 def _collect_env(rank: int, world: int, per_host: int) -> Env:
     """The whitelisted keys torchrun gives a worker, as ``collect`` stores them."""
-    return Env(RANK=str(rank), LOCAL_RANK=str(rank % per_host), WORLD_SIZE=str(world),
-               GROUP_RANK=str(rank // per_host), LOCAL_WORLD_SIZE=str(per_host), MASTER_ADDR="node-0000",
-               MASTER_PORT="29500")
+    return Env(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank % per_host),
+        WORLD_SIZE=str(world),
+        GROUP_RANK=str(rank // per_host),
+        LOCAL_WORLD_SIZE=str(per_host),
+        MASTER_ADDR="node-0000",
+        MASTER_PORT="29500",
+    )
 
 
 # ---------------------------------------------------------------- measurement
@@ -148,8 +154,9 @@ def use_bytecode_cache(directory: str) -> None:
 def run_child(argv: list[str]) -> tuple[float, float, float, int]:
     """Wall seconds, CPU seconds, peak RSS in MB and exit status of one child (stdout discarded)."""
     began = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            env=CHILD_ENV)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=CHILD_ENV
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.monotonic() - began
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -252,8 +259,11 @@ def profile(directory: str, layout_flags: dict, world_size: int | None, top: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="bundle,pyspy", help="comma-separated: bundle (host bundles), "
-                        "pyspy (one py-spy JSON file per rank)")
+    parser.add_argument(
+        "--shapes",
+        default="bundle,pyspy",
+        help="comma-separated: bundle (host bundles), pyspy (one py-spy JSON file per rank)",
+    )
     parser.add_argument("--sizes", default="1024,4096,16384", help="comma-separated world sizes")
     parser.add_argument("--per-host", type=int, default=8, help="ranks per host bundle")
     parser.add_argument("--repeat", type=int, default=3)
@@ -283,32 +293,48 @@ def main() -> None:
                 else:
                     files, extra = synthesize_pyspy(world, directory), ["--world-size", str(world)]
                 mb = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)) / 2**20
-                print(f"{shape} N={world}: {files} {SHAPES[shape]}, {mb:.1f} MB, synthesized in "
-                      f"{time.monotonic() - began:.1f} s", flush=True)
+                print(
+                    f"{shape} N={world}: {files} {SHAPES[shape]}, {mb:.1f} MB, synthesized in "
+                    f"{time.monotonic() - began:.1f} s",
+                    flush=True,
+                )
                 row = measure(directory, args.repeat, flags + extra)
                 row.update(shape=shape, world=world, files=files, input_mb=mb, directory=directory)
                 rows.append(row)
-                print(f"  baseline {row['baseline_s']:.2f} s, analyze {row['analyze_s']:.2f} s "
-                      f"(exit {row['analyze_exit']}), ratio {row['ratio']:.2f}", flush=True)
+                print(
+                    f"  baseline {row['baseline_s']:.2f} s, analyze {row['analyze_s']:.2f} s "
+                    f"(exit {row['analyze_exit']}), ratio {row['ratio']:.2f}",
+                    flush=True,
+                )
         print(f"\nload average at end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        print("wall = median wall seconds; cpu = median user+sys seconds (steadier on a shared machine); "
-              "ratios are medians of the per-pair ratios")
-        print(f"{'shape':>6} {'N':>6} {'files':>6} {'in MB':>6} {'base wall':>10} {'analyze wall':>13} {'ratio':>6} "
-              f"{'base cpu':>9} {'analyze cpu':>12} {'cpu ratio':>10} {'base MB':>8} {'analyze MB':>11}")
+        print(
+            "wall = median wall seconds; cpu = median user+sys seconds (steadier on a shared machine); "
+            "ratios are medians of the per-pair ratios"
+        )
+        print(
+            f"{'shape':>6} {'N':>6} {'files':>6} {'in MB':>6} {'base wall':>10} {'analyze wall':>13} {'ratio':>6} "
+            f"{'base cpu':>9} {'analyze cpu':>12} {'cpu ratio':>10} {'base MB':>8} {'analyze MB':>11}"
+        )
         for r in rows:
-            print(f"{r['shape']:>6} {r['world']:>6} {r['files']:>6} {r['input_mb']:>6.1f} {r['baseline_s']:>10.2f} "
-                  f"{r['analyze_s']:>13.2f} {r['ratio']:>6.2f} {r['baseline_cpu']:>9.2f} {r['analyze_cpu']:>12.2f} "
-                  f"{r['cpu_ratio']:>10.2f} {r['baseline_mb']:>8.0f} {r['analyze_mb']:>11.0f}")
+            print(
+                f"{r['shape']:>6} {r['world']:>6} {r['files']:>6} {r['input_mb']:>6.1f} {r['baseline_s']:>10.2f} "
+                f"{r['analyze_s']:>13.2f} {r['ratio']:>6.2f} {r['baseline_cpu']:>9.2f} {r['analyze_cpu']:>12.2f} "
+                f"{r['cpu_ratio']:>10.2f} {r['baseline_mb']:>8.0f} {r['analyze_mb']:>11.0f}"
+            )
         for shape in shapes:
             mine = [r for r in rows if r["shape"] == shape]
             first, last = mine[0], mine[-1]
             if len(mine) > 1:
-                print(f"{shape}: growth {first['world']} -> {last['world']} ranks (x{last['world'] / first['world']:.0f}): "
-                      f"analyze wall x{last['analyze_s'] / first['analyze_s']:.1f}, analyze peak RSS "
-                      f"x{last['analyze_mb'] / first['analyze_mb']:.1f} (input x{last['input_mb'] / first['input_mb']:.1f})")
+                print(
+                    f"{shape}: growth {first['world']} -> {last['world']} ranks (x{last['world'] / first['world']:.0f}): "
+                    f"analyze wall x{last['analyze_s'] / first['analyze_s']:.1f}, analyze peak RSS "
+                    f"x{last['analyze_mb'] / first['analyze_mb']:.1f} (input x{last['input_mb'] / first['input_mb']:.1f})"
+                )
             verdict = "within" if last["ratio"] <= GOAL_RATIO else "ABOVE"
-            print(f"{shape}: ratio at N={last['world']}: {last['ratio']:.2f} wall, {last['cpu_ratio']:.2f} cpu "
-                  f"({verdict} the goal of {GOAL_RATIO})")
+            print(
+                f"{shape}: ratio at N={last['world']}: {last['ratio']:.2f} wall, {last['cpu_ratio']:.2f} cpu "
+                f"({verdict} the goal of {GOAL_RATIO})"
+            )
             if args.split or args.profile or last["ratio"] > GOAL_RATIO:
                 world_size = last["world"] if shape == "pyspy" else None
                 print(f"\nwhere analyze spends its CPU ({shape}, N={last['world']}; in-process, no profiler):")

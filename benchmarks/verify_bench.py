@@ -23,9 +23,12 @@ PHASES = ("startup", "hang_detection", "capture", "diagnosis", "cleanup", "colle
 
 def one(cp: int, pp: int) -> tuple[float, dict]:
     began = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "mtpdiag", "verify", "--cp", str(cp), "--pp", str(pp),
-                           "--engine", "both", "--json"], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mtpdiag", "verify", "--cp", str(cp), "--pp", str(pp), "--engine", "both", "--json"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     total = time.monotonic() - began
     try:
         doc = json.loads(proc.stdout)
@@ -45,14 +48,15 @@ def main() -> None:
     for i in range(args.repeat):
         total, doc = one(args.cp, args.pp)
         totals.append(total)
-        print(f"run {i + 1}: {total:.1f} s total, exit {doc['exit']}" + (f", {doc['error']}" if "error" in doc
-                                                                           else ""))
+        print(f"run {i + 1}: {total:.1f} s total, exit {doc['exit']}" + (f", {doc['error']}" if "error" in doc else ""))
         for run in doc["runs"]:
             split = ", ".join(f"{k} {run['phases'][k]:.1f}" for k in PHASES if k in run["phases"])
             print(f"  {run['engine']:>6}: {run['outcome']} after {run['seconds']:.1f} s ({split})")
     if totals:
-        print(f"total: median {statistics.median(totals):.1f} s, min {min(totals):.1f} s, "
-              f"max {max(totals):.1f} s over {len(totals)} run(s)")
+        print(
+            f"total: median {statistics.median(totals):.1f} s, min {min(totals):.1f} s, "
+            f"max {max(totals):.1f} s over {len(totals)} run(s)"
+        )
 
 
 if __name__ == "__main__":

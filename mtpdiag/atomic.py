@@ -14,8 +14,15 @@ import time
 from pathlib import Path
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | str, *, mode: int, prefix: str | None = None,
-                 suffix: str = ".tmp", pause: float = 0.0) -> None:
+def write_atomic(
+    path: str | os.PathLike,
+    data: bytes | str,
+    *,
+    mode: int,
+    prefix: str | None = None,
+    suffix: str = ".tmp",
+    pause: float = 0.0,
+) -> None:
     """Replace ``path`` with ``data`` (text is written as UTF-8), whole or not at all. Raises OSError.
 
     ``prefix``/``suffix`` name the temp file (default ``.<name>.*.tmp``), so that a caller can find the ones a
@@ -24,8 +31,7 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, *, mode: int, prefi
     path = Path(path)
     directory = path.parent
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix if prefix is not None else f".{path.name}.",
-                               suffix=suffix)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix if prefix is not None else f".{path.name}.", suffix=suffix)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)

@@ -28,8 +28,9 @@ def _version(value: bool) -> None:
 
 
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """Find the collective that only part of a process group entered, and why."""
 
@@ -115,8 +116,10 @@ def main(*, own_process: bool = False) -> None:
             sys.exit(exc.exit_code if exc.exit_code else EXIT_USAGE)
         if os.environ.get("MTPDIAG_DEBUG"):
             raise
-        typer.echo(f"mtpdiag: internal error: {type(exc).__name__}: {_one_line(exc)} "
-                   "(set MTPDIAG_DEBUG=1 for a traceback)", err=True)
+        typer.echo(
+            f"mtpdiag: internal error: {type(exc).__name__}: {_one_line(exc)} (set MTPDIAG_DEBUG=1 for a traceback)",
+            err=True,
+        )
         sys.exit(EXIT_INTERNAL)
 
 

@@ -88,12 +88,15 @@ def capture_ray(cluster: RayCluster, said: set[str] | None = None, **options: An
             print(f"mtpdiag: warning: {_one_printable_line(line)}", file=sys.stderr)
     captures = result.snapshot.captures
     if not captures and not result.failed:
-        raise InputError(f"no node of the Ray cluster at {cluster.address} runs a process with RANK in its "
-                         f"environment ({len(result.nodes)} nodes asked)")
+        raise InputError(
+            f"no node of the Ray cluster at {cluster.address} runs a process with RANK in its "
+            f"environment ({len(result.nodes)} nodes asked)"
+        )
     if not any(c.threads for c in captures):
         first = result.failed[0] if result.failed else who_and_why(captures[0])
-        raise NothingCaptured(f"nothing could be captured on the {len(result.nodes)} nodes of the Ray cluster "
-                              f"(first: {first})")
+        raise NothingCaptured(
+            f"nothing could be captured on the {len(result.nodes)} nodes of the Ray cluster (first: {first})"
+        )
     return result.snapshot
 
 
@@ -107,8 +110,12 @@ def import_ahead(formats: tuple[str, ...]) -> None:
 
     from mtpdiag.report import RENDERERS
 
-    for module in ("mtpdiag.capture.flight_recorder", "mtpdiag.analysis", "mtpdiag.layout.sources",
-                   *(f"mtpdiag.report.{RENDERERS[fmt].module}" for fmt in formats)):
+    for module in (
+        "mtpdiag.capture.flight_recorder",
+        "mtpdiag.analysis",
+        "mtpdiag.layout.sources",
+        *(f"mtpdiag.report.{RENDERERS[fmt].module}" for fmt in formats),
+    ):
         importlib.import_module(module)
     if "console" in formats:
         try:  # rich loads its emoji table with the first markup it renders (a private module: skipped if moved)
@@ -120,14 +127,14 @@ def import_ahead(formats: tuple[str, ...]) -> None:
 def with_world_size(snapshot: Snapshot, world_size: int) -> Snapshot:
     """Give every capture that lacks WORLD_SIZE the one from --world-size."""
     captures = tuple(
-        c if c.world_size else replace(c, env=replace(c.env, WORLD_SIZE=str(world_size)))
-        for c in snapshot.captures
+        c if c.world_size else replace(c, env=replace(c.env, WORLD_SIZE=str(world_size))) for c in snapshot.captures
     )
     return replace(snapshot, captures=captures)
 
 
-def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions, fr: FRDump | None = None,
-                      log: WatchdogLog | None = None) -> Report:
+def diagnose_snapshot(
+    snapshot: Snapshot, layout_options: LayoutOptions, fr: FRDump | None = None, log: WatchdogLog | None = None
+) -> Report:
     """Resolve the layout (flags, config, target command lines) and diagnose the snapshot.
 
     The world size is the captures' WORLD_SIZE (``analyze --world-size`` fills it in), else the config's;
@@ -153,9 +160,14 @@ def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions, fr: FRD
     ranks += [d.rank for d in fr.ranks] if fr is not None else []
     ranks += [t.rank for t in log.timeouts if t.rank is not None] if log is not None else []
     _check_world_size(max(ranks) + 1 if ranks else None, "the highest rank in the inputs")
-    layout, source = resolve_layout(world_size, flags=layout_options.flags(),
-                                    config=layout_options.config, overrides=list(layout_options.overrides),
-                                    hints=hints, holds_rank=max(ranks) if ranks and world_size is None else None)
+    layout, source = resolve_layout(
+        world_size,
+        flags=layout_options.flags(),
+        config=layout_options.config,
+        overrides=list(layout_options.overrides),
+        hints=hints,
+        holds_rank=max(ranks) if ranks and world_size is None else None,
+    )
     _check_world_size(layout.world_size if layout else None, "the config's trainer.nnodes * n_gpus_per_node")
     return diagnose(snapshot, layout, source, fr=fr, log=log)
 
@@ -163,8 +175,9 @@ def diagnose_snapshot(snapshot: Snapshot, layout_options: LayoutOptions, fr: FRD
 def _check_world_size(world_size: int | None, source: str) -> None:
     """A corrupt or hostile WORLD_SIZE (10**12) would have the analysis walk every rank for ever."""
     if world_size is not None and world_size > MAX_WORLD_SIZE:
-        raise InputError(f"world size {world_size} (from {source}) is more than mtpdiag handles "
-                         f"({MAX_WORLD_SIZE} ranks)")
+        raise InputError(
+            f"world size {world_size} (from {source}) is more than mtpdiag handles ({MAX_WORLD_SIZE} ranks)"
+        )
 
 
 @contextmanager
@@ -197,13 +210,11 @@ def warn_incomplete(snapshot: Snapshot) -> None:
     missed = [c for c in snapshot.captures if not c.threads]
     parts = []
     if missed:
-        parts.append(f"{len(missed)} of {len(snapshot.captures)} ranks not captured "
-                     f"(first: {who_and_why(missed[0])})")
+        parts.append(f"{len(missed)} of {len(snapshot.captures)} ranks not captured (first: {who_and_why(missed[0])})")
     if snapshot.errors:
         parts.append(f"{len(snapshot.errors)} input(s) skipped (first: {snapshot.errors[0]})")
     if parts:
-        print(f"mtpdiag: warning: {_one_printable_line('; '.join(parts))}; the report covers the rest",
-              file=sys.stderr)
+        print(f"mtpdiag: warning: {_one_printable_line('; '.join(parts))}; the report covers the rest", file=sys.stderr)
 
 
 def _one_printable_line(text: str, limit: int = 400) -> str:
@@ -224,10 +235,14 @@ def exit_code(report: Report) -> int:
 # ---------------------------------------------------------------- watch: samples until a hang
 
 
-def sample_once(tracker: StallTracker, targets: list, now: float,
-                take_stacks: Callable[[list, bool], Snapshot | None],
-                fr_progress: ProgressSignal | None = None,
-                read_cpu: Callable[[list], dict] | None = None) -> tuple[StallTracker, Snapshot | None]:
+def sample_once(
+    tracker: StallTracker,
+    targets: list,
+    now: float,
+    take_stacks: Callable[[list, bool], Snapshot | None],
+    fr_progress: ProgressSignal | None = None,
+    read_cpu: Callable[[list], dict] | None = None,
+) -> tuple[StallTracker, Snapshot | None]:
     """One sample: main-thread CPU first, then the stacks. ``take_stacks(targets, nonblocking)``.
 
     When no main thread moved, the stacks are a blocking dump (one short pause per rank) and the CPU read
@@ -243,8 +258,10 @@ def sample_once(tracker: StallTracker, targets: list, now: float,
     from mtpdiag.capture import procfs
 
     if read_cpu is None:
+
         def read_cpu(pids: list) -> dict:
             return {p: procfs.main_thread_cpu_ns(p) for p in pids}
+
     started = time.monotonic()
 
     def done() -> float:
@@ -268,27 +285,33 @@ def sample_once(tracker: StallTracker, targets: list, now: float,
 
 def hang_report(report: Report, tracker: StallTracker, now: float, interval: float, stall: float) -> Report:
     """The diagnosis of the last sample; a hang is a problem even when the stacks explain nothing."""
-    stalled = (f"no rank's stack changed and no collective completed for {tracker.stalled_for(now):.1f} s "
-               f"({tracker.stack_samples_while_quiet} stack samples)")
-    return replace(report, verdict=Verdict.PROBLEM, notes=(*report.notes, stalled),
-                   progress=tracker.progress(now, interval, stall))
+    stalled = (
+        f"no rank's stack changed and no collective completed for {tracker.stalled_for(now):.1f} s "
+        f"({tracker.stack_samples_while_quiet} stack samples)"
+    )
+    return replace(
+        report, verdict=Verdict.PROBLEM, notes=(*report.notes, stalled), progress=tracker.progress(now, interval, stall)
+    )
 
 
-def progress_report(report: Report, tracker: StallTracker, now: float, interval: float,
-                     stall: float) -> Report:
+def progress_report(report: Report, tracker: StallTracker, now: float, interval: float, stall: float) -> Report:
     """The time is up without a hang. When the job was seen to move, a momentary stack sample is not a
     diagnosis, so no findings are claimed: ok. When it was never seen to move (a watch shorter than the stall
     window, or samples that took that long), it is not called ok: the last sample's diagnosis stands, at least
     incomplete, with what to do."""
     progress = tracker.progress(now, interval, stall)
     if not tracker.progressed:
-        note = (f"no progress seen in {tracker.samples} samples over {now - tracker.started:.1f} s, and no "
-                f"{stall:g} s window watched to its end either: run watch longer (--duration) to tell a hang "
-                f"from slow progress")
+        note = (
+            f"no progress seen in {tracker.samples} samples over {now - tracker.started:.1f} s, and no "
+            f"{stall:g} s window watched to its end either: run watch longer (--duration) to tell a hang "
+            f"from slow progress"
+        )
         verdict = Verdict.INCOMPLETE if report.verdict == Verdict.OK else report.verdict
         return replace(report, verdict=verdict, notes=(*report.notes, note), progress=progress)
-    note = (f"the job made progress: in {tracker.samples} samples over {now - tracker.started:.1f} s, "
-            f"no {stall:g} s window passed without a stack changing or a collective completing")
+    note = (
+        f"the job made progress: in {tracker.samples} samples over {now - tracker.started:.1f} s, "
+        f"no {stall:g} s window passed without a stack changing or a collective completing"
+    )
     return replace(report, verdict=Verdict.OK, findings=(), mismatches=(), notes=(note,), progress=progress)
 
 

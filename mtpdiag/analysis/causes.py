@@ -211,16 +211,22 @@ SiteKey = tuple[object, ...]  # which split or unmatched p2p call: kind, op, sit
 CoreSite = tuple[int, str, Site | None, str]  # the splits of a site in a cyclic core: component, op, site, group
 
 
-def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
-                layout: ParallelLayout | None, root_hints: frozenset[SiteKey] = frozenset()) -> Causes:
+def find_causes(
+    mismatches: Sequence[Mismatch],
+    views: Mapping[int, RankView],
+    layout: ParallelLayout | None,
+    root_hints: frozenset[SiteKey] = frozenset(),
+) -> Causes:
     """Assign root/consequence roles and find the problem ranks others wait on. ``root_hints``: the keys
     (``mismatch.mismatch_key``) of splits the Flight Recorder's program order shows some rank skipped."""
     p2p = unmatched_p2p(views)
     graph = _Graph(list(views))
     # A split of one entered and one absent rank (a CP pair) is an edge between them, not a node of its own:
     # the graph of 16k ranks is then a third smaller, with the same components and reachability.
-    nodes: list[int | None] = [None if len(m.entered) == 1 and len(m.absent) == 1
-                               else graph.add_mismatch(m.entered, m.absent) for m in mismatches]
+    nodes: list[int | None] = [
+        None if len(m.entered) == 1 and len(m.absent) == 1 else graph.add_mismatch(m.entered, m.absent)
+        for m in mismatches
+    ]
     pairs = [i for i, node in enumerate(nodes) if node is None]
     waiters, waited = [mismatches[i].entered[0] for i in pairs], [mismatches[i].absent[0] for i in pairs]
     graph.add_edges(waiters, waited)
@@ -258,8 +264,7 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
         if c in cyclic:
             cores.setdefault((c, *site_of(m)), []).append(i)
     root_keys = _choose_roots(mismatches, cores, p2p, views, graph, comp, cyclic, layout, root_hints)
-    roots = {i for (c, *_), idx in cores.items() if root_keys.get(c) == _mismatch_key(mismatches[idx[0]])
-             for i in idx}
+    roots = {i for (c, *_), idx in cores.items() if root_keys.get(c) == _mismatch_key(mismatches[idx[0]]) for i in idx}
     roles = []
     for i, (m, node, c) in enumerate(zip(mismatches, nodes, mcomp, strict=True)):
         if c in cyclic:
@@ -277,8 +282,12 @@ def find_causes(mismatches: Sequence[Mismatch], views: Mapping[int, RankView],
         else:
             root = not downstream[c]
         (root_p2p if root else consequence_p2p).append(w)
-    return Causes(mismatches=tuple(roles), root_p2p=tuple(root_p2p), consequence_p2p=tuple(consequence_p2p),
-                  blocked_on={r: tuple(ws) for r, ws in sorted(blocked.items())})
+    return Causes(
+        mismatches=tuple(roles),
+        root_p2p=tuple(root_p2p),
+        consequence_p2p=tuple(consequence_p2p),
+        blocked_on={r: tuple(ws) for r, ws in sorted(blocked.items())},
+    )
 
 
 def _holding_up(views: Mapping[int, RankView]) -> set[int]:
@@ -307,19 +316,29 @@ class _Candidate(msgspec.Struct):
     skipped: bool = False  # the Flight Recorder shows an absent rank went past it without issuing it
 
 
-def _pair_components(comp: list[int], graph: _Graph, entered: Sequence[int], absent: Sequence[int],
-                     indices: Sequence[int]) -> list[int]:
+def _pair_components(
+    comp: list[int], graph: _Graph, entered: Sequence[int], absent: Sequence[int], indices: Sequence[int]
+) -> list[int]:
     """The component of each split made an edge (its entered and absent rank, its index among the splits): its
     ranks' when they share one, else one of its own (a negative id no node has)."""
     node, comp_of = graph.rank_nodes.__getitem__, comp.__getitem__
-    return [e if e == a else -1 - i for e, a, i in zip(map(comp_of, map(node, entered)),
-                                                      map(comp_of, map(node, absent)), indices, strict=True)]
+    return [
+        e if e == a else -1 - i
+        for e, a, i in zip(map(comp_of, map(node, entered)), map(comp_of, map(node, absent)), indices, strict=True)
+    ]
 
 
-def _choose_roots(mismatches: Sequence[Mismatch], cores: Mapping[CoreSite, list[int]],
-                  p2p: Sequence[P2PWait], views: Mapping[int, RankView], graph: _Graph, comp: list[int],
-                  cyclic: set[int], layout: ParallelLayout | None,
-                  root_hints: frozenset[SiteKey] = frozenset()) -> dict[int, SiteKey]:
+def _choose_roots(
+    mismatches: Sequence[Mismatch],
+    cores: Mapping[CoreSite, list[int]],
+    p2p: Sequence[P2PWait],
+    views: Mapping[int, RankView],
+    graph: _Graph,
+    comp: list[int],
+    cyclic: set[int],
+    layout: ParallelLayout | None,
+    root_hints: frozenset[SiteKey] = frozenset(),
+) -> dict[int, SiteKey]:
     """The root site of each cyclic core (``cores``: the indices of the splits of each (component, op, site,
     group) in a cyclic core, in order)."""
     candidates: dict[int, dict[SiteKey, _Candidate]] = {}
@@ -329,10 +348,15 @@ def _choose_roots(mismatches: Sequence[Mismatch], cores: Mapping[CoreSite, list[
         splits = [mismatches[i] for i in idx]
         key = _mismatch_key(first)
         candidates.setdefault(c, {})[key] = _Candidate(
-            key=key, mtp=is_mtp_site(site), barrier=op in BARRIER_OPS, rank0_gate=_rank0_style(first.gate, layout),
+            key=key,
+            mtp=is_mtp_site(site),
+            barrier=op in BARRIER_OPS,
+            rank0_gate=_rank0_style(first.gate, layout),
             other_side_in_barrier=not in_barrier.isdisjoint(chain.from_iterable(map(attrgetter("absent"), splits))),
             entered=sum(map(len, map(attrgetter("entered"), splits))),
-            first=min(map(itemgetter(0), map(attrgetter("entered"), splits))), skipped=mismatch_key(first) in root_hints)
+            first=min(map(itemgetter(0), map(attrgetter("entered"), splits))),
+            skipped=mismatch_key(first) in root_hints,
+        )
     for w in p2p:
         c = comp[graph.rank_nodes[w.rank]]
         if c not in cyclic or comp[graph.rank_nodes[w.peer]] != c:
@@ -340,9 +364,16 @@ def _choose_roots(mismatches: Sequence[Mismatch], cores: Mapping[CoreSite, list[
         key = _p2p_key(w)
         cand = candidates.setdefault(c, {}).get(key)
         if cand is None:
-            cand = candidates[c][key] = _Candidate(key=key, mtp=False, barrier=False, rank0_gate=False,
-                                                   other_side_in_barrier=False, entered=0, first=w.rank,
-                                                   skipped=False)
+            cand = candidates[c][key] = _Candidate(
+                key=key,
+                mtp=False,
+                barrier=False,
+                rank0_gate=False,
+                other_side_in_barrier=False,
+                entered=0,
+                first=w.rank,
+                skipped=False,
+            )
         cand.entered += 1
         cand.other_side_in_barrier |= w.peer in in_barrier
         cand.first = min(cand.first, w.rank)
@@ -364,8 +395,16 @@ def _root_score(c: _Candidate) -> tuple[bool, bool, bool, bool, bool, int, int, 
     pipeline stage is how rank-dependent code is written; a split whose absent side sits in a barrier is
     the one they skipped; then the split entered by fewer ranks; then the lowest rank, for a stable answer.
     """
-    return (not c.mtp, not c.skipped, c.barrier, not c.rank0_gate, not c.other_side_in_barrier, c.entered,
-            c.first, repr(c.key))
+    return (
+        not c.mtp,
+        not c.skipped,
+        c.barrier,
+        not c.rank0_gate,
+        not c.other_side_in_barrier,
+        c.entered,
+        c.first,
+        repr(c.key),
+    )
 
 
 def _rank0_style(gate: Mapping[str, int] | None, layout: ParallelLayout | None) -> bool:

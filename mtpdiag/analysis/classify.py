@@ -92,8 +92,7 @@ def classify_stack(frames: tuple[Frame, ...], active: bool | None = None) -> Cla
     if any(is_torch_distributed(f) for f in block):
         op, at = _op_of(block)
         p2p = op in SEND_OPS or op in RECV_OPS
-        return Classified(op=op, site=_call_site(frames), peer=peer_of(op, frames[at]),
-                          peer_frame=at if p2p else None)
+        return Classified(op=op, site=_call_site(frames), peer=peer_of(op, frames[at]), peer_frame=at if p2p else None)
     if not block and active is False:
         # An idle thread whose innermost frame is code known to wait on Work handles itself
         # (megatron's p2p `_communicate` calling req.wait()) is blocked in a bare Work.wait.

@@ -45,8 +45,13 @@ NO_LAYOUT_NOTE = "no parallel layout: pass --tp/--cp/--pp or --config to find sp
 _LIST = 8  # ranks listed in a note before "…"
 
 
-def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
-             layout_source: str | None = None, fr: FRDump | None = None, log: WatchdogLog | None = None) -> Report:
+def diagnose(
+    snapshot: Snapshot,
+    layout: ParallelLayout | None = None,
+    layout_source: str | None = None,
+    fr: FRDump | None = None,
+    log: WatchdogLog | None = None,
+) -> Report:
     """Diagnose one snapshot; ``layout`` (and where it came from) makes group analysis possible; ``fr``, the
     Flight Recorder dumps of the same hang, says which collective hangs when the stacks cannot; ``log``, the
     NCCL watchdog's timeout lines, says it too, without call sites, when there are no dumps. Without ``fr``,
@@ -63,8 +68,11 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
     captured = read.views(snapshot.captures)
     coords_of = _Coordinates(layout, captured).__getitem__
     stacks = read.stacks()
-    evidence = fr_evidence.fold(fr, layout, coords_of if layout is not None else None) \
-        if fr and fr_evidence is not None else None
+    evidence = (
+        fr_evidence.fold(fr, layout, coords_of if layout is not None else None)
+        if fr and fr_evidence is not None
+        else None
+    )
     fr_only: set[int] = set()
     if fr is not None and evidence is not None:
         captured, fr_only = _with_flight_recorder(captured, fr, evidence, layout, coords_of)
@@ -81,17 +89,25 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         mode = Mode.GROUPS
         stacked = {r: v for r, v in by_rank.items() if r not in fr_only} if fr_only else by_rank
         from_stacks = find_mismatches(stacked, layout) if layout is not None else []
-        split = fr_evidence.merge(from_stacks, evidence.mismatches) if evidence and fr_evidence is not None \
+        split = (
+            fr_evidence.merge(from_stacks, evidence.mismatches)
+            if evidence and fr_evidence is not None
             else tuple(from_stacks)
+        )
         if logged is not None:
             split = (*split, *logged.mismatches)
         causes = find_causes(split, by_rank, layout, evidence.root_hints if evidence else frozenset())
         mismatches = _ordered_mismatches(causes.mismatches)
-        idle = [r for r, v in by_rank.items() if v.state == RankState.STOPPED and r not in causes.blocked_on] \
-            if RankState.STOPPED in set(map(attrgetter("state"), by_rank.values())) else []
+        idle = (
+            [r for r, v in by_rank.items() if v.state == RankState.STOPPED and r not in causes.blocked_on]
+            if RankState.STOPPED in set(map(attrgetter("state"), by_rank.values()))
+            else []
+        )
         if idle:
-            notes.append(f"rank{'s' if len(idle) > 1 else ''} {_list(idle)} {'are' if len(idle) > 1 else 'is'} "
-                         "stopped, but no group waits for them yet")
+            notes.append(
+                f"rank{'s' if len(idle) > 1 else ''} {_list(idle)} {'are' if len(idle) > 1 else 'is'} "
+                "stopped, but no group waits for them yet"
+            )
     if layout is None:
         notes.append(NO_LAYOUT_NOTE)
         world_splits = _world_op_splits(by_rank, world_size) if evidence is None and logged is None else []
@@ -108,15 +124,26 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
     elif missing and (layout is None and evidence is None and logged is None or set(missing) & waited_on):
         missing_is_a_finding = True
     elif missing and world_size is not None:  # a partial capture (one node of many) is normal: say what it covers
-        notes.append(f"{world_size - len(missing)} of {world_size} ranks captured; rank"
-                     f"{'s' if len(missing) > 1 else ''} {_list(missing)} not captured, and nothing captured "
-                     "waits on them")
-    facts = Facts(mode=mode, layout=layout, views=views, by_rank=by_rank, world_size=world_size,
-                  mismatches=mismatches, causes=causes,
-                  size_problems=evidence.size_problems if evidence else logged.size_problems if logged else (),
-                  stuck_groups=evidence.stuck if evidence else (), missing=tuple(missing),
-                  missing_is_a_finding=missing_is_a_finding, fr_found=fr is not None,
-                  waited_on_undumped=evidence.waited_on_undumped if evidence else frozenset())
+        notes.append(
+            f"{world_size - len(missing)} of {world_size} ranks captured; rank"
+            f"{'s' if len(missing) > 1 else ''} {_list(missing)} not captured, and nothing captured "
+            "waits on them"
+        )
+    facts = Facts(
+        mode=mode,
+        layout=layout,
+        views=views,
+        by_rank=by_rank,
+        world_size=world_size,
+        mismatches=mismatches,
+        causes=causes,
+        size_problems=evidence.size_problems if evidence else logged.size_problems if logged else (),
+        stuck_groups=evidence.stuck if evidence else (),
+        missing=tuple(missing),
+        missing_is_a_finding=missing_is_a_finding,
+        fr_found=fr is not None,
+        waited_on_undumped=evidence.waited_on_undumped if evidence else frozenset(),
+    )
     found = findings.build(facts)
     notes += _capture_notes(snapshot, views, read.states)
     verdict = _verdict(found, by_rank, layout, notes)
@@ -136,8 +163,9 @@ def diagnose(snapshot: Snapshot, layout: ParallelLayout | None = None,
         report = replace(report, flight_recorder=fr_evidence.section(report, fr, evidence))
     if log is not None:
         shown = logged or fold_log(log, layout, coords_of if layout is not None else None)
-        report = replace(report, watchdog=WatchdogSection(timeouts=tuple(t.logged() for t in log.timeouts),
-                                                          lines=tuple(shown.lines)))
+        report = replace(
+            report, watchdog=WatchdogSection(timeouts=tuple(t.logged() for t in log.timeouts), lines=tuple(shown.lines))
+        )
     return report
 
 
@@ -162,8 +190,9 @@ def _fr_evidence() -> ModuleType:
     return evidence
 
 
-def _with_flight_recorder(views: list[RankView], fr: FRDump, evidence: FREvidence,
-                          layout: ParallelLayout | None, coords_of: CoordsOf) -> tuple[list[RankView], set[int]]:
+def _with_flight_recorder(
+    views: list[RankView], fr: FRDump, evidence: FREvidence, layout: ParallelLayout | None, coords_of: CoordsOf
+) -> tuple[list[RankView], set[int]]:
     """Each captured rank's wait with what the recorder has pending for it; a view for each rank that has a
     dump but no stack (``analyze --fr`` alone), and the set of those ranks."""
     fr_evidence = _fr_evidence()
@@ -200,8 +229,9 @@ class _Coordinates(dict[int, Mapping[str, int]]):
         return coords
 
 
-def _sorted_and_indexed(captured: list[RankView], layout: ParallelLayout | None,
-                        notes: list[str]) -> tuple[tuple[RankView, ...], dict[int, RankView]]:
+def _sorted_and_indexed(
+    captured: list[RankView], layout: ParallelLayout | None, notes: list[str]
+) -> tuple[tuple[RankView, ...], dict[int, RankView]]:
     """The views by rank (unranked last, then by pid), and ``_index`` of them. When every view has a rank of its
     own, inside the layout's world (a job's captures, merged by rank), the rank alone orders them and indexes
     them, read in C (8 ms of Python at 16k ranks)."""
@@ -229,22 +259,29 @@ def _index(views: tuple[RankView, ...], layout: ParallelLayout | None, notes: li
         else:
             by_rank[view.rank] = view
     if unranked:
-        notes.append(f"{unranked} capture{'s carry' if unranked > 1 else ' carries'} no rank (no RANK in "
-                     "the environment or the file name): left out of the group analysis")
+        notes.append(
+            f"{unranked} capture{'s carry' if unranked > 1 else ' carries'} no rank (no RANK in "
+            "the environment or the file name): left out of the group analysis"
+        )
     if duplicates:
-        notes.append(f"rank{'s' if len(duplicates) > 1 else ''} {_list(duplicates)} captured more than once: "
-                     "the first capture is used")
+        notes.append(
+            f"rank{'s' if len(duplicates) > 1 else ''} {_list(duplicates)} captured more than once: "
+            "the first capture is used"
+        )
     if outside:
-        notes.append(f"rank{'s' if len(outside) > 1 else ''} {_list(outside)} outside the layout's world of "
-                     f"{layout.world_size if layout else '?'}: left out of the group analysis")
+        notes.append(
+            f"rank{'s' if len(outside) > 1 else ''} {_list(outside)} outside the layout's world of "
+            f"{layout.world_size if layout else '?'}: left out of the group analysis"
+        )
     return by_rank
 
 
 # ---------------------------------------------------------------- world and layout
 
 
-def _world_size(snapshot: Snapshot, layout: ParallelLayout | None, notes: list[str],
-                fr: FRDump | None = None) -> int | None:
+def _world_size(
+    snapshot: Snapshot, layout: ParallelLayout | None, notes: list[str], fr: FRDump | None = None
+) -> int | None:
     sizes = snapshot.world_sizes
     if len(sizes) > 1:
         notes.append(f"captures disagree on WORLD_SIZE ({', '.join(map(str, sizes))}): using {sizes[-1]}")
@@ -257,24 +294,32 @@ def _world_size(snapshot: Snapshot, layout: ParallelLayout | None, notes: list[s
     if layout is not None:
         notes.append(f"WORLD_SIZE not in the captures: the layout's world of {layout.world_size} is assumed")
         return None
-    notes.append("WORLD_SIZE unknown (not in the captures' environment): cannot tell whether every rank "
-                 "was captured")
+    notes.append("WORLD_SIZE unknown (not in the captures' environment): cannot tell whether every rank was captured")
     return None
 
 
-def _usable_layout(layout: ParallelLayout | None, world_size: int | None,
-                   notes: list[str]) -> ParallelLayout | None:
+def _usable_layout(layout: ParallelLayout | None, world_size: int | None, notes: list[str]) -> ParallelLayout | None:
     if layout is None or world_size is None or layout.world_size == world_size:
         return layout
     try:
-        fitted = ParallelLayout.for_world(world_size, tp=layout.tp, cp=layout.cp, pp=layout.pp, ep=layout.ep,
-                                          vpp=layout.vpp, etp=layout.etp, order=layout.order)
+        fitted = ParallelLayout.for_world(
+            world_size,
+            tp=layout.tp,
+            cp=layout.cp,
+            pp=layout.pp,
+            ep=layout.ep,
+            vpp=layout.vpp,
+            etp=layout.etp,
+            order=layout.order,
+        )
     except LayoutError as exc:
-        notes.append(f"the layout ({layout.world_size} ranks) does not fit WORLD_SIZE {world_size} ({exc}): "
-                     "it is ignored")
+        notes.append(
+            f"the layout ({layout.world_size} ranks) does not fit WORLD_SIZE {world_size} ({exc}): it is ignored"
+        )
         return None
-    notes.append(f"the layout described {layout.world_size} ranks but WORLD_SIZE is {world_size}: "
-                 f"dp is taken as {fitted.dp}")
+    notes.append(
+        f"the layout described {layout.world_size} ranks but WORLD_SIZE is {world_size}: dp is taken as {fitted.dp}"
+    )
     return fitted
 
 
@@ -293,8 +338,7 @@ def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...], states: set[
     view_states = set(map(attrgetter("state"), views))
     if RankState.UNREADABLE in view_states or RankState.GONE in view_states:
         bad = [v for v in views if v.state in (RankState.UNREADABLE, RankState.GONE)]
-        notes.append(f"{len(bad)} rank{'s' if len(bad) > 1 else ''} could not be read "
-                     f"(first: {who_and_why(bad[0])})")
+        notes.append(f"{len(bad)} rank{'s' if len(bad) > 1 else ''} could not be read (first: {who_and_why(bad[0])})")
     if snapshot.errors:
         more = f" (and {len(snapshot.errors) - 1} more)" if len(snapshot.errors) > 1 else ""
         notes.append(f"not captured: {snapshot.errors[0]}{more}")
@@ -302,16 +346,26 @@ def _capture_notes(snapshot: Snapshot, views: tuple[RankView, ...], states: set[
         notes.append("process states unknown (dumps read from files): a stopped rank looks like a waiting one")
     pairs = list(map(attrgetter("op", "site"), views))
     p2p = {pair for pair in set(pairs) if is_p2p_op(*pair)}
-    unknown_peers = [v.rank for v in compress(views, map(p2p.__contains__, pairs)) if v.peer is None
-                     and v.rank is not None and v.state == RankState.COLLECTIVE] if p2p else []
+    unknown_peers = (
+        [
+            v.rank
+            for v in compress(views, map(p2p.__contains__, pairs))
+            if v.peer is None and v.rank is not None and v.state == RankState.COLLECTIVE
+        ]
+        if p2p
+        else []
+    )
     if unknown_peers:
-        notes.append(f"the peer of rank{'s' if len(unknown_peers) > 1 else ''} {_list(unknown_peers)}'s "
-                     "send/recv is unknown: it is not matched")
+        notes.append(
+            f"the peer of rank{'s' if len(unknown_peers) > 1 else ''} {_list(unknown_peers)}'s "
+            "send/recv is unknown: it is not matched"
+        )
     return notes
 
 
-def _verdict(found: tuple[Finding, ...], by_rank: dict[int, RankView], layout: ParallelLayout | None,
-             notes: list[str]) -> Verdict:
+def _verdict(
+    found: tuple[Finding, ...], by_rank: dict[int, RankView], layout: ParallelLayout | None, notes: list[str]
+) -> Verdict:
     """``problem`` when a finding names one; ``ok`` only when no rank is stuck; else ``incomplete`` (then the
     ``unexplained-wait`` finding says what the ranks wait on and what to collect next). A single dump cannot
     prove a hang, so ``ok`` needs every rank seen running its own code."""

@@ -49,8 +49,11 @@ def varying_coordinates(members: Sequence[Sequence[int]], values: Values) -> tup
     instances at once (8,192 split pairs of a 16k-rank job are one list comparison per coordinate)."""
     ranks = list(chain.from_iterable(members))
     firsts, sizes = [m[0] for m in members], list(map(len, members))
-    return tuple(name for name in COORDINATES
-                 if list(values(name, ranks)) != list(chain.from_iterable(map(repeat, values(name, firsts), sizes))))
+    return tuple(
+        name
+        for name in COORDINATES
+        if list(values(name, ranks)) != list(chain.from_iterable(map(repeat, values(name, firsts), sizes)))
+    )
 
 
 class GateReading(NamedTuple):
@@ -66,13 +69,21 @@ def read_gate(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> GateRe
     nothing else separates them; ``weak`` when a side is one rank, or other coordinates separate the sides
     just as well (``alternatives``). Then data-dependent divergence (a loop that ran once more on some ranks,
     a branch on rank-local data) fits as well as a rank test."""
-    return read_split_gate([m.members for m in instances], [m.entered for m in instances],
-                           [m.absent for m in instances], values_of(coords_of))
+    return read_split_gate(
+        [m.members for m in instances],
+        [m.entered for m in instances],
+        [m.absent for m in instances],
+        values_of(coords_of),
+    )
 
 
-def read_split_gate(members: Sequence[Sequence[int]], entered: Sequence[Sequence[int]],
-                    absent: Sequence[Sequence[int]], values: Values,
-                    varying: tuple[str, ...] | None = None) -> GateReading:
+def read_split_gate(
+    members: Sequence[Sequence[int]],
+    entered: Sequence[Sequence[int]],
+    absent: Sequence[Sequence[int]],
+    values: Values,
+    varying: tuple[str, ...] | None = None,
+) -> GateReading:
     """``read_gate`` of instances given as their members, entered and absent ranks (in the same order), with
     coordinates read in bulk (``ParallelLayout.coordinate``: no Python step per rank at 16k ranks).
     ``varying``: the coordinates that vary inside the instances, when the caller knows them
@@ -85,8 +96,11 @@ def read_split_gate(members: Sequence[Sequence[int]], entered: Sequence[Sequence
     if len(gate) > 1 and all(not sides.admits_any({k: v}) for k, v in gate.items()):
         first, *rest = gate.items()
         gate, alternatives = dict([first]), tuple({k: v} for k, v in rest)
-    strength = GateStrength.STRONG if sides.entered_count >= 2 and sides.absent_count >= 2 and not alternatives \
+    strength = (
+        GateStrength.STRONG
+        if sides.entered_count >= 2 and sides.absent_count >= 2 and not alternatives
         else GateStrength.WEAK
+    )
     return GateReading(gate, strength, alternatives)
 
 
@@ -120,12 +134,23 @@ def gate_of(instances: Sequence[SplitInstance], coords_of: CoordsOf) -> dict[str
     When none does, the conjunction of the shared values is used if it separates them (``tp == 0 and
     cp == 0`` around a TP×CP group), pruned of coordinates it does not need. None if nothing separates.
     """
-    return _gate(_sides([m.members for m in instances], [m.entered for m in instances],
-                        [m.absent for m in instances], values_of(coords_of)))
+    return _gate(
+        _sides(
+            [m.members for m in instances],
+            [m.entered for m in instances],
+            [m.absent for m in instances],
+            values_of(coords_of),
+        )
+    )
 
 
-def _sides(members: Sequence[Sequence[int]], entered: Sequence[Sequence[int]], absent: Sequence[Sequence[int]],
-           values: Values, varying: tuple[str, ...] | None = None) -> _Sides:
+def _sides(
+    members: Sequence[Sequence[int]],
+    entered: Sequence[Sequence[int]],
+    absent: Sequence[Sequence[int]],
+    values: Values,
+    varying: tuple[str, ...] | None = None,
+) -> _Sides:
     """The sides of instances over the coordinates that vary inside them (``varying``, when known)."""
     names = varying if varying is not None else varying_coordinates(members, values)
     return _Sides(names, list(chain.from_iterable(entered)), list(chain.from_iterable(absent)), values)

@@ -52,26 +52,53 @@ def fold_log(log: WatchdogLog, layout: ParallelLayout | None, coords_of: CoordsO
             for rank, (_, numel) in sorted(ranks.items()):
                 numels.setdefault(f"{numel} element{'s' if numel != 1 else ''}", []).append(rank)
             if len(numels) > 1:
-                sizes.append(SizeProblem(group=name, desc=desc, kind=kind, members=members, seq=seq, op=op,
-                                         site=None, problem="sizes", by_value={k: tuple(v) for k, v in numels.items()}))
+                sizes.append(
+                    SizeProblem(
+                        group=name,
+                        desc=desc,
+                        kind=kind,
+                        members=members,
+                        seq=seq,
+                        op=op,
+                        site=None,
+                        problem="sizes",
+                        by_value={k: tuple(v) for k, v in numels.items()},
+                    )
+                )
             continue
         for op, entered in ops.items():
             absent = tuple(r for r in members if r not in entered)
             if not absent:
                 continue
             gate = read_gate([_Split(members, tuple(entered), absent)], coords_of) if coords_of else None
-            doing = {a: (f"{ranks[a][0]} #{seq} (timed out)" if a in ranks else "no timeout logged at this number")
-                     for a in absent}
-            mismatches.append(Mismatch(
-                op=op, site=None, group=kind or desc or name, members=members, entered=tuple(entered),
-                absent=absent, gate=gate.gate if gate else None, absent_doing=doing,
-                group_from=GroupFrom.WATCHDOG_LOG if kind else GroupFrom.GUESS,
-                group_candidates=(kind,) if kind else (),
-                gate_strength=gate.strength if gate else None, gate_alternatives=gate.alternatives if gate else (),
-                source=Source.WATCHDOG_LOG, seq=seq))
-    lines = tuple(f"rank {t.rank}: {t.op} #{t.seq} in {t.group.desc or t.group.name} timed out after "
-                  f"{t.ran_for_ms} ms (NumelIn={t.numel_in}; last enqueued {t.last_enqueued}, last completed "
-                  f"{t.last_completed})" for t in log.timeouts)
+            doing = {
+                a: (f"{ranks[a][0]} #{seq} (timed out)" if a in ranks else "no timeout logged at this number")
+                for a in absent
+            }
+            mismatches.append(
+                Mismatch(
+                    op=op,
+                    site=None,
+                    group=kind or desc or name,
+                    members=members,
+                    entered=tuple(entered),
+                    absent=absent,
+                    gate=gate.gate if gate else None,
+                    absent_doing=doing,
+                    group_from=GroupFrom.WATCHDOG_LOG if kind else GroupFrom.GUESS,
+                    group_candidates=(kind,) if kind else (),
+                    gate_strength=gate.strength if gate else None,
+                    gate_alternatives=gate.alternatives if gate else (),
+                    source=Source.WATCHDOG_LOG,
+                    seq=seq,
+                )
+            )
+    lines = tuple(
+        f"rank {t.rank}: {t.op} #{t.seq} in {t.group.desc or t.group.name} timed out after "
+        f"{t.ran_for_ms} ms (NumelIn={t.numel_in}; last enqueued {t.last_enqueued}, last completed "
+        f"{t.last_completed})"
+        for t in log.timeouts
+    )
     return LogEvidence(tuple(mismatches), tuple(sizes), lines)
 
 

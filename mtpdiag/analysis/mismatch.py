@@ -114,8 +114,9 @@ def read_kind(op: str, site: Site | None, entered: Sequence[int], layout: Parall
     return KindReading(kind, source, tuple(distinct.values()))
 
 
-def _instances(entered: Sequence[int], kind: str,
-               layout: ParallelLayout) -> tuple[dict[int, tuple[int, ...]], Counter[int]]:
+def _instances(
+    entered: Sequence[int], kind: str, layout: ParallelLayout
+) -> tuple[dict[int, tuple[int, ...]], Counter[int]]:
     """The instances of ``kind`` that hold the (distinct) entered ranks, by id in the order first met, and
     how many entered ranks each holds: one instance is split when it holds fewer than its size. C loops over
     the layout's rank index, no Python step per rank (8,192 entered ranks at 16k)."""
@@ -186,11 +187,23 @@ def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout) -> li
             gate = gate._replace(strength=GateStrength.STRONG)  # the known verl #5895 signature, however few the ranks
         words = said.of(absent_of)
         # each instance's record is the site's with its ranks: a replace costs half a build from keywords
-        site_split = Mismatch(op=op, site=site, group=kind, members=(), entered=(), absent=(), gate=gate.gate,
-                              group_from=reading.source, group_candidates=reading.candidates,
-                              gate_strength=gate.strength, gate_alternatives=gate.alternatives)
-        out += [struct_replace(site_split, members=g, entered=e, absent=a, absent_doing={r: words[r] for r in a})
-                for g, e, a in zip(groups, entered_of, absent_of, strict=True)]
+        site_split = Mismatch(
+            op=op,
+            site=site,
+            group=kind,
+            members=(),
+            entered=(),
+            absent=(),
+            gate=gate.gate,
+            group_from=reading.source,
+            group_candidates=reading.candidates,
+            gate_strength=gate.strength,
+            gate_alternatives=gate.alternatives,
+        )
+        out += [
+            struct_replace(site_split, members=g, entered=e, absent=a, absent_doing={r: words[r] for r in a})
+            for g, e, a in zip(groups, entered_of, absent_of, strict=True)
+        ]
     return out
 
 

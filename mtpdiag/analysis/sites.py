@@ -18,6 +18,7 @@ def group_sites(views: Iterable[RankView]) -> tuple[SiteGroup, ...]:
                 groups[(op, view.site, None)].append(view.rank)
         elif view.site is not None and view.rank is not None:
             groups[(None, view.site, view.wait.kind if view.wait is not None else None)].append(view.rank)
-    out = [SiteGroup(op=op, site=site, ranks=tuple(sorted(ranks)), wait=wait)
-           for (op, site, wait), ranks in groups.items()]
+    out = [
+        SiteGroup(op=op, site=site, ranks=tuple(sorted(ranks)), wait=wait) for (op, site, wait), ranks in groups.items()
+    ]
     return tuple(sorted(out, key=lambda g: (-len(g.ranks), g.ranks[0])))

@@ -28,7 +28,9 @@ from typing import TypeVar
 
 from mtpdiag.model import Progress, Snapshot, replace
 
-Signature = tuple[tuple[tuple[str, str, int], ...], object]  # the main thread's frames, innermost first ((function, file, line), ...), and its locals key
+Signature = tuple[
+    tuple[tuple[str, str, int], ...], object
+]  # the main thread's frames, innermost first ((function, file, line), ...), and its locals key
 Process = tuple[str, int]  # (host, pid): the ranks of a Ray cluster's nodes may share pids (a pid namespace per pod)
 Target = Hashable  # what a CPU reading is keyed by: a pid, or (node id, pid) on a Ray cluster
 
@@ -47,8 +49,9 @@ def stack_signatures(snapshot: Snapshot) -> dict[Process, Signature]:
     return out
 
 
-def cpu_moved(before: Mapping[K, int | None], after: Mapping[K, int | None],
-              min_progress_ns: int = MIN_PROGRESS_NS) -> bool:
+def cpu_moved(
+    before: Mapping[K, int | None], after: Mapping[K, int | None], min_progress_ns: int = MIN_PROGRESS_NS
+) -> bool:
     """Whether any main thread ran ``min_progress_ns`` between two readings (pid -> CPU ns, None when
     unreadable), or the set of ranks changed."""
     if not before or set(before) != set(after):
@@ -90,9 +93,14 @@ class StallTracker:
         """Whether a main thread made progress since the last reading: then stacks need not be taken."""
         return cpu_moved(self.cpu_ns, cpu_ns, self.min_progress_ns)
 
-    def observe(self, now: float, cpu_ns: Mapping[Target, int | None],
-                stacks: Mapping[Process, Signature] | None, fr_moved: bool = False,
-                done: float | None = None) -> StallTracker:
+    def observe(
+        self,
+        now: float,
+        cpu_ns: Mapping[Target, int | None],
+        stacks: Mapping[Process, Signature] | None,
+        fr_moved: bool = False,
+        done: float | None = None,
+    ) -> StallTracker:
         """Fold in one sample, taken from ``now`` until ``done`` (the same moment when not given). ``stacks``
         is None when the stacks were not captured this time; ``fr_moved``: the Flight Recorder shows a
         collective completed since the last sample. Progress starts the quiet window at ``done``."""
@@ -103,12 +111,22 @@ class StallTracker:
             seen = moved and stacks is None and self.samples > 0  # the ranks changed under the dump
         moved, seen = moved or fr_moved, seen or fr_moved
         if moved:
-            return replace(self, quiet_since=now if done is None else max(now, done), samples=self.samples + 1,
-                           stack_samples_while_quiet=0 if stacks is None else 1, cpu_ns=dict(cpu_ns),
-                           stacks={} if stacks is None else dict(stacks), progressed=self.progressed or seen)
-        return replace(self, samples=self.samples + 1,
-                       stack_samples_while_quiet=self.stack_samples_while_quiet + (stacks is not None),
-                       cpu_ns=dict(cpu_ns), stacks=self.stacks if stacks is None else dict(stacks))
+            return replace(
+                self,
+                quiet_since=now if done is None else max(now, done),
+                samples=self.samples + 1,
+                stack_samples_while_quiet=0 if stacks is None else 1,
+                cpu_ns=dict(cpu_ns),
+                stacks={} if stacks is None else dict(stacks),
+                progressed=self.progressed or seen,
+            )
+        return replace(
+            self,
+            samples=self.samples + 1,
+            stack_samples_while_quiet=self.stack_samples_while_quiet + (stacks is not None),
+            cpu_ns=dict(cpu_ns),
+            stacks=self.stacks if stacks is None else dict(stacks),
+        )
 
     def after_pause(self, now: float, cpu_ns: Mapping[Target, int | None]) -> StallTracker:
         """Take the readings made right after the stacks as the new baseline.
@@ -118,8 +136,9 @@ class StallTracker:
         and the stacks taken meanwhile may be from its old place.
         """
         if self.cpu_moved(cpu_ns):
-            return replace(self, quiet_since=now, stack_samples_while_quiet=0, cpu_ns=dict(cpu_ns), stacks={},
-                           progressed=True)
+            return replace(
+                self, quiet_since=now, stack_samples_while_quiet=0, cpu_ns=dict(cpu_ns), stacks={}, progressed=True
+            )
         return replace(self, cpu_ns=dict(cpu_ns))
 
     def stalled_for(self, now: float) -> float:
@@ -130,5 +149,9 @@ class StallTracker:
 
     def progress(self, now: float, interval_s: float, stall_s: float) -> Progress:
         """The report's ``progress`` section (docs/design.md)."""
-        return Progress(samples=self.samples, interval_s=interval_s, stalled_for_s=round(self.stalled_for(now), 2),
-                        hang=self.is_hang(now, stall_s))
+        return Progress(
+            samples=self.samples,
+            interval_s=interval_s,
+            stalled_for_s=round(self.stalled_for(now), 2),
+            hang=self.is_hang(now, stall_s),
+        )

@@ -80,8 +80,9 @@ class StackReader:
     def views(self, captures: Sequence[RankCapture]) -> list[RankView]:
         """Each capture's view, in order."""
         layout = self.layout
-        coords = layout.coords_each(map(attrgetter("rank"), captures)) if layout is not None \
-            else repeat(None, len(captures))
+        coords = (
+            layout.coords_each(map(attrgetter("rank"), captures)) if layout is not None else repeat(None, len(captures))
+        )
         ids, shape_of, readings = self._ids, self._shape_of, self._readings
         out: list[RankView] = []
         for capture, place in zip(captures, coords, strict=True):
@@ -93,8 +94,16 @@ class StackReader:
             sid = ids.get(thread.frames)
             if sid is None:
                 sid = self.stack_id(thread.frames)
-            key = (shape_of[sid], thread.active, thread.calls, capture.state, capture.error, capture.main_syscall,
-                   capture.cuda, len(threads) > 1)
+            key = (
+                shape_of[sid],
+                thread.active,
+                thread.calls,
+                capture.state,
+                capture.error,
+                capture.main_syscall,
+                capture.cuda,
+                len(threads) > 1,
+            )
             reading = readings.get(key)
             if reading is None and key not in readings:
                 reading = readings[key] = self._read(capture, thread)
@@ -108,10 +117,21 @@ class StackReader:
                 peer = self._peer(sid, thread.frames, reading)
             if peer is None and place is not None and reading.direction is not None:
                 peer = _pipeline_peer(rank, reading.direction, layout)  # type: ignore[arg-type]
-            out.append(RankView(
-                rank=rank, pid=capture.pid, host=capture.host, state=reading.state, coords=place,
-                op=reading.op, site=reading.site, stack=sid, peer=peer, error=reading.error, wait=reading.wait,
-            ))
+            out.append(
+                RankView(
+                    rank=rank,
+                    pid=capture.pid,
+                    host=capture.host,
+                    state=reading.state,
+                    coords=place,
+                    op=reading.op,
+                    site=reading.site,
+                    stack=sid,
+                    peer=peer,
+                    error=reading.error,
+                    wait=reading.wait,
+                )
+            )
         return out
 
     def _read(self, capture: RankCapture, thread: ThreadStack) -> Reading | None:
@@ -123,9 +143,15 @@ class StackReader:
         wait = wait_state(capture, thread, classified.op)
         state = rank_state(capture, classified, wait is not None and wait.kind != WaitKind.RUNNING)
         p2p = classified.op is not None and is_p2p_op(classified.op, classified.site)
-        return Reading(op=classified.op, site=classified.site, state=state.state, error=state.error, wait=wait,
-                       peer_at=_frame_index(thread.frames, classified.peer_frame),
-                       direction=self._direction(self.stack_id(thread.frames), thread.frames) if p2p else None)
+        return Reading(
+            op=classified.op,
+            site=classified.site,
+            state=state.state,
+            error=state.error,
+            wait=wait,
+            peer_at=_frame_index(thread.frames, classified.peer_frame),
+            direction=self._direction(self.stack_id(thread.frames), thread.frames) if p2p else None,
+        )
 
     def _peer(self, sid: int, frames: Stack, reading: Reading) -> int | None:
         """The peer a send/recv names in its arguments, read once per distinct stack."""
@@ -139,7 +165,8 @@ class StackReader:
         shape = self._shape_of[stack]
         if shape not in self._directions:
             self._directions[shape] = next(
-                (row.peer for row in map(lookup, map(site_of, frames)) if row is not None and row.peer), None)
+                (row.peer for row in map(lookup, map(site_of, frames)) if row is not None and row.peer), None
+            )
         return self._directions[shape]
 
     def _one(self, capture: RankCapture) -> RankView:
@@ -160,13 +187,28 @@ class StackReader:
         rank, layout = capture.rank, self.layout
         placed = rank if layout is not None and rank is not None and 0 <= rank < layout.world_size else None
         peer = classified.peer
-        if peer is None and placed is not None and layout is not None and stack is not None and thread is not None \
-                and classified.op is not None and is_p2p_op(classified.op, classified.site):
+        if (
+            peer is None
+            and placed is not None
+            and layout is not None
+            and stack is not None
+            and thread is not None
+            and classified.op is not None
+            and is_p2p_op(classified.op, classified.site)
+        ):
             peer = _pipeline_peer(placed, self._direction(stack, thread.frames), layout)
         return RankView(
-            rank=rank, pid=capture.pid, host=capture.host, state=state.state,
+            rank=rank,
+            pid=capture.pid,
+            host=capture.host,
+            state=state.state,
             coords=layout.coords(placed) if layout is not None and placed is not None else None,
-            op=classified.op, site=classified.site, stack=stack, peer=peer, error=state.error, wait=wait,
+            op=classified.op,
+            site=classified.site,
+            stack=stack,
+            peer=peer,
+            error=state.error,
+            wait=wait,
         )
 
 

@@ -31,14 +31,34 @@ from mtpdiag.vocabulary.waits import CALL_KINDS, Confidence, WaitKind
 # Python functions (by file suffix and function name) that are the wait itself.
 _PY_WAITS: tuple[tuple[str, frozenset[str], WaitKind], ...] = (
     ("torch/cuda/__init__.py", frozenset({"synchronize"}), WaitKind.HOST_SYNC),
-    ("torch/cuda/streams.py", frozenset({"synchronize", "Stream.synchronize", "Event.synchronize", "query"}),
-     WaitKind.HOST_SYNC),
-    ("torch/distributed/distributed_c10d.py",
-     frozenset({"_store_based_barrier", "_new_process_group_helper", "_create_process_group_wrapper"}),
-     WaitKind.COMM_INIT),
+    (
+        "torch/cuda/streams.py",
+        frozenset({"synchronize", "Stream.synchronize", "Event.synchronize", "query"}),
+        WaitKind.HOST_SYNC,
+    ),
+    (
+        "torch/distributed/distributed_c10d.py",
+        frozenset({"_store_based_barrier", "_new_process_group_helper", "_create_process_group_wrapper"}),
+        WaitKind.COMM_INIT,
+    ),
     ("torch/distributed/rendezvous.py", frozenset(), WaitKind.COMM_INIT),
-    ("threading.py", frozenset({"wait", "acquire", "join", "_wait_for_tstate_lock", "Condition.wait",
-                                "Event.wait", "Semaphore.acquire", "Thread.join", "Barrier.wait"}), WaitKind.LOCK),
+    (
+        "threading.py",
+        frozenset(
+            {
+                "wait",
+                "acquire",
+                "join",
+                "_wait_for_tstate_lock",
+                "Condition.wait",
+                "Event.wait",
+                "Semaphore.acquire",
+                "Thread.join",
+                "Barrier.wait",
+            }
+        ),
+        WaitKind.LOCK,
+    ),
     ("queue.py", frozenset({"get", "put", "Queue.get", "Queue.put"}), WaitKind.LOCK),
     ("concurrent/futures/_base.py", frozenset({"result", "wait", "Future.result"}), WaitKind.LOCK),
     ("multiprocessing/synchronize.py", frozenset(), WaitKind.LOCK),
@@ -47,41 +67,105 @@ _PY_WAITS: tuple[tuple[str, frozenset[str], WaitKind], ...] = (
     ("socket.py", frozenset(), WaitKind.IO),
     ("ssl.py", frozenset(), WaitKind.IO),
     ("selectors.py", frozenset(), WaitKind.IO),
-    ("subprocess.py", frozenset({"wait", "_wait", "communicate", "Popen.wait", "Popen._wait",
-                                 "Popen.communicate", "_try_wait", "Popen._try_wait"}), WaitKind.IO),
+    (
+        "subprocess.py",
+        frozenset(
+            {
+                "wait",
+                "_wait",
+                "communicate",
+                "Popen.wait",
+                "Popen._wait",
+                "Popen.communicate",
+                "_try_wait",
+                "Popen._try_wait",
+            }
+        ),
+        WaitKind.IO,
+    ),
     ("http/client.py", frozenset(), WaitKind.IO),
     ("asyncio/base_events.py", frozenset({"_run_once", "BaseEventLoop._run_once"}), WaitKind.IO),
 )
 # A DataLoader frame anywhere above a wait means the rank waits for a batch.
 _DATALOADER = "torch/utils/data/dataloader.py"
-_DATALOADER_WAITS = frozenset({"_get_data", "_try_get_data", "_next_data", "__next__",
-                               "_MultiProcessingDataLoaderIter._get_data",
-                               "_MultiProcessingDataLoaderIter._try_get_data",
-                               "_MultiProcessingDataLoaderIter._next_data", "_BaseDataLoaderIter.__next__"})
+_DATALOADER_WAITS = frozenset(
+    {
+        "_get_data",
+        "_try_get_data",
+        "_next_data",
+        "__next__",
+        "_MultiProcessingDataLoaderIter._get_data",
+        "_MultiProcessingDataLoaderIter._try_get_data",
+        "_MultiProcessingDataLoaderIter._next_data",
+        "_BaseDataLoaderIter.__next__",
+    }
+)
 
 # Native symbols (C/C++), innermost first wins. Patterns are searched in the function name and the module.
-_NATIVE_WAITS: tuple[tuple[re.Pattern[str], WaitKind], ...] = tuple((re.compile(p), kind) for p, kind in (
-    (r"cu(da)?(Stream|Event|Device|Ctx)Synchronize|cuMemcpyDtoH|cudaMemcpy(?!Async)|_local_scalar_dense|"
-     r"cudaStreamQuery|cuStreamQuery|c10::cuda::.*(synchronize|memcpy)", WaitKind.HOST_SYNC),
-    (r"ncclCommInit|ncclCommSplit|getNCCLComm|initNCCLComm|ncclGetUniqueId", WaitKind.COMM_INIT),
-    (r"c10d::.*(Work|Gloo|NCCL).*::(wait|synchronize)|gloo::.*(allreduce|allgather|broadcast|barrier|"
-     r"reduce_scatter|alltoall)", WaitKind.COLLECTIVE),
-    (r"nanosleep|usleep|\bpysleep|time_sleep", WaitKind.SLEEP),
-    (r"epoll_wait|\bpoll\b|\bselect\b|recv|accept|connect|sock_|__libc_read|\bread\b|\bwrite\b|__libc_write|"
-     r"fsync|fdatasync|pwrite|pread", WaitKind.IO),
-    (r"PyThread_acquire_lock|pthread_cond_(timed)?wait|pthread_mutex_lock|sem_(timed)?wait|__lll_lock_wait|"
-     r"futex|std::condition_variable", WaitKind.LOCK),
-))
+_NATIVE_WAITS: tuple[tuple[re.Pattern[str], WaitKind], ...] = tuple(
+    (re.compile(p), kind)
+    for p, kind in (
+        (
+            r"cu(da)?(Stream|Event|Device|Ctx)Synchronize|cuMemcpyDtoH|cudaMemcpy(?!Async)|_local_scalar_dense|"
+            r"cudaStreamQuery|cuStreamQuery|c10::cuda::.*(synchronize|memcpy)",
+            WaitKind.HOST_SYNC,
+        ),
+        (r"ncclCommInit|ncclCommSplit|getNCCLComm|initNCCLComm|ncclGetUniqueId", WaitKind.COMM_INIT),
+        (
+            r"c10d::.*(Work|Gloo|NCCL).*::(wait|synchronize)|gloo::.*(allreduce|allgather|broadcast|barrier|"
+            r"reduce_scatter|alltoall)",
+            WaitKind.COLLECTIVE,
+        ),
+        (r"nanosleep|usleep|\bpysleep|time_sleep", WaitKind.SLEEP),
+        (
+            r"epoll_wait|\bpoll\b|\bselect\b|recv|accept|connect|sock_|__libc_read|\bread\b|\bwrite\b|__libc_write|"
+            r"fsync|fdatasync|pwrite|pread",
+            WaitKind.IO,
+        ),
+        (
+            r"PyThread_acquire_lock|pthread_cond_(timed)?wait|pthread_mutex_lock|sem_(timed)?wait|__lll_lock_wait|"
+            r"futex|std::condition_variable",
+            WaitKind.LOCK,
+        ),
+    )
+)
 
 # What a syscall the main thread sits in says (from /proc/PID/syscall), and how sure it makes us.
 _SYSCALL_KINDS = {
     **dict.fromkeys(("futex",), WaitKind.LOCK),
     # restart_syscall: a sleep (or wait) resumed after a signal, such as an earlier py-spy attach
     **dict.fromkeys(("restart_syscall", "clock_nanosleep", "nanosleep"), WaitKind.SLEEP),
-    **dict.fromkeys(("epoll_wait", "epoll_pwait", "epoll_pwait2", "poll", "ppoll", "select", "pselect6",
-                     "read", "pread64", "readv", "recvfrom", "recvmsg", "write", "pwrite64", "writev",
-                     "sendto", "sendmsg", "fsync", "fdatasync", "openat", "accept", "accept4", "connect",
-                     "wait4", "waitid", "ioctl"), WaitKind.IO),
+    **dict.fromkeys(
+        (
+            "epoll_wait",
+            "epoll_pwait",
+            "epoll_pwait2",
+            "poll",
+            "ppoll",
+            "select",
+            "pselect6",
+            "read",
+            "pread64",
+            "readv",
+            "recvfrom",
+            "recvmsg",
+            "write",
+            "pwrite64",
+            "writev",
+            "sendto",
+            "sendmsg",
+            "fsync",
+            "fdatasync",
+            "openat",
+            "accept",
+            "accept4",
+            "connect",
+            "wait4",
+            "waitid",
+            "ioctl",
+        ),
+        WaitKind.IO,
+    ),
 }
 # Lines that call these and block are NCCL's (or a DDP bucket's) CPU-side waits for a collective.
 _WORK_WAITS = frozenset({"wait"})
@@ -98,14 +182,17 @@ def _python_wait(frames: Sequence[Frame]) -> tuple[WaitKind, str] | None:
     """(kind, evidence) from the innermost Python frames that are a wait of torch or the stdlib."""
     for i, frame in enumerate(frames):
         path = slash_path(frame.file)
-        if path.endswith("/" + _DATALOADER) and (frame.function in _DATALOADER_WAITS
-                                                   or short_name(frame.function) in _DATALOADER_WAITS):
+        if path.endswith("/" + _DATALOADER) and (
+            frame.function in _DATALOADER_WAITS or short_name(frame.function) in _DATALOADER_WAITS
+        ):
             return WaitKind.DATA_LOADER, f"DataLoader {short_name(frame.function)} frame"
         for suffix, functions, kind in _PY_WAITS:
-            if path.endswith("/" + suffix) and (not functions or frame.function in functions
-                                                  or short_name(frame.function) in functions):
-                if kind in (WaitKind.LOCK, WaitKind.IO) and \
-                        any(slash_path(f.file).endswith("/" + _DATALOADER) for f in frames[i:]):
+            if path.endswith("/" + suffix) and (
+                not functions or frame.function in functions or short_name(frame.function) in functions
+            ):
+                if kind in (WaitKind.LOCK, WaitKind.IO) and any(
+                    slash_path(f.file).endswith("/" + _DATALOADER) for f in frames[i:]
+                ):
                     return WaitKind.DATA_LOADER, f"{short_name(frame.function)} under a DataLoader frame"
                 return kind, f"{short_name(frame.function)} in {suffix.rsplit('/', 1)[-1]}"
         if not is_plumbing(path):
@@ -133,8 +220,9 @@ def _call_wait(calls: Sequence[str]) -> tuple[WaitKind, str] | None:
     return None
 
 
-def wait_state(capture: RankCapture, thread: ThreadStack | None, op: str | None,
-               side_thread: str | None = None) -> WaitState | None:
+def wait_state(
+    capture: RankCapture, thread: ThreadStack | None, op: str | None, side_thread: str | None = None
+) -> WaitState | None:
     """What ``capture``'s rank waits on. ``op`` is its collective (from ``thread``, or from the side thread
     named ``side_thread``), None when it is in none. None when nothing could be read."""
     if op is not None:
@@ -163,8 +251,11 @@ def wait_state(capture: RankCapture, thread: ThreadStack | None, op: str | None,
         kind, why = found
         return WaitState(kind, Confidence.CERTAIN, (why, *_quiet_or_busy(capture, thread)))
     if state == STATE_DISK:
-        return WaitState(WaitKind.IO, Confidence.CERTAIN,
-                         ("state D: uninterruptible sleep in the kernel (a file system or a device)",))
+        return WaitState(
+            WaitKind.IO,
+            Confidence.CERTAIN,
+            ("state D: uninterruptible sleep in the kernel (a file system or a device)",),
+        )
     if calls is not None:
         kind, why = calls
         evidence.append(why)
@@ -178,19 +269,33 @@ def wait_state(capture: RankCapture, thread: ThreadStack | None, op: str | None,
         return WaitState(kind, confidence, tuple(evidence + _flag(thread)))
     if syscall is not None and syscall != "running":
         kind = _SYSCALL_KINDS.get(syscall, WaitKind.UNKNOWN)
-        return WaitState(kind, Confidence.LIKELY if kind != WaitKind.UNKNOWN else Confidence.POSSIBLE,
-                         (_syscall_words(syscall), *_flag(thread)))
+        return WaitState(
+            kind,
+            Confidence.LIKELY if kind != WaitKind.UNKNOWN else Confidence.POSSIBLE,
+            (_syscall_words(syscall), *_flag(thread)),
+        )
     if capture.cuda and thread.active is not False and not _in_library(python):
-        return WaitState(WaitKind.HOST_SYNC, Confidence.POSSIBLE, (
-            "on the CPU at a line of its own in a process that maps CUDA: CUDA spins while it waits for the "
-            "device", *_flag(thread)))
+        return WaitState(
+            WaitKind.HOST_SYNC,
+            Confidence.POSSIBLE,
+            (
+                "on the CPU at a line of its own in a process that maps CUDA: CUDA spins while it waits for the device",
+                *_flag(thread),
+            ),
+        )
     if thread.active is False:
-        return WaitState(WaitKind.UNKNOWN, Confidence.LIKELY,
-                         ("idle in a C call (py-spy): blocked, on what the Python stack does not say",))
+        return WaitState(
+            WaitKind.UNKNOWN,
+            Confidence.LIKELY,
+            ("idle in a C call (py-spy): blocked, on what the Python stack does not say",),
+        )
     if thread.active is True:
         sure = Confidence.LIKELY if syscall == "running" else Confidence.POSSIBLE
-        return WaitState(WaitKind.RUNNING, sure, tuple(["on the CPU (py-spy active)"]
-                                               + ([_syscall_words(syscall)] if syscall else [])))
+        return WaitState(
+            WaitKind.RUNNING,
+            sure,
+            tuple(["on the CPU (py-spy active)"] + ([_syscall_words(syscall)] if syscall else [])),
+        )
     return WaitState(WaitKind.UNKNOWN, Confidence.POSSIBLE, ("no idle/active flag and no system call in the capture",))
 
 

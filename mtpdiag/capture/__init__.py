@@ -29,10 +29,20 @@ _MAX_PARALLEL = 32
 __all__ = ["capture", "find_targets", "raylet_hints", "CaptureFailed", "STATE_GONE", "STATE_UNREADABLE"]
 
 
-def capture(pids: Iterable[int] = (), *, scan_all: bool = False, native: bool = False,
-            nonblocking: bool = False, timeout: float = 10.0, progress: bool = False,
-            host: str | None = None, native_timeout: float = 30.0, exclude: Collection[int] = (),
-            require_any: bool = True, meanwhile: Callable[[], object] | None = None) -> Snapshot:
+def capture(
+    pids: Iterable[int] = (),
+    *,
+    scan_all: bool = False,
+    native: bool = False,
+    nonblocking: bool = False,
+    timeout: float = 10.0,
+    progress: bool = False,
+    host: str | None = None,
+    native_timeout: float = 30.0,
+    exclude: Collection[int] = (),
+    require_any: bool = True,
+    meanwhile: Callable[[], object] | None = None,
+) -> Snapshot:
     """Capture every worker behind ``pids`` (and, with ``scan_all``, every ranked process here).
 
     ``native`` adds C/C++ frames (evidence of what a rank waits on); a native dump can take seconds, so it
@@ -48,27 +58,50 @@ def capture(pids: Iterable[int] = (), *, scan_all: bool = False, native: bool = 
     # the stacks and these facts should describe one moment. What does not change while a rank waits (the
     # command lines its layout hints come from, its mapped libraries) is read while py-spy runs.
     moments = [(pid, _Moment.read(pid)) for pid in targets]
-    started = {pid: _start_first(pid, moment.stat, native=native, nonblocking=nonblocking)
-               for pid, moment in moments[:_MAX_PARALLEL]}
+    started = {
+        pid: _start_first(pid, moment.stat, native=native, nonblocking=nonblocking)
+        for pid, moment in moments[:_MAX_PARALLEL]
+    }
 
     def one(item: tuple[int, _Moment]) -> _Dumped:
         pid, moment = item
-        return _dump_one(pid, moment.stat, started.get(pid), native=native, nonblocking=nonblocking,
-                         timeout=timeout, native_timeout=native_timeout)
+        return _dump_one(
+            pid,
+            moment.stat,
+            started.get(pid),
+            native=native,
+            nonblocking=nonblocking,
+            timeout=timeout,
+            native_timeout=native_timeout,
+        )
 
     with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(moments))) as pool:
         futures = [pool.submit(one, item) for item in moments]
         hints = _HintReader(exclude)
-        lasting = [(hints.for_process(pid) if moment.stat is not None else {}, procfs.maps_cuda(pid))
-                   for pid, moment in moments]
+        lasting = [
+            (hints.for_process(pid) if moment.stat is not None else {}, procfs.maps_cuda(pid))
+            for pid, moment in moments
+        ]
         if meanwhile is not None:
             meanwhile()
         dumps = _results(futures, show=progress and len(moments) > 4 and sys.stderr.isatty())
-    captures = [RankCapture(pid=pid, host=label, rank=moment.rank, state=dumped.state, threads=dumped.threads,
-                            env=Env.of(moment.env), error=dumped.error, nonblocking=dumped.nonblocking,
-                            main_cpu_ticks=moment.main_cpu_ticks, layout_hints=layout_hints,
-                            main_syscall=moment.main_syscall, cuda=cuda)
-                for (pid, moment), dumped, (layout_hints, cuda) in zip(moments, dumps, lasting, strict=True)]
+    captures = [
+        RankCapture(
+            pid=pid,
+            host=label,
+            rank=moment.rank,
+            state=dumped.state,
+            threads=dumped.threads,
+            env=Env.of(moment.env),
+            error=dumped.error,
+            nonblocking=dumped.nonblocking,
+            main_cpu_ticks=moment.main_cpu_ticks,
+            layout_hints=layout_hints,
+            main_syscall=moment.main_syscall,
+            cuda=cuda,
+        )
+        for (pid, moment), dumped, (layout_hints, cuda) in zip(moments, dumps, lasting, strict=True)
+    ]
     if require_any and not any(c.threads for c in captures):
         reasons = "; ".join(f"pid {c.pid}: {c.error or c.state}" for c in captures[:3])
         raise NothingCaptured(f"could not capture any of {len(captures)} target(s) ({reasons})")
@@ -90,8 +123,12 @@ class _Moment(NamedTuple):
 
     @classmethod
     def read(cls, pid: int) -> _Moment:
-        return cls(stat=procfs.read_stat(pid), env=procfs.read_env(pid) or {},
-                   main_cpu_ticks=procfs.main_thread_ticks(pid), main_syscall=procfs.main_thread_syscall(pid))
+        return cls(
+            stat=procfs.read_stat(pid),
+            env=procfs.read_env(pid) or {},
+            main_cpu_ticks=procfs.main_thread_ticks(pid),
+            main_syscall=procfs.main_thread_syscall(pid),
+        )
 
     @property
     def rank(self) -> int | None:
@@ -111,8 +148,7 @@ class _Dumped(NamedTuple):
     nonblocking: bool = False
 
 
-def _start_first(pid: int, stat: procfs.ProcStat | None, *, native: bool,
-                 nonblocking: bool) -> pyspy.Running | None:
+def _start_first(pid: int, stat: procfs.ProcStat | None, *, native: bool, nonblocking: bool) -> pyspy.Running | None:
     """The first py-spy dump of a rank, started (None for a rank that is gone): native when asked and the rank
     can be paused, else without pausing it when asked or when it is stopped already."""
     if stat is None or stat.state == "Z":
@@ -123,8 +159,16 @@ def _start_first(pid: int, stat: procfs.ProcStat | None, *, native: bool,
     return pyspy.start(pid, nonblocking=use_nonblocking)
 
 
-def _dump_one(pid: int, stat: procfs.ProcStat | None, first: pyspy.Running | None, *, native: bool,
-              nonblocking: bool, timeout: float, native_timeout: float = 30.0) -> _Dumped:
+def _dump_one(
+    pid: int,
+    stat: procfs.ProcStat | None,
+    first: pyspy.Running | None,
+    *,
+    native: bool,
+    nonblocking: bool,
+    timeout: float,
+    native_timeout: float = 30.0,
+) -> _Dumped:
     """Finish the rank's first dump (``first``, or started here), and dump it again as its failure calls for."""
     if stat is None or stat.state == "Z":
         return _Dumped(STATE_GONE, error="the process exited before it could be captured")
@@ -153,8 +197,9 @@ def _dump_one(pid: int, stat: procfs.ProcStat | None, first: pyspy.Running | Non
                 threads = pyspy.dump(pid, nonblocking=True, timeout=timeout)
             except CaptureFailed as exc2:
                 return _Dumped(STATE_UNREADABLE, error=f"{exc}; without pausing: {exc2}")
-            return _Dumped(now.state, threads, nonblocking=True,
-                           error=f"{exc}: read without pausing it (py-spy --nonblocking)")
+            return _Dumped(
+                now.state, threads, nonblocking=True, error=f"{exc}: read without pausing it (py-spy --nonblocking)"
+            )
         if use_nonblocking or now.state not in _STOPPED:
             return _Dumped(STATE_UNREADABLE, error=str(exc))
         stat, use_nonblocking = now, True
@@ -224,8 +269,13 @@ class _HintReader:
     def _of_job_drivers(self, raylet: int) -> dict[str, int]:
         """Hints of the Python processes that the raylet's job supervisors started (submitted drivers)."""
         if raylet not in self._job_driver_hints:
-            drivers = [d for child in procfs.descendants(raylet) if procfs.is_ray_job_supervisor(child)
-                       for d in procfs.descendants(child) if d not in self._own and procfs.is_python(d)]
+            drivers = [
+                d
+                for child in procfs.descendants(raylet)
+                if procfs.is_ray_job_supervisor(child)
+                for d in procfs.descendants(child)
+                if d not in self._own and procfs.is_python(d)
+            ]
             self._job_driver_hints[raylet] = cmdline.merge_hints(*(self._hints_of(d) for d in sorted(drivers)))
         return self._job_driver_hints[raylet]
 
@@ -242,7 +292,6 @@ class _HintReader:
                     stat = procfs.read_stat(pid)
                     if stat:
                         self._sessions.setdefault(stat.session, []).append(pid)
-            members = [pid for pid in self._sessions.get(session, ())
-                       if pid not in self._own and procfs.is_python(pid)]
+            members = [pid for pid in self._sessions.get(session, ()) if pid not in self._own and procfs.is_python(pid)]
             self._session_hints[session] = cmdline.merge_hints(*(self._hints_of(p) for p in members))
         return self._session_hints[session]

@@ -72,11 +72,14 @@ def _expand(pid: int, exclude: Collection[int] = ()) -> list[int]:
     if python and env is not None and "SLURM_PROCID" in env:
         return [pid]  # srun-launched worker that sets up torch.distributed from SLURM_* itself
     if env is None:
-        raise InputError(f"cannot read the environment of pid {pid} (permission denied: "
-                         "run mtpdiag as the job's user or as root)")
+        raise InputError(
+            f"cannot read the environment of pid {pid} (permission denied: run mtpdiag as the job's user or as root)"
+        )
     if unreadable:
-        raise InputError(f"pid {pid} has {unreadable} descendant process(es) whose environment cannot be read "
-                         "(permission denied: run mtpdiag as the job's user or as root)")
+        raise InputError(
+            f"pid {pid} has {unreadable} descendant process(es) whose environment cannot be read "
+            "(permission denied: run mtpdiag as the job's user or as root)"
+        )
     what = "a Python process without RANK in its environment" if python else "not a Python process"
     raise InputError(f"pid {pid} is {what} and has no ranked Python descendants")
 

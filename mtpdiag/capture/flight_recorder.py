@@ -49,14 +49,15 @@ def find_dumps(captures: tuple[RankCapture, ...], *, request: bool = False, wait
             if not answer.sent:
                 notes.append(f"rank {c.rank}: no live Flight Recorder dump ({answer.reason})")
         if not sent:
-            notes.append("no rank could be asked for a live Flight Recorder dump: the job did not set "
-                         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+            notes.append(
+                "no rank could be asked for a live Flight Recorder dump: the job did not set "
+                "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
+            )
             request = False
     files = _wait_for_files(targets, asked_at if request else None, wait_s if request else 0.0)
     if request and len(files) < len(targets):
         late = sorted(c.rank for c in targets if c.rank not in files)
-        notes.append(f"no fresh Flight Recorder dump from rank(s) {', '.join(map(str, late[:16]))} within "
-                     f"{wait_s:g} s")
+        notes.append(f"no fresh Flight Recorder dump from rank(s) {', '.join(map(str, late[:16]))} within {wait_s:g} s")
     if not files:
         return FoundDumps(None, tuple(notes))
     from mtpdiag.inputs.flight_recorder import load_fr_dumps  # only when there are dumps to read
@@ -165,8 +166,10 @@ class LiveProgress:
     def state(self, ranks: set[int] | None = None) -> dict[str, dict[int, Any]]:
         """What the next poll needs, as plain data (of ``ranks`` only, if given): ``--ray`` keeps it on the
         driver between samples and hands each node's capture task the state of its ranks."""
+
         def keep(table: dict[int, Any]) -> dict[int, Any]:
             return {r: v for r, v in table.items() if ranks is None or r in ranks}
+
         return {"asked": keep(self._asked), "read_mtime": keep(self._read_mtime), "completed": keep(self._completed)}
 
     def poll(self, captures: tuple[RankCapture, ...]) -> bool:
@@ -197,8 +200,9 @@ class LiveProgress:
         if found is None:
             return False
         path, mtime = found
-        if (last is not None and mtime <= last) or (last is None and asked is not None
-                                                    and mtime < asked - self.MTIME_SLACK_S):
+        if (last is not None and mtime <= last) or (
+            last is None and asked is not None and mtime < asked - self.MTIME_SLACK_S
+        ):
             return False
         done = _completed(path, c.rank)
         if done is None:  # not a dump we can read (yet): try again at the next poll

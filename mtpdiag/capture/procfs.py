@@ -34,8 +34,15 @@ def _parse_stat(text: str) -> ProcStat:
     pid = int(text[:open_paren].strip())
     comm = text[open_paren + 1 : close_paren]
     fields = text[close_paren + 2 :].split()
-    return ProcStat(pid=pid, comm=comm, state=fields[0], ppid=int(fields[1]), pgid=int(fields[2]),
-                    cpu_ticks=int(fields[11]) + int(fields[12]), session=int(fields[3]))
+    return ProcStat(
+        pid=pid,
+        comm=comm,
+        state=fields[0],
+        ppid=int(fields[1]),
+        pgid=int(fields[2]),
+        cpu_ticks=int(fields[11]) + int(fields[12]),
+        session=int(fields[3]),
+    )
 
 
 def read_stat(pid: int) -> ProcStat | None:
@@ -169,17 +176,69 @@ def ancestors(pid: int) -> list[int]:
 # System calls a blocked thread sits in that say something about what it waits on, by machine: the
 # numbers of x86_64's table, and of the generic table that aarch64 and riscv64 use.
 _SYSCALLS = {
-    "x86_64": {219: "restart_syscall", 0: "read", 1: "write", 7: "poll", 17: "pread64", 18: "pwrite64", 19: "readv", 20: "writev",
-               23: "select", 24: "sched_yield", 35: "nanosleep", 42: "connect", 43: "accept", 44: "sendto",
-               45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 61: "wait4", 74: "fsync", 75: "fdatasync",
-               16: "ioctl", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait", 257: "openat",
-               270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 288: "accept4", 247: "waitid",
-               441: "epoll_pwait2"},
-    "generic": {128: "restart_syscall", 63: "read", 64: "write", 65: "readv", 66: "writev", 67: "pread64", 68: "pwrite64",
-                72: "pselect6", 73: "ppoll", 82: "fsync", 83: "fdatasync", 29: "ioctl", 98: "futex",
-                101: "nanosleep", 115: "clock_nanosleep", 124: "sched_yield", 22: "epoll_pwait", 56: "openat",
-                202: "accept", 203: "connect", 206: "sendto", 207: "recvfrom", 211: "sendmsg",
-                212: "recvmsg", 242: "accept4", 260: "wait4", 95: "waitid", 441: "epoll_pwait2"},
+    "x86_64": {
+        219: "restart_syscall",
+        0: "read",
+        1: "write",
+        7: "poll",
+        17: "pread64",
+        18: "pwrite64",
+        19: "readv",
+        20: "writev",
+        23: "select",
+        24: "sched_yield",
+        35: "nanosleep",
+        42: "connect",
+        43: "accept",
+        44: "sendto",
+        45: "recvfrom",
+        46: "sendmsg",
+        47: "recvmsg",
+        61: "wait4",
+        74: "fsync",
+        75: "fdatasync",
+        16: "ioctl",
+        202: "futex",
+        230: "clock_nanosleep",
+        232: "epoll_wait",
+        257: "openat",
+        270: "pselect6",
+        271: "ppoll",
+        281: "epoll_pwait",
+        288: "accept4",
+        247: "waitid",
+        441: "epoll_pwait2",
+    },
+    "generic": {
+        128: "restart_syscall",
+        63: "read",
+        64: "write",
+        65: "readv",
+        66: "writev",
+        67: "pread64",
+        68: "pwrite64",
+        72: "pselect6",
+        73: "ppoll",
+        82: "fsync",
+        83: "fdatasync",
+        29: "ioctl",
+        98: "futex",
+        101: "nanosleep",
+        115: "clock_nanosleep",
+        124: "sched_yield",
+        22: "epoll_pwait",
+        56: "openat",
+        202: "accept",
+        203: "connect",
+        206: "sendto",
+        207: "recvfrom",
+        211: "sendmsg",
+        212: "recvmsg",
+        242: "accept4",
+        260: "wait4",
+        95: "waitid",
+        441: "epoll_pwait2",
+    },
 }
 # Shared libraries whose presence makes a process a CUDA (and NCCL) one.
 _CUDA_LIBS = ("/libcuda.so", "/libcudart.so", "/libnccl.so", "libcuda.so.", "libnccl.so.")
@@ -227,7 +286,7 @@ def start_time(pid: int) -> float | None:
             text = f.read()
         with open(f"{PROC}/stat") as f:
             boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        ticks = int(text[text.rindex(")") + 2:].split()[19])
+        ticks = int(text[text.rindex(")") + 2 :].split()[19])
     except (OSError, ValueError, IndexError, StopIteration):
         return None
     return boot + ticks / os.sysconf("SC_CLK_TCK")

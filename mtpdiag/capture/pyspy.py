@@ -86,8 +86,10 @@ def finish(running: Running, timeout: float = 10.0) -> tuple[ThreadStack, ...]:
     if proc.returncode != 0:
         text = err.decode("utf-8", "replace")
         if _DENIED.search(text):
-            raise CaptureFailed(f"permission denied: py-spy cannot read pid {pid} (run mtpdiag as the job's user, "
-                                "or as root with CAP_SYS_PTRACE)")
+            raise CaptureFailed(
+                f"permission denied: py-spy cannot read pid {pid} (run mtpdiag as the job's user, "
+                "or as root with CAP_SYS_PTRACE)"
+            )
         raise CaptureFailed(one_line(text) or f"py-spy exited with {proc.returncode}")
     try:
         return threads_from_bytes(out, line_calls=partial(source.line_calls, pid), live=True)
@@ -95,8 +97,9 @@ def finish(running: Running, timeout: float = 10.0) -> tuple[ThreadStack, ...]:
         raise CaptureFailed(f"py-spy printed unreadable JSON ({exc})") from None
 
 
-def dump(pid: int, *, native: bool = False, nonblocking: bool = False,
-         timeout: float = 10.0) -> tuple[ThreadStack, ...]:
+def dump(
+    pid: int, *, native: bool = False, nonblocking: bool = False, timeout: float = 10.0
+) -> tuple[ThreadStack, ...]:
     """Every thread of ``pid``, innermost frame first. Raises CaptureFailed on failure or timeout."""
     return finish(start(pid, native=native, nonblocking=nonblocking), timeout)
 
@@ -127,4 +130,3 @@ def one_line(text: str) -> str:
         else:
             in_causes = False  # a backtrace's numbered lines are not causes
     return ": ".join(errors + causes if errors else lines)[:300]
-

@@ -128,8 +128,11 @@ class RayCluster:
             except ConnectionAbortedError as exc:
                 if not self.address.startswith("ray://") or attempt == CLIENT_ATTEMPTS:
                     raise
-                print(f"mtpdiag: note: the Ray Client server at {self.address} could not start this connection "
-                      f"({one_line(exc)}): trying again ({attempt + 1} of {CLIENT_ATTEMPTS})", file=sys.stderr)
+                print(
+                    f"mtpdiag: note: the Ray Client server at {self.address} could not start this connection "
+                    f"({one_line(exc)}): trying again ({attempt + 1} of {CLIENT_ATTEMPTS})",
+                    file=sys.stderr,
+                )
                 time.sleep(1.0)
 
     def __enter__(self) -> RayCluster:
@@ -146,14 +149,28 @@ class RayCluster:
 
     def nodes(self) -> list[Node]:
         """Every node the cluster's GCS lists, alive ones first (the driver's own node first among them)."""
-        listed = sorted(self.ray.nodes(), key=lambda n: (not n.get("Alive"), n.get("NodeID") != self._driver_node,
-                                                         n.get("NodeManagerAddress", ""), n.get("NodeID", "")))
+        listed = sorted(
+            self.ray.nodes(),
+            key=lambda n: (
+                not n.get("Alive"),
+                n.get("NodeID") != self._driver_node,
+                n.get("NodeManagerAddress", ""),
+                n.get("NodeID", ""),
+            ),
+        )
         names = [str(n.get("NodeManagerHostname") or n.get("NodeManagerAddress") or "unknown") for n in listed]
         alive = [name for name, n in zip(names, listed, strict=True) if n.get("Alive")]
-        return [Node(id=str(n["NodeID"]), ip=str(n.get("NodeManagerAddress", "")), hostname=name,
-                     label=printable(name if alive.count(name) <= 1 else f"{name}/{str(n['NodeID'])[:8]}"),
-                     alive=bool(n.get("Alive")), death=printable(str(n.get("DeathReasonMessage") or "")))
-                for name, n in zip(names, listed, strict=True)]
+        return [
+            Node(
+                id=str(n["NodeID"]),
+                ip=str(n.get("NodeManagerAddress", "")),
+                hostname=name,
+                label=printable(name if alive.count(name) <= 1 else f"{name}/{str(n['NodeID'])[:8]}"),
+                alive=bool(n.get("Alive")),
+                death=printable(str(n.get("DeathReasonMessage") or "")),
+            )
+            for name, n in zip(names, listed, strict=True)
+        ]
 
     def track_progress(self) -> ClusterProgress:
         """From now on every capture also polls the ranks' Flight Recorder progress (``watch``)."""
@@ -178,8 +195,10 @@ class RayCluster:
             hints.append(reply.get("hints") or {})
             notes += [f"node {node.describe()}: {printable(str(n))}" for n in reply.get("notes") or ()]
             if reply.get("unreadable"):
-                notes.append(f"node {node.describe()}: the environment of {reply['unreadable']} process(es) "
-                             "below the raylet could not be read (run mtpdiag as the job's user or as root)")
+                notes.append(
+                    f"node {node.describe()}: the environment of {reply['unreadable']} process(es) "
+                    "below the raylet could not be read (run mtpdiag as the job's user or as root)"
+                )
             if reply.get("bundle") is not None:
                 loaded.append(_node_captures(node, reply["bundle"]))
         check_world_sizes(loaded)
@@ -195,8 +214,11 @@ class RayCluster:
         """(node id, pid) -> main-thread CPU ns of every rank in the cluster (``watch``), and the nodes that failed."""
         alive = [n for n in self.nodes() if n.alive]
         replies, failed = self._run(alive, {"mode": "cpu"})
-        readings = {(node_id, int(pid)): ns for node_id, reply in replies.items()
-                    for pid, ns in (reply.get("cpu") or {}).items()}
+        readings = {
+            (node_id, int(pid)): ns
+            for node_id, reply in replies.items()
+            for pid, ns in (reply.get("cpu") or {}).items()
+        }
         return readings, tuple(failed)
 
     def _run(self, nodes: list[Node], request: dict[str, Any]) -> tuple[dict[str, dict], list[str]]:
@@ -208,28 +230,38 @@ class RayCluster:
             exclude = self._driver if node.id == self._driver_node else []
             strategy = NodeAffinitySchedulingStrategy(node_id=node.id, soft=False)
             try:
-                refs.append(self._remote.options(
-                    scheduling_strategy=strategy, num_cpus=0, max_retries=0, name="mtpdiag-capture",
-                ).remote({**request, "label": node.label, "exclude": exclude}))
+                refs.append(
+                    self._remote.options(
+                        scheduling_strategy=strategy,
+                        num_cpus=0,
+                        max_retries=0,
+                        name="mtpdiag-capture",
+                    ).remote({**request, "label": node.label, "exclude": exclude})
+                )
             except Exception as exc:  # a ray:// client server that cannot import mtpdiag fails here, not in a task
-                raise InputError(f"cannot submit the capture tasks to the Ray cluster at {self.address}: "
-                                 f"{why_failed(exc, self.ray)}") from None
+                raise InputError(
+                    f"cannot submit the capture tasks to the Ray cluster at {self.address}: {why_failed(exc, self.ray)}"
+                ) from None
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=self.timeout) if refs else ([], [])
         replies, failed = {}, []
         for node, ref in zip(nodes, refs, strict=True):
             why, reply = None, None
             if ref not in ready:
                 self.ray.cancel(ref, force=True)  # still queued, or stuck: end its worker
-                why = (f"the capture task did not finish within {self.timeout:g} s (the node is overloaded or "
-                       "its raylet hangs; --ray-timeout gives it longer)")
+                why = (
+                    f"the capture task did not finish within {self.timeout:g} s (the node is overloaded or "
+                    "its raylet hangs; --ray-timeout gives it longer)"
+                )
             else:
                 try:
                     reply = self.ray.get(ref)
                 except Exception as exc:  # the task's failure, as Ray raises it on the driver
                     why = why_failed(exc, self.ray)
             if why is None and not isinstance(reply, Mapping):
-                why = (f"the capture task answered {type(reply).__name__}, not a reply (mtpdiag there differs "
-                       f"from this one: pip install 'mtpdiag=={mtpdiag.__version__}')")
+                why = (
+                    f"the capture task answered {type(reply).__name__}, not a reply (mtpdiag there differs "
+                    f"from this one: pip install 'mtpdiag=={mtpdiag.__version__}')"
+                )
             elif why is None and isinstance(reply, Mapping) and reply.get("failure"):
                 why = printable(str(reply["failure"]))
             if why is None and isinstance(reply, Mapping):
@@ -277,8 +309,10 @@ def why_failed(exc: BaseException, ray: Any) -> str:
     errors = ray.exceptions
     missing = missing_mtpdiag(str(exc))
     if missing:
-        return (f"mtpdiag cannot run there (No module named '{missing}'): pip install "
-                f"'mtpdiag=={mtpdiag.__version__}' into the Python that the node's Ray workers run")
+        return (
+            f"mtpdiag cannot run there (No module named '{missing}'): pip install "
+            f"'mtpdiag=={mtpdiag.__version__}' into the Python that the node's Ray workers run"
+        )
     if isinstance(exc, errors.TaskUnschedulableError):
         return f"the capture task could not be placed on it ({one_line(exc)})"
     if isinstance(exc, (errors.NodeDiedError, errors.LocalRayletDiedError)):
@@ -320,8 +354,10 @@ def with_hints(snapshot: Snapshot, hints: dict[str, int]) -> Snapshot:
     """Every capture with the job drivers' sizes after its own: a node without the driver has none of its own."""
     if not hints:
         return snapshot
-    captures = tuple(replace(c, layout_hints=dict(sorted(cmdline.merge_hints(dict(c.layout_hints), hints).items())))
-                     for c in snapshot.captures)
+    captures = tuple(
+        replace(c, layout_hints=dict(sorted(cmdline.merge_hints(dict(c.layout_hints), hints).items())))
+        for c in snapshot.captures
+    )
     return replace(snapshot, captures=captures)
 
 
@@ -345,8 +381,10 @@ def _check_one_node_per_rank(loaded: list[FileCaptures]) -> None:
                 continue
             first = owner.setdefault(c.rank, item)
             if first is not item:
-                raise InputError(f"rank {c.rank} runs on two nodes ({first.path.removeprefix('ray node ')} and "
-                                 f"{item.path.removeprefix('ray node ')}): the cluster runs more than one ranked job")
+                raise InputError(
+                    f"rank {c.rank} runs on two nodes ({first.path.removeprefix('ray node ')} and "
+                    f"{item.path.removeprefix('ray node ')}): the cluster runs more than one ranked job"
+                )
 
 
 def _dead_nodes_note(nodes: list[Node], snapshot: Snapshot) -> list[str]:
@@ -359,5 +397,7 @@ def _dead_nodes_note(nodes: list[Node], snapshot: Snapshot) -> list[str]:
     first = dead[0]
     why = f": {first.death}" if first.death else ""
     more = f" and {len(dead) - 1} more" if len(dead) > 1 else ""
-    return [f"{world - len(captured)} of {world} ranks were on no node that answered; the cluster lists dead "
-            f"node {first.describe()}{why}{more}"]
+    return [
+        f"{world - len(captured)} of {world} ranks were on no node that answered; the cluster lists dead "
+        f"node {first.describe()}{why}{more}"
+    ]

@@ -86,18 +86,25 @@ class RayJobCluster:
         job = f"mtpdiag-capture-{uuid.uuid4().hex[:12]}"
         request = json.dumps({"timeout": self.timeout, "options": options}, separators=(",", ":"))
         try:
-            self.client.submit_job(entrypoint=ENTRYPOINT.format(request=shlex.quote(request)), submission_id=job,
-                                   entrypoint_num_cpus=0, metadata={"submitted_by": "mtpdiag"})
+            self.client.submit_job(
+                entrypoint=ENTRYPOINT.format(request=shlex.quote(request)),
+                submission_id=job,
+                entrypoint_num_cpus=0,
+                metadata={"submitted_by": "mtpdiag"},
+            )
         except Exception as exc:  # noqa: BLE001 - the server refused it: say why in one line
-            raise InputError(f"the Ray job server at {self.address} did not take the capture job: "
-                             f"{one_line(exc)}") from None
+            raise InputError(
+                f"the Ray job server at {self.address} did not take the capture job: {one_line(exc)}"
+            ) from None
         self.submitted.append(job)
         status = self._wait(job)
         logs = self._logs(job)
         reply = _reply(logs)
         if reply is None:
-            raise NothingCaptured(f"the capture job {job} on {self.address} ended {status} without a result: "
-                                  f"{_why(logs)} (ray job logs {job})")
+            raise NothingCaptured(
+                f"the capture job {job} on {self.address} ended {status} without a result: "
+                f"{_why(logs)} (ray job logs {job})"
+            )
         if "error" in reply:
             kind = NothingCaptured if reply.get("kind") == NothingCaptured.__name__ else InputError
             raise kind(f"on the cluster behind {self.address}: {printable(str(reply['error']))}")
@@ -111,8 +118,10 @@ class RayJobCluster:
                 return str(status.value)
             if time.monotonic() > deadline:
                 self.client.stop_job(job)
-                raise NothingCaptured(f"the capture job {job} did not finish within {self.timeout + START_S:g} s "
-                                      f"({status.value}; stopped; ray job logs {job} says why)")
+                raise NothingCaptured(
+                    f"the capture job {job} did not finish within {self.timeout + START_S:g} s "
+                    f"({status.value}; stopped; ray job logs {job} says why)"
+                )
             time.sleep(POLL_S)
 
     def _logs(self, job: str) -> str:
@@ -127,7 +136,7 @@ def _reply(logs: str) -> dict[str, Any] | None:
     if line is None:
         return None
     try:
-        reply = json.loads(line[len(REPLY):])
+        reply = json.loads(line[len(REPLY) :])
     except ValueError:
         return None
     return reply if isinstance(reply, dict) else None
@@ -136,8 +145,10 @@ def _reply(logs: str) -> dict[str, Any] | None:
 def _why(logs: str) -> str:
     """The log's last meaningful line; a missing mtpdiag on the head said as what to install."""
     if missing_mtpdiag(logs):
-        return ("the Python of the head's Ray job server has no mtpdiag: pip install 'mtpdiag[ray]' into the "
-                "Python that runs Ray on every node")
+        return (
+            "the Python of the head's Ray job server has no mtpdiag: pip install 'mtpdiag[ray]' into the "
+            "Python that runs Ray on every node"
+        )
     return last_line(logs) or "its log is empty"
 
 
@@ -148,10 +159,15 @@ def _cluster_capture(reply: dict[str, Any], where: str) -> ClusterCapture:
         snapshot = snapshot_from_json(str(reply["bundle"]).encode(), where)
         nodes = tuple(Node(**n) for n in reply.get("nodes") or ())
     except (KeyError, TypeError) as exc:
-        raise InputError(f"{where}: a reply this mtpdiag does not read ({exc}): the head runs another mtpdiag "
-                         "version") from None
-    return ClusterCapture(snapshot=snapshot, nodes=nodes, failed=tuple(map(str, reply.get("failed") or ())),
-                          notes=tuple(map(str, reply.get("notes") or ())))
+        raise InputError(
+            f"{where}: a reply this mtpdiag does not read ({exc}): the head runs another mtpdiag version"
+        ) from None
+    return ClusterCapture(
+        snapshot=snapshot,
+        nodes=nodes,
+        failed=tuple(map(str, reply.get("failed") or ())),
+        notes=tuple(map(str, reply.get("notes") or ())),
+    )
 
 
 # ------------------------------------------------------------------------------------ the job's side
@@ -167,16 +183,22 @@ def run_job(request: dict[str, Any]) -> dict[str, Any]:
             result = cluster.capture(**dict(request.get("options") or {}))
     except MtpdiagError as exc:
         return {"error": str(exc), "kind": type(exc).__name__}
-    return {"bundle": bundle_text(result.snapshot), "nodes": [asdict(n) for n in result.nodes],
-            "failed": list(result.failed), "notes": list(result.notes)}
+    return {
+        "bundle": bundle_text(result.snapshot),
+        "nodes": [asdict(n) for n in result.nodes],
+        "failed": list(result.failed),
+        "notes": list(result.notes),
+    }
 
 
 def main(argv: list[str]) -> int:
     try:
         request = json.loads(argv[0])
     except (IndexError, ValueError):
-        print(f"usage: python -m mtpdiag.capture.ray_job REQUEST-JSON (run by --ray http://…; {INSTALL_RAY})",
-              file=sys.stderr)
+        print(
+            f"usage: python -m mtpdiag.capture.ray_job REQUEST-JSON (run by --ray http://…; {INSTALL_RAY})",
+            file=sys.stderr,
+        )
         return 2
     reply = run_job(request)
     print(REPLY + json.dumps(reply, separators=(",", ":")), flush=True)

@@ -54,12 +54,19 @@ def capture_node(request: dict[str, Any]) -> dict[str, Any]:
             return {**reply, "cpu": {str(pid): procfs.main_thread_cpu_ns(pid) for pid in workers}}
         if not workers:
             return {**reply, "bundle": None}
-        snapshot = capture(workers, native=bool(request.get("native")), nonblocking=bool(request.get("nonblocking")),
-                           timeout=float(request.get("timeout", 10.0)),
-                           native_timeout=float(request.get("native_timeout", 30.0)),
-                           host=str(request.get("label") or ""), exclude=exclude, require_any=False)
-        snapshot, notes = with_dumps(snapshot, request=bool(request.get("fr_dump")),
-                                     wait_s=float(request.get("fr_wait", 10.0)))
+        snapshot = capture(
+            workers,
+            native=bool(request.get("native")),
+            nonblocking=bool(request.get("nonblocking")),
+            timeout=float(request.get("timeout", 10.0)),
+            native_timeout=float(request.get("native_timeout", 30.0)),
+            host=str(request.get("label") or ""),
+            exclude=exclude,
+            require_any=False,
+        )
+        snapshot, notes = with_dumps(
+            snapshot, request=bool(request.get("fr_dump")), wait_s=float(request.get("fr_wait", 10.0))
+        )
         if request.get("fr_progress") is not None:  # watch: the Flight Recorder's progress signal, kept by the driver
             progress = LiveProgress(request["fr_progress"])
             moved = progress.poll(snapshot.captures)

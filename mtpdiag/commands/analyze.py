@@ -10,8 +10,11 @@ from mtpdiag.commands import options as o
 
 
 def analyze(
-    paths: list[str] | None = typer.Argument(None, help="Bundles, py-spy (JSON or text), pystack or faulthandler "
-                                                "dumps, or directories. Optional with --fr or --log."),
+    paths: list[str] | None = typer.Argument(
+        None,
+        help="Bundles, py-spy (JSON or text), pystack or faulthandler "
+        "dumps, or directories. Optional with --fr or --log.",
+    ),
     tp: int | None = o.TP,
     cp: int | None = o.CP,
     pp: int | None = o.PP,
@@ -21,14 +24,24 @@ def analyze(
     order: str | None = o.ORDER,
     config: str | None = o.CONFIG,
     override: list[str] | None = o.OVERRIDE,
-    world_size: int | None = typer.Option(None, "--world-size", min=1,
-                                             help="World size, when the files do not carry WORLD_SIZE."),
-    rank_from: str | None = typer.Option(None, "--rank-from", help="A regular expression whose first group is "
-                                            "the rank, searched in the lines around each dump, then its path."),
-    fr: str | None = typer.Option(None, "--fr", help="torch Flight Recorder dumps of the hang: a directory, "
-                                     "or the TORCH_FR_DUMP_TEMP_FILE prefix (stacks optional)."),
-    log: list[Path] | None = typer.Option(None, "--log", help="A job log with NCCL watchdog timeout lines. "
-                                             "Repeatable."),
+    world_size: int | None = typer.Option(
+        None, "--world-size", min=1, help="World size, when the files do not carry WORLD_SIZE."
+    ),
+    rank_from: str | None = typer.Option(
+        None,
+        "--rank-from",
+        help="A regular expression whose first group is "
+        "the rank, searched in the lines around each dump, then its path.",
+    ),
+    fr: str | None = typer.Option(
+        None,
+        "--fr",
+        help="torch Flight Recorder dumps of the hang: a directory, "
+        "or the TORCH_FR_DUMP_TEMP_FILE prefix (stacks optional).",
+    ),
+    log: list[Path] | None = typer.Option(
+        None, "--log", help="A job log with NCCL watchdog timeout lines. Repeatable."
+    ),
     fmt: o.Format | None = o.FORMAT,
     as_json: bool = o.JSON,
     markdown: bool = o.MARKDOWN,
@@ -63,11 +76,21 @@ def analyze(
                 typer.echo(f"mtpdiag: note: {note}", err=True)
         if world_size is not None:
             snapshot = pipeline.with_world_size(snapshot, world_size)
-        layout_options = pipeline.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
-                                                config=config, overrides=tuple(override or ()),
-                                                world_size=world_size)
-        report = pipeline.diagnose_snapshot(snapshot, layout_options, fr=fr_dumps or snapshot.flight_recorder,
-                                            log=watchdog)
+        layout_options = pipeline.LayoutOptions(
+            tp=tp,
+            cp=cp,
+            pp=pp,
+            ep=ep,
+            etp=etp,
+            vpp=vpp,
+            order=order,
+            config=config,
+            overrides=tuple(override or ()),
+            world_size=world_size,
+        )
+        report = pipeline.diagnose_snapshot(
+            snapshot, layout_options, fr=fr_dumps or snapshot.flight_recorder, log=watchdog
+        )
         emit(report, output, html)
     if paths:
         pipeline.warn_incomplete(snapshot)

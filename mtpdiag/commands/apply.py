@@ -14,8 +14,9 @@ def apply(
     path: Path | None = PATH,
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the diff; change nothing."),
     revert: bool = typer.Option(False, "--revert", help="Restore the original from the backup, byte for byte."),
-    backup_dir: Path | None = typer.Option(None, "--backup-dir",
-                                              help="Keep FILE.mtpdiag.bak here instead of beside FILE."),
+    backup_dir: Path | None = typer.Option(
+        None, "--backup-dir", help="Keep FILE.mtpdiag.bak here instead of beside FILE."
+    ),
 ) -> None:
     """Fix the MTP/CP deadlock (verl #5895) in place: gate the collection on the last pipeline stage.
 

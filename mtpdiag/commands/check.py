@@ -9,8 +9,11 @@ import typer
 
 from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 
-PATH = typer.Option(None, "--path", help="The engine file (default: the installed verl's "
-                                         "verl/workers/engine/megatron/transformer_impl.py).")
+PATH = typer.Option(
+    None,
+    "--path",
+    help="The engine file (default: the installed verl's verl/workers/engine/megatron/transformer_impl.py).",
+)
 EXIT_BY_STATUS = {"fixed": EXIT_OK, "not-applicable": EXIT_OK, "affected": EXIT_PROBLEM, "unknown": EXIT_USAGE}
 
 
@@ -40,9 +43,14 @@ def check(
     target = engine_path(path)
     if target is None:  # verl is installed but has no Megatron engine
         where = installed_verl_dirs()[0]
-        result = EngineCheck(path=where.joinpath(*ENGINE_PARTS[1:]), status="not-applicable", lines=None,
-                             reason="this verl has no Megatron engine file", gate=None,
-                             verl_version=verl_version(where.joinpath(*ENGINE_PARTS[1:])))
+        result = EngineCheck(
+            path=where.joinpath(*ENGINE_PARTS[1:]),
+            status="not-applicable",
+            lines=None,
+            reason="this verl has no Megatron engine file",
+            gate=None,
+            verl_version=verl_version(where.joinpath(*ENGINE_PARTS[1:])),
+        )
     else:
         result = check_engine(target)
     if as_json:

@@ -22,8 +22,12 @@ def collect(
     native_timeout: float = o.NATIVE_TIMEOUT,
     nonblocking: bool = o.NONBLOCKING,
     timeout: float = o.TIMEOUT,
-    fr_dump: bool = typer.Option(False, "--fr-dump", help="Ask every rank for a fresh Flight Recorder dump through "
-                                 "the job's TORCH_NCCL_DEBUG_INFO_PIPE_FILE, and put it in the bundle."),
+    fr_dump: bool = typer.Option(
+        False,
+        "--fr-dump",
+        help="Ask every rank for a fresh Flight Recorder dump through "
+        "the job's TORCH_NCCL_DEBUG_INFO_PIPE_FILE, and put it in the bundle.",
+    ),
     ray: str | None = o.RAY,
     ray_timeout: float = o.RAY_TIMEOUT,
 ) -> None:
@@ -36,12 +40,25 @@ def collect(
     cluster = o.ray_cluster(ray, ray_timeout, pids, all_, host)
     if cluster is not None:
         with cluster:
-            snapshot = pipeline.capture_ray(cluster, native=native, native_timeout=native_timeout,
-                                            nonblocking=nonblocking, timeout=timeout, fr_dump=fr_dump)
+            snapshot = pipeline.capture_ray(
+                cluster,
+                native=native,
+                native_timeout=native_timeout,
+                nonblocking=nonblocking,
+                timeout=timeout,
+                fr_dump=fr_dump,
+            )
     else:
-        snapshot = capture(pids, scan_all=all_ or not pids, native=native,
-                           native_timeout=native_timeout, nonblocking=nonblocking,
-                           timeout=timeout, progress=True, host=host)
+        snapshot = capture(
+            pids,
+            scan_all=all_ or not pids,
+            native=native,
+            native_timeout=native_timeout,
+            nonblocking=nonblocking,
+            timeout=timeout,
+            progress=True,
+            host=host,
+        )
         snapshot = pipeline.with_flight_recorder(snapshot, request=fr_dump)
     written = save_bundle(snapshot, out)
     captured = sum(1 for c in snapshot.captures if c.threads)

@@ -27,8 +27,12 @@ def inspect(
     order: str | None = o.ORDER,
     config: str | None = o.CONFIG,
     override: list[str] | None = o.OVERRIDE,
-    fr_dump: bool = typer.Option(False, "--fr-dump", help="Ask every rank for a fresh Flight Recorder dump "
-                                 "through the job's TORCH_NCCL_DEBUG_INFO_PIPE_FILE (the job keeps running)."),
+    fr_dump: bool = typer.Option(
+        False,
+        "--fr-dump",
+        help="Ask every rank for a fresh Flight Recorder dump "
+        "through the job's TORCH_NCCL_DEBUG_INFO_PIPE_FILE (the job keeps running).",
+    ),
     fr_wait: float = typer.Option(10.0, "--fr-wait", min=0.1, help="Seconds to wait for the dumps --fr-dump asks for."),
     fmt: o.Format | None = o.FORMAT,
     as_json: bool = o.JSON,
@@ -48,17 +52,31 @@ def inspect(
     cluster = o.ray_cluster(ray, ray_timeout, pid, all_)
     if cluster is not None:
         with cluster:
-            snapshot = pipeline.capture_ray(cluster, native=native, native_timeout=native_timeout,
-                                            nonblocking=nonblocking, timeout=timeout, fr_dump=fr_dump,
-                                            fr_wait=fr_wait)
+            snapshot = pipeline.capture_ray(
+                cluster,
+                native=native,
+                native_timeout=native_timeout,
+                nonblocking=nonblocking,
+                timeout=timeout,
+                fr_dump=fr_dump,
+                fr_wait=fr_wait,
+            )
     else:
         formats = (output, "html") if html is not None else (output,)
-        snapshot = capture(list(pid or []), scan_all=all_, native=native,
-                           native_timeout=native_timeout, nonblocking=nonblocking,
-                           timeout=timeout, progress=True, meanwhile=lambda: pipeline.import_ahead(formats))
+        snapshot = capture(
+            list(pid or []),
+            scan_all=all_,
+            native=native,
+            native_timeout=native_timeout,
+            nonblocking=nonblocking,
+            timeout=timeout,
+            progress=True,
+            meanwhile=lambda: pipeline.import_ahead(formats),
+        )
         snapshot = pipeline.with_flight_recorder(snapshot, request=fr_dump, wait_s=fr_wait)
-    layout_options = pipeline.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
-                                            config=config, overrides=tuple(override or ()))
+    layout_options = pipeline.LayoutOptions(
+        tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order, config=config, overrides=tuple(override or ())
+    )
     report = pipeline.diagnose_snapshot(snapshot, layout_options, fr=snapshot.flight_recorder)
     emit(report, output, html)
     pipeline.warn_incomplete(snapshot)

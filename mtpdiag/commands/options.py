@@ -12,10 +12,18 @@ from mtpdiag.errors import InputError
 # typer options (module-level so every command spells them the same way)
 PID = typer.Option(None, "--pid", help="A worker pid, or a launcher (torchrun agent, raylet) to expand. Repeatable.")
 ALL = typer.Option(False, "--all", help="Every process on this host whose environment has RANK and WORLD_SIZE.")
-NATIVE = typer.Option(False, "--native", help="Pass --native to py-spy: C/C++ frames too, as evidence of what "
-                      "each rank waits on (the call site stays the Python one).")
-NATIVE_TIMEOUT = typer.Option(30.0, "--native-timeout", min=0.1, help="Seconds to wait for each --native dump "
-                              "before dumping that rank again without it.")
+NATIVE = typer.Option(
+    False,
+    "--native",
+    help="Pass --native to py-spy: C/C++ frames too, as evidence of what "
+    "each rank waits on (the call site stays the Python one).",
+)
+NATIVE_TIMEOUT = typer.Option(
+    30.0,
+    "--native-timeout",
+    min=0.1,
+    help="Seconds to wait for each --native dump before dumping that rank again without it.",
+)
 NONBLOCKING = typer.Option(False, "--nonblocking", help="Never pause the targets (py-spy --nonblocking).")
 TIMEOUT = typer.Option(10.0, "--timeout", min=0.1, help="Seconds to wait for each py-spy dump.")
 TP = typer.Option(None, "--tp", min=1, help="Tensor-parallel size.")
@@ -27,19 +35,34 @@ VPP = typer.Option(None, "--vpp", min=1, help="Virtual pipeline size.")
 ORDER = typer.Option(None, "--order", help="Megatron rank order (default tp-cp-ep-dp-pp).")
 CONFIG = typer.Option(None, "--config", help="A verl config YAML to read the parallel sizes from.")
 OVERRIDE = typer.Option(None, "--override", help="A hydra key=value override for --config. Repeatable.")
-FORMAT = typer.Option(None, "--format", case_sensitive=False, help="The report on stdout: console (the default), "
-                      "json (the mtpdiag.report/2 document), markdown (for an incident ticket) or html.")
+FORMAT = typer.Option(
+    None,
+    "--format",
+    case_sensitive=False,
+    help="The report on stdout: console (the default), "
+    "json (the mtpdiag.report/2 document), markdown (for an incident ticket) or html.",
+)
 JSON = typer.Option(False, "--json", help="Print the mtpdiag.report/2 JSON document (--format json).")
 MARKDOWN = typer.Option(False, "--markdown", help="Print a markdown report for an incident ticket (--format markdown).")
 HTML = typer.Option(None, "--html", help="Also write a self-contained HTML report to this file.")
-RAY = typer.Option(None, "--ray", metavar="[ADDRESS]", help="Capture every node of a Ray cluster through Ray "
-                   "itself (no pdsh, no shared directory): a capture task pinned to each node, its bundle back "
-                   "through Ray's object store. ADDRESS defaults to auto (RAY_ADDRESS, or the cluster this node "
-                   "runs); HOST:PORT of the GCS joins as a Ray driver, which listens on a port; ray://HEAD:10001 "
-                   "(Ray Client) and http://HEAD:8265 (the job server, as ray job submit; not for watch) open no port "
-                   "here. Needs mtpdiag and py-spy on every node, and Ray here: pip install 'mtpdiag\\[ray]'.")
-RAY_TIMEOUT = typer.Option(60.0, "--ray-timeout", min=1.0, help="Seconds to wait for every node's capture task "
-                           "under --ray; a node still busy then is reported as not captured.")
+RAY = typer.Option(
+    None,
+    "--ray",
+    metavar="[ADDRESS]",
+    help="Capture every node of a Ray cluster through Ray "
+    "itself (no pdsh, no shared directory): a capture task pinned to each node, its bundle back "
+    "through Ray's object store. ADDRESS defaults to auto (RAY_ADDRESS, or the cluster this node "
+    "runs); HOST:PORT of the GCS joins as a Ray driver, which listens on a port; ray://HEAD:10001 "
+    "(Ray Client) and http://HEAD:8265 (the job server, as ray job submit; not for watch) open no port "
+    "here. Needs mtpdiag and py-spy on every node, and Ray here: pip install 'mtpdiag\\[ray]'.",
+)
+RAY_TIMEOUT = typer.Option(
+    60.0,
+    "--ray-timeout",
+    min=1.0,
+    help="Seconds to wait for every node's capture task "
+    "under --ray; a node still busy then is reported as not captured.",
+)
 
 # Options whose value may be left out, and what they mean then (``--ray`` alone is ``--ray auto``).
 OPTIONAL_VALUES = {"--ray": "auto"}
@@ -52,14 +75,20 @@ def fill_optional_values(argv: list[str]) -> list[str]:
     for i, arg in enumerate(argv):
         out.append(arg)
         if arg == "--":
-            return out + argv[i + 1:]
+            return out + argv[i + 1 :]
         if arg in OPTIONAL_VALUES and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
             out.append(OPTIONAL_VALUES[arg])
     return out
 
 
-def ray_cluster(address: str | None, timeout: float, pid: list[int] | None, all_: bool,
-                host: str | None = None, command: str = "inspect") -> Any:
+def ray_cluster(
+    address: str | None,
+    timeout: float,
+    pid: list[int] | None,
+    all_: bool,
+    host: str | None = None,
+    command: str = "inspect",
+) -> Any:
     """The connection ``--ray ADDRESS`` asks for (None without ``--ray``): a Ray driver's, or with an
     ``http(s)://`` job server, capture jobs'. The flags that pick local processes are refused with it, and
     ``watch`` with a job server, before anything connects."""
@@ -72,8 +101,10 @@ def ray_cluster(address: str | None, timeout: float, pid: list[int] | None, all_
 
     server = job_server(address)
     if server is not None and command == "watch":
-        raise InputError(f"watch samples every second and needs a driver's connection (--ray HOST:PORT of the "
-                         f"GCS, or auto on a node), not the job server at {server}; inspect and collect take it")
+        raise InputError(
+            f"watch samples every second and needs a driver's connection (--ray HOST:PORT of the "
+            f"GCS, or auto on a node), not the job server at {server}; inspect and collect take it"
+        )
     if server is not None:
         return RayJobCluster(server, timeout)
     from mtpdiag.capture.ray_cluster import RayCluster

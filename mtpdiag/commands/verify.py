@@ -21,20 +21,33 @@ def verify(
     tp: int | None = o.TP,
     cp: int | None = o.CP,
     pp: int | None = o.PP,
-    dp: int | None = typer.Option(None, "--dp", min=1, help="Data-parallel replicas in the verify world "
-                                     "(default: the fewest the layout allows, usually 1; the job's with --pid)."),
+    dp: int | None = typer.Option(
+        None,
+        "--dp",
+        min=1,
+        help="Data-parallel replicas in the verify world "
+        "(default: the fewest the layout allows, usually 1; the job's with --pid).",
+    ),
     ep: int | None = o.EP,
     etp: int | None = o.ETP,
     vpp: int | None = o.VPP,
     order: str | None = o.ORDER,
-    engine: str = typer.Option("installed", "--engine", help="fixed | buggy | both | installed | a path to "
-                               "verl's workers/engine/megatron/transformer_impl.py."),
+    engine: str = typer.Option(
+        "installed",
+        "--engine",
+        help="fixed | buggy | both | installed | a path to verl's workers/engine/megatron/transformer_impl.py.",
+    ),
     config: str | None = o.CONFIG,
     override: list[str] | None = o.OVERRIDE,
-    pid: int | None = typer.Option(None, "--pid", help="Take the parallel sizes from this hung job "
-                                      "(a worker or its launcher)."),
-    timeout: float = typer.Option(180.0, "--timeout", min=5.0, help="Seconds one world may run before it "
-                                  "counts as an error (a hang is called within seconds)."),
+    pid: int | None = typer.Option(
+        None, "--pid", help="Take the parallel sizes from this hung job (a worker or its launcher)."
+    ),
+    timeout: float = typer.Option(
+        180.0,
+        "--timeout",
+        min=5.0,
+        help="Seconds one world may run before it counts as an error (a hang is called within seconds).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the mtpdiag.verify/1 JSON document."),
 ) -> None:
     """Prove on your parallel layout that an MTP-loss gate completes with the right metric, or show it hang."""
@@ -44,8 +57,9 @@ def verify(
     from mtpdiag.fix.verify.runner import RunSpec, WatchSettings, run_all
 
     flags = {"tp": tp, "cp": cp, "pp": pp, "ep": ep, "etp": etp, "vpp": vpp}
-    layout, source = resolve_verify_layout(flags, dp=dp, order=order, config=config,
-                                           overrides=list(override or ()), pid=pid)
+    layout, source = resolve_verify_layout(
+        flags, dp=dp, order=order, config=config, overrides=list(override or ()), pid=pid
+    )
     choice = choose_engine(engine)
     require_runtime()
     if not as_json:
@@ -57,8 +71,7 @@ def verify(
             if run.report is not None and run.outcome == OUTCOME_DEADLOCK:
                 typer.echo(indent(report_text(run.report)))
 
-    runs = run_all(layout, [RunSpec(e, g) for e, g in choice.runs], WatchSettings(timeout_s=timeout),
-                   on_result=show)
+    runs = run_all(layout, [RunSpec(e, g) for e, g in choice.runs], WatchSettings(timeout_s=timeout), on_result=show)
     result = VerifyResult(layout=layout, mode=choice.mode, runs=runs, engine_path=choice.path)
     if as_json:
         doc = result.to_dict()

@@ -34,15 +34,24 @@ def watch(
     pid: list[int] | None = o.PID,
     all_: bool = o.ALL,
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between samples."),
-    stall: float = typer.Option(5.0, "--stall", min=0.5,
-                                help="Call a hang after this many seconds in which no main thread ran "
-                                "and no stack changed; raise it when a healthy step idles longer "
-                                "(a data-loader wait, a slow collective)."),
-    duration: float | None = typer.Option(None, "--duration", min=0.1,
-                                             help="Stop after this many seconds: exit 0 if the job was seen to move, "
-                                             "4 if it was never seen to (watch longer)."),
-    out: Path | None = typer.Option(None, "--out", help="Bundle to write on a hang "
-                                       "(default ./mtpdiag-hang-HOST-TIME.json; a directory works)."),
+    stall: float = typer.Option(
+        5.0,
+        "--stall",
+        min=0.5,
+        help="Call a hang after this many seconds in which no main thread ran "
+        "and no stack changed; raise it when a healthy step idles longer "
+        "(a data-loader wait, a slow collective).",
+    ),
+    duration: float | None = typer.Option(
+        None,
+        "--duration",
+        min=0.1,
+        help="Stop after this many seconds: exit 0 if the job was seen to move, "
+        "4 if it was never seen to (watch longer).",
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Bundle to write on a hang (default ./mtpdiag-hang-HOST-TIME.json; a directory works)."
+    ),
     native: bool = o.NATIVE,
     native_timeout: float = o.NATIVE_TIMEOUT,
     nonblocking: bool = o.NONBLOCKING,
@@ -72,8 +81,9 @@ def watch(
     output = o.output_format(fmt, as_json, markdown)  # before the first sample, not after a long watch
     if out is not None:
         check_destination(str(out))
-    layout_options = pipeline.LayoutOptions(tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order,
-                                            config=config, overrides=tuple(override or ()))
+    layout_options = pipeline.LayoutOptions(
+        tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order, config=config, overrides=tuple(override or ())
+    )
     cluster = o.ray_cluster(ray, ray_timeout, pid, all_, command="watch")
     status = _Status()
     # The Flight Recorder's progress signal (a job that set TORCH_NCCL_DEBUG_INFO_PIPE_FILE); --ray: polled on
@@ -96,11 +106,21 @@ def watch(
         """The stacks, or None when the ranks changed under the dump (a job that is ending)."""
         try:
             if cluster is not None:
-                return pipeline.capture_ray(cluster, said=said, native=native and not busy,
-                                            native_timeout=native_timeout, nonblocking=nonblocking or busy,
-                                            timeout=timeout)
-            return capture(targets, native=native and not busy, native_timeout=native_timeout,
-                           nonblocking=nonblocking or busy, timeout=timeout)
+                return pipeline.capture_ray(
+                    cluster,
+                    said=said,
+                    native=native and not busy,
+                    native_timeout=native_timeout,
+                    nonblocking=nonblocking or busy,
+                    timeout=timeout,
+                )
+            return capture(
+                targets,
+                native=native and not busy,
+                native_timeout=native_timeout,
+                nonblocking=nonblocking or busy,
+                timeout=timeout,
+            )
         except (NothingCaptured, InputError):  # e.g. a worker that exited between discovery and its dump
             now_targets = _targets_now(list_targets)
             if now_targets is None:
@@ -124,21 +144,30 @@ def watch(
                 _ended(status, tracker, now - start)
             tracker, snapshot = pipeline.sample_once(tracker, targets, now, take_stacks, fr_progress, read_cpu)
             last = snapshot or last
-            status.show(f"watching {len(targets)} ranks: sample {tracker.samples}, "
-                        f"no progress for {tracker.stalled_for(now):.1f} s")
+            status.show(
+                f"watching {len(targets)} ranks: sample {tracker.samples}, "
+                f"no progress for {tracker.stalled_for(now):.1f} s"
+            )
             if tracker.is_hang(now, stall) and last is not None:
                 status.done()
                 # The dumps the last samples asked for (or the watchdog wrote) are fresh: no new request, no wait.
                 if cluster is None:
                     last = pipeline.with_flight_recorder(last)
-                report = pipeline.hang_report(pipeline.diagnose_snapshot(last, layout_options,
-                                                                         fr=last.flight_recorder),
-                                              tracker, now, interval, stall)
+                report = pipeline.hang_report(
+                    pipeline.diagnose_snapshot(last, layout_options, fr=last.flight_recorder),
+                    tracker,
+                    now,
+                    interval,
+                    stall,
+                )
                 if cluster is not None:
                     cluster.close()  # Ray's messages no longer share stdout with the report
                 path = save_bundle(last, pipeline.hang_bundle_path(out, last))
-                print(f"mtpdiag watch: hang after {tracker.stalled_for(now):.1f} s without progress; "
-                      f"bundle written to {path}", file=sys.stderr)
+                print(
+                    f"mtpdiag watch: hang after {tracker.stalled_for(now):.1f} s without progress; "
+                    f"bundle written to {path}",
+                    file=sys.stderr,
+                )
                 emit(report, output, html)
                 raise typer.Exit(EXIT_PROBLEM)
             time.sleep(max(0.0, interval - (time.monotonic() - now)))
@@ -155,7 +184,9 @@ def watch(
             cluster.close()
     if snapshot is None:
         _ended(status, tracker, end - start)
-    report = pipeline.progress_report(pipeline.diagnose_snapshot(snapshot, layout_options), tracker, end, interval, stall)
+    report = pipeline.progress_report(
+        pipeline.diagnose_snapshot(snapshot, layout_options), tracker, end, interval, stall
+    )
     emit(report, output, html)
     raise typer.Exit(pipeline.exit_code(report))
 
@@ -171,8 +202,10 @@ def _targets_now(list_targets: Callable[[], list]) -> list | None:
 def _ended(status: _Status, tracker: StallTracker, elapsed: float) -> NoReturn:
     """The workers are gone: the job finished (or was ended) while it was still making progress."""
     status.done()
-    print(f"mtpdiag watch: the job ended after {elapsed:.1f} s of watching ({tracker.samples} samples) "
-          "without a hang", file=sys.stderr)
+    print(
+        f"mtpdiag watch: the job ended after {elapsed:.1f} s of watching ({tracker.samples} samples) without a hang",
+        file=sys.stderr,
+    )
     raise typer.Exit(EXIT_OK)
 
 

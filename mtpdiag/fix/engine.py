@@ -49,9 +49,14 @@ class EngineCheck:
     verl_version: str | None
 
     def to_dict(self) -> dict[str, object]:
-        return {"schema": "mtpdiag.check/1", "path": str(self.path), "verl_version": self.verl_version,
-                "status": self.status, "lines": list(self.lines) if self.lines else None,
-                "reason": self.reason}
+        return {
+            "schema": "mtpdiag.check/1",
+            "path": str(self.path),
+            "verl_version": self.verl_version,
+            "status": self.status,
+            "lines": list(self.lines) if self.lines else None,
+            "reason": self.reason,
+        }
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,7 @@ def check_text(result: EngineCheck, explicit_path: bool) -> str:
 
 # ------------------------------------------------------------------------------------ locating verl
 
+
 def installed_verl_dirs() -> list[Path]:
     """Where ``import verl`` would look, without running verl (a top-level find_spec imports nothing)."""
     try:
@@ -103,8 +109,7 @@ def locate_engine() -> Path | None:
     Raises InputError when verl is not installed."""
     dirs = installed_verl_dirs()
     if not dirs:
-        raise InputError("verl is not installed in this Python; pass --path to verl's "
-                         + "/".join(ENGINE_PARTS))
+        raise InputError("verl is not installed in this Python; pass --path to verl's " + "/".join(ENGINE_PARTS))
     for d in dirs:
         candidate = d.joinpath(*ENGINE_PARTS[1:])
         if candidate.is_file():
@@ -116,7 +121,7 @@ def verl_version(engine: Path) -> str | None:
     """verl's version from the dist-info beside the ``verl`` package (installed or an unpacked wheel),
     else from the installed distribution when the file belongs to it."""
     engine = Path(engine).absolute()
-    if engine.parts[-len(ENGINE_PARTS):] != ENGINE_PARTS:
+    if engine.parts[-len(ENGINE_PARTS) :] != ENGINE_PARTS:
         return None
     root = engine.parents[len(ENGINE_PARTS) - 1]
     for dist in importlib.metadata.distributions(name="verl", path=[str(root)]):
@@ -158,13 +163,20 @@ def parse_source(data: bytes, path: Path) -> tuple[str, ast.Module]:
 
 # ------------------------------------------------------------------------------------ classification
 
+
 def check_engine(path: Path) -> EngineCheck:
     """Classify an engine file. Raises InputError when it is missing, unreadable or not Python."""
     path = Path(path)
     text, tree = parse_source(read_source(path), path)
     verdict = classify(text, tree)
-    return EngineCheck(path=path, status=verdict.status, lines=verdict.lines, reason=verdict.reason,
-                       gate=verdict.gate, verl_version=verl_version(path))
+    return EngineCheck(
+        path=path,
+        status=verdict.status,
+        lines=verdict.lines,
+        reason=verdict.reason,
+        gate=verdict.gate,
+        verl_version=verl_version(path),
+    )
 
 
 def classify_text(text: str) -> Verdict:
@@ -174,28 +186,46 @@ def classify_text(text: str) -> Verdict:
 
 def classify(text: str, tree: ast.Module) -> Verdict:
     """Find the MTP-loss collection in forward_backward_batch and judge the condition that gates it."""
-    functions = [n for n in ast.walk(tree)
-                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == ENGINE_FUNCTION]
+    functions = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == ENGINE_FUNCTION
+    ]
     collections = [gc for gc in lint.guarded_calls(tree) if is_mtp_collection(gc)]
     inside = [gc for gc in collections if gc.function in functions]
     if not functions:
         if collections:
             first = collections[0]
-            return Verdict("unknown", None, f"no {ENGINE_FUNCTION}, but the MTP loss is collected at line "
-                                            f"{first.call.lineno}; not a layout mtpdiag knows")
+            return Verdict(
+                "unknown",
+                None,
+                f"no {ENGINE_FUNCTION}, but the MTP loss is collected at line "
+                f"{first.call.lineno}; not a layout mtpdiag knows",
+            )
         return Verdict("unknown", None, f"no {ENGINE_FUNCTION} in this file: is it verl's Megatron engine?")
     if not inside:
         nested = [gc for gc in collections if gc.function is not None and _within(gc.call, functions)]
         if nested or collections:
             where = (nested or collections)[0].call.lineno
-            return Verdict("unknown", None, f"the MTP loss is collected at line {where}, outside the body of "
-                                            f"{ENGINE_FUNCTION}; not a layout mtpdiag knows")
-        return Verdict("not-applicable", None, f"{ENGINE_FUNCTION} collects no MTP loss, so the MTP/CP "
-                                               f"deadlock of {PR} cannot happen here")
+            return Verdict(
+                "unknown",
+                None,
+                f"the MTP loss is collected at line {where}, outside the body of "
+                f"{ENGINE_FUNCTION}; not a layout mtpdiag knows",
+            )
+        return Verdict(
+            "not-applicable",
+            None,
+            f"{ENGINE_FUNCTION} collects no MTP loss, so the MTP/CP deadlock of {PR} cannot happen here",
+        )
     if len(inside) > 1:
         lines = ", ".join(str(gc.call.lineno) for gc in inside)
-        return Verdict("unknown", None, f"{ENGINE_FUNCTION} collects the MTP loss {len(inside)} times (lines "
-                                        f"{lines}); mtpdiag knows the single-collection layout")
+        return Verdict(
+            "unknown",
+            None,
+            f"{ENGINE_FUNCTION} collects the MTP loss {len(inside)} times (lines "
+            f"{lines}); mtpdiag knows the single-collection layout",
+        )
     return _judge_collection(inside[0], text)
 
 
@@ -223,16 +253,29 @@ def _judge_collection(gc: lint.GuardedCall, text: str) -> Verdict:
     if splitting:
         guard, test = splitting[0]
         cond = lint.guard_text(guard, text)
-        return Verdict("affected", lines,
-                       f"{name} (an all_reduce over DP×CP) runs only where `{cond}` holds, and {test.text} "
-                       f"is false on some ranks of that group (e.g. cp > 0): they never join and training "
-                       f"hangs with context parallelism ({PR})", gate="buggy", collection=gc, block=block)
+        return Verdict(
+            "affected",
+            lines,
+            f"{name} (an all_reduce over DP×CP) runs only where `{cond}` holds, and {test.text} "
+            f"is false on some ranks of that group (e.g. cp > 0): they never join and training "
+            f"hangs with context parallelism ({PR})",
+            gate="buggy",
+            collection=gc,
+            block=block,
+        )
     if unclear:
-        return Verdict("unknown", lines, f"{name} is gated by {unclear[0]}, which mtpdiag cannot classify "
-                                         f"as rank-free or rank-dependent", collection=gc, block=block)
+        return Verdict(
+            "unknown",
+            lines,
+            f"{name} is gated by {unclear[0]}, which mtpdiag cannot classify as rank-free or rank-dependent",
+            collection=gc,
+            block=block,
+        )
     if stage_only:
-        reason = (f"{name} runs on every rank of the DP×CP group that reaches it: its gate tests only "
-                  f"{', '.join(dict.fromkeys(stage_only))}, which all members of that group share")
+        reason = (
+            f"{name} runs on every rank of the DP×CP group that reaches it: its gate tests only "
+            f"{', '.join(dict.fromkeys(stage_only))}, which all members of that group share"
+        )
     else:
         reason = f"{name} runs on every rank that reaches it (no rank-dependent gate)"
     return Verdict("fixed", lines, reason, gate="fixed", collection=gc, block=block)

@@ -81,6 +81,7 @@ class ApplyOutcome:
 
 # ------------------------------------------------------------------------------------------- pure part
 
+
 def rewrite_engine(data: bytes, name: str = "<engine>") -> Rewrite:
     """Fix the MTP block of an engine's source. Raises UnsupportedShape for unknown or odd shapes."""
     text, tree = engine.parse_source(data, Path(name))
@@ -94,15 +95,16 @@ def rewrite_engine(data: bytes, name: str = "<engine>") -> Rewrite:
     fixer = _MtpBlockFixer(verdict.collection.collective, removed)
     new_module = cst.parse_module(data).visit(fixer)
     if fixer.done != 1:
-        raise UnsupportedShape(f"{name}: left unchanged: the MTP block's `if` at line {if_node.lineno} is not "
-                               f"an indented block mtpdiag can rewrite")
+        raise UnsupportedShape(
+            f"{name}: left unchanged: the MTP block's `if` at line {if_node.lineno} is not "
+            f"an indented block mtpdiag can rewrite"
+        )
     if needs_import:
         new_module = _with_mpu_import(new_module)
     fixed = new_module.bytes
     after = engine.classify_text(fixed.decode("utf-8"))
     if after.status != "fixed":  # never write something the checker itself would not call fixed
-        raise UnsupportedShape(f"{name}: left unchanged: the rewrite did not produce the fixed shape "
-                               f"({after.reason})")
+        raise UnsupportedShape(f"{name}: left unchanged: the rewrite did not produce the fixed shape ({after.reason})")
     return Rewrite("affected", data, fixed, verdict.lines, needs_import)
 
 
@@ -111,8 +113,10 @@ def _rewritable_if(gc: lint.GuardedCall, lines: tuple[int, int], text: str, name
     UnsupportedShape."""
 
     def refuse(why: str) -> NoReturn:
-        raise UnsupportedShape(f"{name}: affected (lines {lines[0]}-{lines[1]}) but left "
-                               f"unchanged: {why}; fix it by hand after {engine.PR}")
+        raise UnsupportedShape(
+            f"{name}: affected (lines {lines[0]}-{lines[1]}) but left "
+            f"unchanged: {why}; fix it by hand after {engine.PR}"
+        )
 
     node = gc.guards[0].node if len(gc.guards) == 1 else None
     if not isinstance(node, ast.If) or gc.guards[0].kind != "if" or gc.guards[0].negated:
@@ -120,11 +124,11 @@ def _rewritable_if(gc: lint.GuardedCall, lines: tuple[int, int], text: str, name
     if node.orelse:
         refuse("the gating `if` has an else branch")
     first = node.body[0]
-    if not isinstance(first, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr)) or \
-            not any(n is gc.call for n in ast.walk(first)):
+    if not isinstance(first, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr)) or not any(
+        n is gc.call for n in ast.walk(first)
+    ):
         refuse(f"{gc.collective} is not the first statement of the gating `if`")
-    terms = node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And) \
-        else [node.test]
+    terms = node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And) else [node.test]
     removed = [i for i, t in enumerate(terms) if isinstance(t, ast.Call) and lint.call_name(t) == SRC_RANK_TEST]
     keep = [i for i in range(len(terms)) if i not in removed]
     if not removed:
@@ -155,8 +159,9 @@ def _mpu_binding(tree: ast.Module, name: str) -> bool:
             if any(isinstance(n, ast.Name) and n.id == "mpu" for t in targets for n in ast.walk(t)):
                 bad = True
     if bad:
-        raise UnsupportedShape(f"{name}: left unchanged: `mpu` is bound to something other than "
-                               f"megatron.core.parallel_state")
+        raise UnsupportedShape(
+            f"{name}: left unchanged: `mpu` is bound to something other than megatron.core.parallel_state"
+        )
     return not good
 
 
@@ -167,8 +172,12 @@ def _module_level(tree: ast.Module) -> Iterator[ast.stmt]:
         node = stack.pop(0)
         yield node
         if isinstance(node, (ast.If, ast.Try)):
-            stack[0:0] = node.body + node.orelse + getattr(node, "finalbody", []) + \
-                [s for h in getattr(node, "handlers", []) for s in h.body]
+            stack[0:0] = (
+                node.body
+                + node.orelse
+                + getattr(node, "finalbody", [])
+                + [s for h in getattr(node, "handlers", []) for s in h.body]
+            )
 
 
 def _flatten_and(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
@@ -226,8 +235,11 @@ class _MtpBlockFixer(cst.CSTTransformer):
         return updated
 
     def leave_If(self, original: cst.If, updated: cst.If) -> cst.BaseStatement:
-        if not self.depth or not isinstance(updated.body, cst.IndentedBlock) or \
-                not _calls(updated.body.body[0], self.collective):
+        if (
+            not self.depth
+            or not isinstance(updated.body, cst.IndentedBlock)
+            or not _calls(updated.body.body[0], self.collective)
+        ):
             return updated
         terms = _flatten_and(updated.test.with_changes(lpar=[], rpar=[]))
         if [i for i, t in enumerate(terms) if _cst_call_name(t) == SRC_RANK_TEST] != self.removed:
@@ -236,8 +248,9 @@ class _MtpBlockFixer(cst.CSTTransformer):
         removed = [terms[i].with_changes(lpar=[], rpar=[]) for i in self.removed]
         kept = [t for i, t in enumerate(terms) if i not in self.removed]
         has_stage = any(_cst_call_name(t) == "is_pipeline_last_stage" for t in kept)
-        stage = cst.parse_expression(STAGE_TEST).with_changes(lpar=terms[self.removed[0]].lpar,
-                                                              rpar=terms[self.removed[0]].rpar)
+        stage = cst.parse_expression(STAGE_TEST).with_changes(
+            lpar=terms[self.removed[0]].lpar, rpar=terms[self.removed[0]].rpar
+        )
         if len(terms) == 1:
             test = stage.with_changes(lpar=updated.test.lpar, rpar=updated.test.rpar)
         elif len(self.removed) == 1 and not has_stage:  # swap the one term in place: layout kept as it was
@@ -252,10 +265,12 @@ class _MtpBlockFixer(cst.CSTTransformer):
         head = body[0]
         if not isinstance(head, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             return updated
-        first = head.with_changes(leading_lines=[
-            *head.leading_lines,
-            *(cst.EmptyLine(comment=cst.Comment(line)) for line in FIX_COMMENT),
-        ])
+        first = head.with_changes(
+            leading_lines=[
+                *head.leading_lines,
+                *(cst.EmptyLine(comment=cst.Comment(line)) for line in FIX_COMMENT),
+            ]
+        )
         new_body = [first]
         if body[1:]:
             new_body.append(cst.If(test=_and_chain(removed), body=cst.IndentedBlock(body=body[1:])))
@@ -269,12 +284,17 @@ def _with_mpu_import(module: cst.Module) -> cst.Module:
     for i, stmt in enumerate(body):
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             break
-        if isinstance(stmt, cst.SimpleStatementLine) and \
-                any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body):
+        if isinstance(stmt, cst.SimpleStatementLine) and any(
+            isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
+        ):
             insert_at = i + 1
     if insert_at == 0:  # no imports: after a module docstring, if any
-        if body and isinstance(body[0], cst.SimpleStatementLine) and \
-                isinstance(body[0].body[0], cst.Expr) and isinstance(body[0].body[0].value, cst.SimpleString):
+        if (
+            body
+            and isinstance(body[0], cst.SimpleStatementLine)
+            and isinstance(body[0].body[0], cst.Expr)
+            and isinstance(body[0].body[0].value, cst.SimpleString)
+        ):
             insert_at = 1
     body.insert(insert_at, cst.parse_statement(MPU_IMPORT))
     return module.with_changes(body=body)
@@ -287,6 +307,7 @@ def unified_diff(original: bytes, fixed: bytes, path: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------ file edge
+
 
 def backup_path(path: Path, backup_dir: Path | None = None) -> Path:
     """``FILE.mtpdiag.bak`` beside the file, or ``DIR/<name>.mtpdiag.bak``."""
@@ -301,8 +322,9 @@ def apply_fix(path: Path, *, dry_run: bool = False, backup_dir: Path | None = No
     original = engine.read_source(path)
     rewrite = rewrite_engine(original, str(path))
     if not rewrite.changed:
-        action: Literal["already-fixed", "not-applicable"] = \
+        action: Literal["already-fixed", "not-applicable"] = (
             "already-fixed" if rewrite.status == "fixed" else "not-applicable"
+        )
         return ApplyOutcome(path, action, "", None, rewrite.lines, False)
     diff = unified_diff(original, rewrite.fixed, path)
     if dry_run:
@@ -341,8 +363,10 @@ def revert_fix(path: Path, *, backup_dir: Path | None = None) -> Path:
         except InputError:
             expected = None
         if current != expected:
-            raise InputError(f"{path} has changed since mtpdiag apply saved {backup}; not reverting "
-                             f"(copy the backup over it by hand if that is what you want)")
+            raise InputError(
+                f"{path} has changed since mtpdiag apply saved {backup}; not reverting "
+                f"(copy the backup over it by hand if that is what you want)"
+            )
         pause = _slow_write_pause()
         mode = _writable_mode(path)
         _remove_stale_temps(path)

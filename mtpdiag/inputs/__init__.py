@@ -26,15 +26,31 @@ from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.files import DUMP_SUFFIXES, expand, read_bytes
 from mtpdiag.model import STATE_UNKNOWN, STATE_UNREADABLE, Snapshot, who_and_why
 
-__all__ = ["DUMP_SUFFIXES", "READERS", "STATE_UNKNOWN", "STATE_UNREADABLE", "Dumped", "FileCaptures", "Inputs",
-           "ReadContext", "Reader", "TextProcess", "load_file", "load_paths", "parse_text_dump", "rank_from_name",
-           "read_inputs"]
+__all__ = [
+    "DUMP_SUFFIXES",
+    "READERS",
+    "STATE_UNKNOWN",
+    "STATE_UNREADABLE",
+    "Dumped",
+    "FileCaptures",
+    "Inputs",
+    "ReadContext",
+    "Reader",
+    "TextProcess",
+    "load_file",
+    "load_paths",
+    "parse_text_dump",
+    "rank_from_name",
+    "read_inputs",
+]
 
 
-_LAZY = {"READERS": ("mtpdiag.inputs.registry", "READERS"),  # the text readers load with the first text file
-         "rank_from_name": ("mtpdiag.inputs.identity", "rank_from_name"),  # as py-spy's JSON reader does
-         "TextProcess": ("mtpdiag.inputs.pyspy_text", "TextProcess"),
-         "parse_text_dump": ("mtpdiag.inputs.pyspy_text", "parse_text_dump")}
+_LAZY = {
+    "READERS": ("mtpdiag.inputs.registry", "READERS"),  # the text readers load with the first text file
+    "rank_from_name": ("mtpdiag.inputs.identity", "rank_from_name"),  # as py-spy's JSON reader does
+    "TextProcess": ("mtpdiag.inputs.pyspy_text", "TextProcess"),
+    "parse_text_dump": ("mtpdiag.inputs.pyspy_text", "parse_text_dump"),
+}
 
 
 def __getattr__(name: str) -> object:
@@ -81,8 +97,9 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
         except InputError as exc:
             errors.append(str(exc))
     if not loaded:
-        raise InputError(errors[0] if len(errors) == 1 else f"none of {len(errors)} files could be read "
-                         f"(first: {errors[0]})")
+        raise InputError(
+            errors[0] if len(errors) == 1 else f"none of {len(errors)} files could be read (first: {errors[0]})"
+        )
     snapshot = merge(loaded, errors)
     check_world_sizes(loaded, snapshot.world_sizes)
     check_duplicate_ranks(loaded, snapshot.captures)
@@ -90,8 +107,10 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
         if not snapshot.captures:
             raise NothingCaptured(f"the {len(loaded)} input(s) hold no capture")
         first = snapshot.captures[0]
-        raise NothingCaptured(f"no stack in {len(loaded)} input(s): all {len(snapshot.captures)} ranks in them "
-                              f"were unreadable (first: {first.source}: {who_and_why(first)})")
+        raise NothingCaptured(
+            f"no stack in {len(loaded)} input(s): all {len(snapshot.captures)} ranks in them "
+            f"were unreadable (first: {first.source}: {who_and_why(first)})"
+        )
     return Inputs(snapshot, tuple(note for item in loaded for note in item.notes))
 
 

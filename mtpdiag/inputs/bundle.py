@@ -124,8 +124,10 @@ def _not_a_bundle(schema: object, path: str, exc: msgspec.ValidationError) -> st
     if schema == BUNDLE_SCHEMA:
         return f"{path}: not a valid mtpdiag bundle ({one_line_error(exc)})"
     if isinstance(schema, str) and schema.startswith("mtpdiag.bundle/"):
-        return (f"{path}: a {printable(schema)[:40]} bundle; this mtpdiag {__version__} reads "
-                f"{BUNDLE_SCHEMA} (upgrade mtpdiag)")
+        return (
+            f"{path}: a {printable(schema)[:40]} bundle; this mtpdiag {__version__} reads "
+            f"{BUNDLE_SCHEMA} (upgrade mtpdiag)"
+        )
     return f"{path}: JSON that is neither an {BUNDLE_SCHEMA} bundle nor a py-spy dump"
 
 

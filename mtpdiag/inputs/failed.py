@@ -77,8 +77,7 @@ def read(text: str, path: str, context: ReadContext) -> FileCaptures:
     if not text.strip():
         error = "empty file: the capture printed nothing (a py-spy or pystack that hung and was killed leaves this)"
         return captures_of(path, "empty capture", [Dumped(pid=None, threads=(), error=error)], lines, context)
-    dumps = [Dumped(pid=pid, threads=(), context=tuple(chunk), error=reason)
-             for pid, chunk, reason in _chunks(lines)]
+    dumps = [Dumped(pid=pid, threads=(), context=tuple(chunk), error=reason) for pid, chunk, reason in _chunks(lines)]
     return captures_of(path, "failed capture", dumps, lines, context)
 
 

@@ -20,13 +20,18 @@ from mtpdiag.inputs.settle import captures_of, main_first, thread
 from mtpdiag.model import Frame, printable
 from mtpdiag.vocabulary.stacks import display_path
 
-_HEADER = re.compile(r"^(?P<current>Current thread|Thread) (?P<ident>0x[0-9A-Fa-f]{1,16})(?: \[(?P<name>[^\]]*)\])?"
-                     r" \(most recent call first\):$")
+_HEADER = re.compile(
+    r"^(?P<current>Current thread|Thread) (?P<ident>0x[0-9A-Fa-f]{1,16})(?: \[(?P<name>[^\]]*)\])?"
+    r" \(most recent call first\):$"
+)
 _STACK = re.compile(r"^Stack \(most recent call first\):$")
 _FRAME = re.compile(r'^File "(?P<file>.*)", line (?P<line>[0-9]{1,9}|\?\?\?) in (?P<function>.+)$')
 _BREAK = re.compile(r"^(?:Timeout \([0-9:.]+\)!|Fatal Python error: .*)$")
-_SNIFF = re.compile(r"(?:(?:Current thread|Thread) 0x[0-9A-Fa-f]{1,16}(?: \[[^\]\n]*\])?|(?:^|\s)Stack)"
-                    r" \(most recent call first\):", re.MULTILINE)
+_SNIFF = re.compile(
+    r"(?:(?:Current thread|Thread) 0x[0-9A-Fa-f]{1,16}(?: \[[^\]\n]*\])?|(?:^|\s)Stack)"
+    r" \(most recent call first\):",
+    re.MULTILINE,
+)
 FORM = "faulthandler"
 
 
@@ -52,19 +57,32 @@ def _dumps(lines: list[Line]) -> list[dict]:
         header = _HEADER.match(body)
         if header or _STACK.match(body):
             ident = header["ident"] if header else "0x0"
-            if dump is None or any(t[0] == ident for t in dump["threads"]) or any(x.body for x in pending) \
-                    or line.prefix != dump["prefix"]:
+            if (
+                dump is None
+                or any(t[0] == ident for t in dump["threads"])
+                or any(x.body for x in pending)
+                or line.prefix != dump["prefix"]
+            ):
                 dump = {"threads": [], "context": [], "prefix": line.prefix}
                 dumps.append(dump)
             dump["context"].extend([*pending, line])
-            current = [ident, printable(header["name"] or "") if header else "",
-                       bool(header and header["current"] == "Current thread"), []]
+            current = [
+                ident,
+                printable(header["name"] or "") if header else "",
+                bool(header and header["current"] == "Current thread"),
+                [],
+            ]
             dump["threads"].append(current)
             pending = []
         elif current is not None and (m := _FRAME.match(body)):
             line_no = m["line"]
-            current[3].append(Frame(function=printable(m["function"]), file=display_path(printable(m["file"])),
-                                    line=int(line_no) if line_no.isdigit() else 0))
+            current[3].append(
+                Frame(
+                    function=printable(m["function"]),
+                    file=display_path(printable(m["file"])),
+                    line=int(line_no) if line_no.isdigit() else 0,
+                )
+            )
             if line.prefix and dump is not None:
                 dump["context"].append(Line(line.prefix, "", line.prefix))
         elif _BREAK.match(body):

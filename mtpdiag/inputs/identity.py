@@ -74,8 +74,10 @@ def rank_of(dump: Dumped, path: str, single: bool, rank_from: re.Pattern | None)
     for claim in claims[1:]:
         if claim.rank != claims[0].rank:
             first = claims[0]
-            raise InputError(f"{path}: {first.where} says rank {first.rank} but {claim.where} says rank "
-                             f"{claim.rank} (pass --rank-from REGEX to say which)")
+            raise InputError(
+                f"{path}: {first.where} says rank {first.rank} but {claim.where} says rank "
+                f"{claim.rank} (pass --rank-from REGEX to say which)"
+            )
     return claims[0].rank if claims else None
 
 

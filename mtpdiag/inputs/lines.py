@@ -21,7 +21,9 @@ _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b
 # ``(WorkerDict pid=1234, ip=10.0.0.1)``, ``rank3:``. Never a frame: frames do not start with these.
 _PREFIX = re.compile(r"^(?:\[[^\[\]\n]{1,100}\]:?|\([A-Za-z_][\w.:]* pid=[0-9]+[^()\n]{0,80}\)|rank[0-9]{1,9}:)[ \t]?")
 # A shell command running py-spy or pystack, after a prompt (``$ ``, ``root@node:~# ``) or alone.
-_COMMAND = re.compile(r"(?:^|[$#%>]\s*|\s)(?:sudo\s+(?:-\S+\s+)*)?(?:\S*/)?(?P<tool>py-spy|pystack)\s+(?P<args>(?:dump|remote|core)\b.*)$")
+_COMMAND = re.compile(
+    r"(?:^|[$#%>]\s*|\s)(?:sudo\s+(?:-\S+\s+)*)?(?:\S*/)?(?P<tool>py-spy|pystack)\s+(?P<args>(?:dump|remote|core)\b.*)$"
+)
 _PID_ARG = re.compile(r"(?:--pid[= ]\s*|-p\s*|\bremote\s+(?:--?\S+\s+)*)([0-9]{1,10})\b")
 _LOCATION_ONLY = re.compile(r"^\([^()]*\)$")
 _ENV_LINE = re.compile(r"^(?:export\s+)?(?P<key>[A-Z_]+)\s*[=:]\s*(?P<value>\S+)\s*$")
@@ -61,7 +63,7 @@ def clean_lines(text: str) -> list[Line]:
         if stripped[:1] in "[(r":
             m = _PREFIX.match(stripped)
             if m and not _looks_like_frame_start(stripped, m.end()):
-                prefix, stripped = m.group().strip(), stripped[m.end():].strip()
+                prefix, stripped = m.group().strip(), stripped[m.end() :].strip()
         out.append(Line(prefix, stripped, raw))
     return out
 

@@ -26,8 +26,11 @@ def check_world_sizes(loaded: list[FileCaptures], sizes: list[int] | None = None
             if first is None:
                 first = (size, item.path)
             elif size != first[0]:
-                where = f"{item.path} says both {first[0]} and {size}" if item.path == first[1] else \
-                    f"{first[1]} says {first[0]}, {item.path} says {size}"
+                where = (
+                    f"{item.path} says both {first[0]} and {size}"
+                    if item.path == first[1]
+                    else f"{first[1]} says {first[0]}, {item.path} says {size}"
+                )
                 raise InputError(f"world sizes differ: {where}")
 
 
@@ -51,8 +54,10 @@ def check_duplicate_ranks(loaded: list[FileCaptures], captures: tuple[RankCaptur
             if rank in owner:
                 raise InputError(f"rank {rank} is in two files: {owner[rank]} and {item.path}")
             if ranks[rank] > 1 and item.snapshot is None:
-                raise InputError(f"rank {rank} is in {item.path} {ranks[rank]} times (different processes "
-                                 "name the same rank: pass --rank-from REGEX to say which line names a rank)")
+                raise InputError(
+                    f"rank {rank} is in {item.path} {ranks[rank]} times (different processes "
+                    "name the same rank: pass --rank-from REGEX to say which line names a rank)"
+                )
             owner[rank] = item.path
 
 
@@ -95,6 +100,9 @@ def merged_flight_recorder(parts: list[FRDump]) -> FRDump | None:
     dumped = set(ranks)
     missing = sorted({r for p in parts for r in p.missing} - dumped)
     notes = tuple(dict.fromkeys(n for p in parts for n in p.notes if not n.startswith("no Flight Recorder dump")))
-    return FRDump(source=", ".join(dict.fromkeys(p.source for p in parts)),
-                  ranks=tuple(ranks[r] for r in sorted(ranks)),
-                  missing=tuple(missing), notes=notes)
+    return FRDump(
+        source=", ".join(dict.fromkeys(p.source for p in parts)),
+        ranks=tuple(ranks[r] for r in sorted(ranks)),
+        missing=tuple(missing),
+        notes=notes,
+    )

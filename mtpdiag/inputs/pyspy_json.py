@@ -90,15 +90,20 @@ def read(text: str | bytes, path: str, context: ReadContext) -> FileCaptures:
         what = "no threads" if not threads else f"{len(threads)} thread(s) but no frame"
         if rank is None and pid is None:
             raise InputError(f"{path}: a py-spy dump with {what}")
-        capture = RankCapture(pid=pid, host=UNKNOWN_HOST, rank=rank, state=STATE_UNREADABLE, source=path,
-                              error=f"a py-spy --json dump with {what}")
+        capture = RankCapture(
+            pid=pid,
+            host=UNKNOWN_HOST,
+            rank=rank,
+            state=STATE_UNREADABLE,
+            source=path,
+            error=f"a py-spy --json dump with {what}",
+        )
         return FileCaptures(path, (capture,), form=FORM)
     capture = RankCapture(pid=pid, host=UNKNOWN_HOST, rank=rank, state=STATE_UNKNOWN, threads=threads, source=path)
     return FileCaptures(path, (capture,), form=FORM)
 
 
-def threads_from_bytes(data: bytes, line_calls: LineCalls | None = None,
-                       live: bool = False) -> tuple[ThreadStack, ...]:
+def threads_from_bytes(data: bytes, line_calls: LineCalls | None = None, live: bool = False) -> tuple[ThreadStack, ...]:
     """Threads of one ``py-spy dump --json`` output; ValueError (msgspec's) when it is not one.
 
     ``line_calls(file, line)``, given by a live capture, names the wait calls on each thread's innermost
@@ -165,8 +170,9 @@ def _frame(f: _Frame, scrub: bool) -> Frame:
         function = f.name or "<unknown>"
         if scrub:
             file, function = printable(file), printable(function)
-        frame = _FRAMES[key] = Frame(function=function, file=file, line=f.line if f.line is not None else 0,
-                                     native=f.module is not None)  # --native names a C frame's library
+        frame = _FRAMES[key] = Frame(
+            function=function, file=file, line=f.line if f.line is not None else 0, native=f.module is not None
+        )  # --native names a C frame's library
     if args is not None and not (f.module and not is_python_file(frame.file)):
         return replace(frame, args=args)
     return frame

@@ -38,8 +38,11 @@ _LOCALS_HEAD = re.compile(r"^(?:Arguments|Locals):$")
 _LOCAL = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*): (?P<repr>.*)$")
 _LINE_NO = re.compile(r"[0-9]{1,9}")
 _ADDRESS = re.compile(r"^0x[0-9A-Fa-f]{1,16}$")
-_SNIFF = re.compile(r"(?:^|[\s\]:)])(?:Thread (?:0x[0-9A-Fa-f]{1,16}|[0-9]{1,10}) \((?:idle|active|active\+gil|gil)\)"
-                    r"|Process [0-9]{1,10}: )", re.MULTILINE)
+_SNIFF = re.compile(
+    r"(?:^|[\s\]:)])(?:Thread (?:0x[0-9A-Fa-f]{1,16}|[0-9]{1,10}) \((?:idle|active|active\+gil|gil)\)"
+    r"|Process [0-9]{1,10}: )",
+    re.MULTILINE,
+)
 MAIN = "MainThread"
 FORM = "py-spy text"
 
@@ -125,8 +128,12 @@ def _sections(lines: list[Line]) -> list[_Section]:
             continue
         if m := _PROCESS.match(body):
             pid = int(m[1])
-            if section is not None and section.from_command and not section.threads and (
-                    section.pid in (None, pid) or failure_reason(section.bodies) is None):
+            if (
+                section is not None
+                and section.from_command
+                and not section.threads
+                and (section.pid in (None, pid) or failure_reason(section.bodies) is None)
+            ):
                 section.pid, section.from_command = pid, False
                 section.context += [*pending, line]
                 group, frame, pending = [], None, []
@@ -232,10 +239,20 @@ def _dumps(section: _Section) -> list[Dumped]:
         hints = merge_hints(hints, layout_hints(parent.split()))
     title = argv[0] if argv else ""
 
-    def dumped(pid: int | None, threads: tuple[ThreadStack, ...], context: list[Line], error: str | None,
-               native: bool = False) -> Dumped:
-        return Dumped(pid=pid, threads=threads, context=tuple(context), error=error, native=native, title=title,
-                      cmdline=section.cmdline, hints=tuple(sorted(hints.items())), launcher=is_launcher_argv(argv))
+    def dumped(
+        pid: int | None, threads: tuple[ThreadStack, ...], context: list[Line], error: str | None, native: bool = False
+    ) -> Dumped:
+        return Dumped(
+            pid=pid,
+            threads=threads,
+            context=tuple(context),
+            error=error,
+            native=native,
+            title=title,
+            cmdline=section.cmdline,
+            hints=tuple(sorted(hints.items())),
+            launcher=is_launcher_argv(argv),
+        )
 
     threads = section.threads
     if not threads and section.stray and failure_reason(section.bodies) is None:
@@ -246,7 +263,9 @@ def _dumps(section: _Section) -> list[Dumped]:
         reason = failure_reason(section.bodies) or (
             "the dump stops after its process header: py-spy printed no thread (a process in "
             "uninterruptible sleep makes a blocking py-spy wait until it is killed)"
-            if section.cmdline or section.pid is not None else "no Thread header and no frame")
+            if section.cmdline or section.pid is not None
+            else "no Thread header and no frame"
+        )
         return [dumped(section.pid, (), section.context, reason)]
     out = []
     for i, part in enumerate(_split_at_main_threads(threads)):
@@ -294,8 +313,11 @@ def _unreadable(threads: list[_Thread], stacks: tuple[ThreadStack, ...], pid: in
         n = len(threads)
         lines = f" ({unread} line{'s' if unread != 1 else ''} under them not understood)" if unread else ""
         return f"py-spy text with {n} Thread header{'s' if n != 1 else ''} but no frame could be read{lines}"
-    main = next((s for s in stacks if pid is not None and s.native_id == pid), None) or \
-        next((s for s in stacks if s.name == MAIN), None) or stacks[0]
+    main = (
+        next((s for s in stacks if pid is not None and s.native_id == pid), None)
+        or next((s for s in stacks if s.name == MAIN), None)
+        or stacks[0]
+    )
     if not main.frames:
         t = threads[len(threads) - 1 - stacks.index(main)]
         if t.unread[0]:
@@ -317,8 +339,13 @@ def _frame(frame: list, native_dump: bool) -> Frame:
         file, line_no = where, "0"
     file = display_path(printable(file))
     native = native_dump and not is_python_file(file)
-    return Frame(function=function, file=file, line=int(line_no),
-                 args=None if native or not locals_ else FrameArgs.of(kept_args(file, locals_)), native=native)
+    return Frame(
+        function=function,
+        file=file,
+        line=int(line_no),
+        args=None if native or not locals_ else FrameArgs.of(kept_args(file, locals_)),
+        native=native,
+    )
 
 
 READER = Reader(name=FORM, sniff=sniff, read=read)

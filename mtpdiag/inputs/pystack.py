@@ -22,16 +22,22 @@ from mtpdiag.model import Frame, FrameArgs, ThreadStack, printable
 from mtpdiag.vocabulary.stacks import display_path, kept_args
 from mtpdiag.vocabulary.waits import calls_in
 
-_HEADER = re.compile(r"^Traceback for thread (?P<tid>[0-9]{1,10})(?: \((?P<name>.*?)\))?(?: \[(?P<status>[^\]]*)\])?"
-                     r" \(most recent call last\):$")
+_HEADER = re.compile(
+    r"^Traceback for thread (?P<tid>[0-9]{1,10})(?: \((?P<name>.*?)\))?(?: \[(?P<status>[^\]]*)\])?"
+    r" \(most recent call last\):$"
+)
 _EMPTY = re.compile(r"^The frame stack for thread ([0-9]{1,10}) is empty$")
 _PYTHON = re.compile(r'^\(Python\) File "(?P<file>.*)", line (?P<line>[0-9]{1,9}), in (?P<function>.+)$')
-_NATIVE = re.compile(r'^\(C\) File "(?P<file>.*)", line (?P<line>[0-9]{1,9}), in (?P<function>.+?)'
-                     r'(?: \((?P<library>[^()]*)\))?$')
+_NATIVE = re.compile(
+    r'^\(C\) File "(?P<file>.*)", line (?P<line>[0-9]{1,9}), in (?P<function>.+?)'
+    r"(?: \((?P<library>[^()]*)\))?$"
+)
 _LOCALS_HEAD = re.compile(r"^(?:Arguments|Locals):$")
 _LOCAL = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*): (?P<repr>.*)$")
-_SNIFF = re.compile(r"Traceback for thread [0-9]{1,10} .*\(most recent call last\):|"
-                    r"The frame stack for thread [0-9]{1,10} is empty|\((?:Python|C)\) File \"")
+_SNIFF = re.compile(
+    r"Traceback for thread [0-9]{1,10} .*\(most recent call last\):|"
+    r"The frame stack for thread [0-9]{1,10} is empty|\((?:Python|C)\) File \""
+)
 FORM = "pystack"
 
 
@@ -76,9 +82,13 @@ def _runs(lines: list[Line]) -> list[dict]:
             if run is None:
                 run = new_run(None)
             status = (header["status"] or "") if header else ""
-            current = {"tid": int(opened[1]), "name": printable(header["name"] or "") if header else "",
-                       "active": True if "Has the GIL" in status or "collecting" in status else None,
-                       "frames": [], "context": [*pending, line]}
+            current = {
+                "tid": int(opened[1]),
+                "name": printable(header["name"] or "") if header else "",
+                "active": True if "Has the GIL" in status or "collecting" in status else None,
+                "frames": [],
+                "context": [*pending, line],
+            }
             run["threads"].append(current)
             frame, in_locals, source_next, pending = None, False, False, []
             continue
@@ -137,10 +147,20 @@ def _processes(run: dict) -> list[Dumped]:
         pid = run["pid"] if run["pid"] is not None else (ordered[0].native_id if ordered[0].frames else None)
         if pid is not None:
             ordered = tuple(sorted(threads, key=lambda t: t.native_id != pid))
-        error = None if any(t.frames for t in threads) else \
-            f"pystack output with {len(threads)} thread(s) but no frame could be read"
-        out.append(Dumped(pid=pid, threads=ordered, context=tuple(context), native=any(
-            f.native for t in threads for f in t.frames), error=error))
+        error = (
+            None
+            if any(t.frames for t in threads)
+            else f"pystack output with {len(threads)} thread(s) but no frame could be read"
+        )
+        out.append(
+            Dumped(
+                pid=pid,
+                threads=ordered,
+                context=tuple(context),
+                native=any(f.native for t in threads for f in t.frames),
+                error=error,
+            )
+        )
     return out
 
 
@@ -155,9 +175,16 @@ def _split_after_mains(stacks: list[ThreadStack]) -> list[list[int]]:
 
 
 def _stack(t: dict) -> ThreadStack:
-    frames = [Frame(function=f["function"], file=f["file"], line=f["line"], native=f["native"],
-                    args=None if f["native"] or not f["locals"] else FrameArgs.of(kept_args(f["file"], f["locals"])))
-              for f in reversed(t["frames"])]
+    frames = [
+        Frame(
+            function=f["function"],
+            file=f["file"],
+            line=f["line"],
+            native=f["native"],
+            args=None if f["native"] or not f["locals"] else FrameArgs.of(kept_args(f["file"], f["locals"])),
+        )
+        for f in reversed(t["frames"])
+    ]
     innermost = next((f for f in reversed(t["frames"]) if not f["native"]), None)
     calls = innermost.get("calls", ()) if innermost is not None else ()
     return thread(t["tid"], t["name"], tuple(frames), t["tid"], t["active"], calls)

@@ -53,5 +53,7 @@ def read_text(text: str, path: str, context: ReadContext) -> FileCaptures:
     for reader in readers():
         if reader.sniff(text, path):
             return reader.read(text, path, context)
-    raise InputError(f"{path}: not a py-spy dump, nor a bundle, faulthandler or pystack output, a tool's error, "
-                     "or frame lines such as \"f (file.py:12)\"")
+    raise InputError(
+        f"{path}: not a py-spy dump, nor a bundle, faulthandler or pystack output, a tool's error, "
+        'or frame lines such as "f (file.py:12)"'
+    )

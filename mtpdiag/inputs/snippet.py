@@ -18,8 +18,9 @@ from mtpdiag.vocabulary.stacks import display_path
 
 _SPY = re.compile(r"^(?P<function>[^\s()]+) \((?P<file>[^()\s]+?):(?P<line>[0-9]{1,9})\)$")
 _TRACEBACK = re.compile(r'^File "(?P<file>[^"]+)", line (?P<line>[0-9]{1,9})(?P<comma>,?) in (?P<function>\S+)$')
-_SNIFF = re.compile(r'^\s*(?:\S*\s)?(?:[^\s()]+ \([^()\s]+?:[0-9]{1,9}\)|File "[^"]+", line [0-9]{1,9},? in \S+)\s*$',
-                    re.MULTILINE)
+_SNIFF = re.compile(
+    r'^\s*(?:\S*\s)?(?:[^\s()]+ \([^()\s]+?:[0-9]{1,9}\)|File "[^"]+", line [0-9]{1,9},? in \S+)\s*$', re.MULTILINE
+)
 _FIRST = "most recent call first"
 FORM = "frame lines"
 

@@ -37,11 +37,17 @@ _THREAD = re.compile(r"\[[EWIF]\d{4} [\d:.]{8,24} (\d{1,12}) ")  # glog: [E1130 
 _PG_ID = re.compile(r"\[PG ID (\d{1,9}) PG GUID ([^\s()\[\]]+)(?:\(([^()\[\]]*)\))? Rank (\d{1,9})\]")
 _PG_OLD = re.compile(r"\[PG ([^\s()\[\]]+)(?: \(([^()\[\]]*)\))? Rank (\d{1,9})\]")
 _RANK = re.compile(r"\[Rank (\d{1,9})\]")
-_TIMEOUT = re.compile(r"(?:Watchdog caught collective operation timeout: |Work )WorkNCCL\((?P<work>.{0,400}?)\)"
-                      r"(?: ran for (?P<ran>\d{1,19}) milliseconds| timed out in blocking wait)")
-_FIELD = {"seq": re.compile(r"SeqNum=(\d{1,19})"), "op": re.compile(r"OpType=([A-Za-z_]{1,64})"),
-          "numel_in": re.compile(rf"NumelIn=({_N})"), "numel_out": re.compile(rf"NumelOut=({_N})"),
-          "timeout_ms": re.compile(r"Timeout\(ms\)=(\d{1,19})")}
+_TIMEOUT = re.compile(
+    r"(?:Watchdog caught collective operation timeout: |Work )WorkNCCL\((?P<work>.{0,400}?)\)"
+    r"(?: ran for (?P<ran>\d{1,19}) milliseconds| timed out in blocking wait)"
+)
+_FIELD = {
+    "seq": re.compile(r"SeqNum=(\d{1,19})"),
+    "op": re.compile(r"OpType=([A-Za-z_]{1,64})"),
+    "numel_in": re.compile(rf"NumelIn=({_N})"),
+    "numel_out": re.compile(rf"NumelOut=({_N})"),
+    "timeout_ms": re.compile(r"Timeout\(ms\)=(\d{1,19})"),
+}
 _FAILED_AT = re.compile(r"(?:at work sequence id: |detected by watchdog at work: |Timeout at NCCL work: )(\d{1,19})")
 _ENQUEUED = re.compile(rf"[Ll]ast enqueued (?:NCCL )?work: ({_N})")
 _STARTED = re.compile(rf"last started (?:NCCL )?work: ({_N})")
@@ -96,11 +102,14 @@ def load_watchdog_logs(paths: list[str]) -> WatchdogLog:
     and for logs that hold no watchdog line at all: a wrong file should not pass for "no timeout")."""
     logs = [load_watchdog_log(p) for p in paths]
     if not any(log.timeouts or log.statuses for log in logs):
-        raise InputError(f"no NCCL watchdog line (\"Watchdog caught collective operation timeout\") in "
-                         f"{', '.join(paths)}")
-    return WatchdogLog(timeouts=tuple(t for log in logs for t in log.timeouts),
-                       statuses=tuple(s for log in logs for s in log.statuses),
-                       desync=tuple(d for log in logs for d in log.desync))
+        raise InputError(
+            f'no NCCL watchdog line ("Watchdog caught collective operation timeout") in {", ".join(paths)}'
+        )
+    return WatchdogLog(
+        timeouts=tuple(t for log in logs for t in log.timeouts),
+        statuses=tuple(s for log in logs for s in log.statuses),
+        desync=tuple(d for log in logs for d in log.desync),
+    )
 
 
 def _timeout(line: str, number: int) -> WatchdogTimeout | None:
@@ -113,21 +122,35 @@ def _timeout(line: str, number: int) -> WatchdogTimeout | None:
         return None
     op_type = values["op"]
     return WatchdogTimeout(
-        line=number, rank=_global(line), group=_group(line[:m.start()]), seq=int(values["seq"]), op_type=op_type,
+        line=number,
+        rank=_global(line),
+        group=_group(line[: m.start()]),
+        seq=int(values["seq"]),
+        op_type=op_type,
         op=WORK_OP_TYPES.get(op_type, op_type.lower().lstrip("_")),
-        numel_in=_opt(values["numel_in"]), numel_out=_opt(values["numel_out"]),
-        timeout_ms=_opt(values["timeout_ms"]), ran_for_ms=_opt(m.group("ran")),
-        blocking_wait=m.group("ran") is None, thread=_first(_THREAD, line))
+        numel_in=_opt(values["numel_in"]),
+        numel_out=_opt(values["numel_out"]),
+        timeout_ms=_opt(values["timeout_ms"]),
+        ran_for_ms=_opt(m.group("ran")),
+        blocking_wait=m.group("ran") is None,
+        thread=_first(_THREAD, line),
+    )
 
 
 def _status(line: str, number: int) -> WatchdogStatus:
     failed = _FAILED_AT.search(line)
     signal = _SIGNAL.search(line)
-    return WatchdogStatus(line=number, rank=_global(line), group=_group(line),
-                          failed_seq=int(failed.group(1)) if failed else None,
-                          last_enqueued=_first(_ENQUEUED, line), last_started=_first(_STARTED, line),
-                          last_completed=_first(_COMPLETED, line),
-                          signal_from=signal.group(1).strip() if signal else None, thread=_first(_THREAD, line))
+    return WatchdogStatus(
+        line=number,
+        rank=_global(line),
+        group=_group(line),
+        failed_seq=int(failed.group(1)) if failed else None,
+        last_enqueued=_first(_ENQUEUED, line),
+        last_started=_first(_STARTED, line),
+        last_completed=_first(_COMPLETED, line),
+        signal_from=signal.group(1).strip() if signal else None,
+        thread=_first(_THREAD, line),
+    )
 
 
 def _desync(line: str, number: int) -> DesyncReport | None:
@@ -135,10 +158,14 @@ def _desync(line: str, number: int) -> DesyncReport | None:
     if not (joined or finished or lagging):
         return None
     seq = joined or finished
-    return DesyncReport(line=number, rank=_global(line), seq=int(seq.group(2)) if seq else None,
-                        joined_not_finished=_ranks(joined.group(1)) if joined else (),
-                        finished_not_joined=_ranks(finished.group(1)) if finished else (),
-                        never_joined=_ranks(lagging.group(1)) if lagging else ())
+    return DesyncReport(
+        line=number,
+        rank=_global(line),
+        seq=int(seq.group(2)) if seq else None,
+        joined_not_finished=_ranks(joined.group(1)) if joined else (),
+        finished_not_joined=_ranks(finished.group(1)) if finished else (),
+        never_joined=_ranks(lagging.group(1)) if lagging else (),
+    )
 
 
 def _join(t: WatchdogTimeout, statuses: list[WatchdogStatus], claimed: set[int]) -> WatchdogTimeout:
@@ -147,23 +174,40 @@ def _join(t: WatchdogTimeout, statuses: list[WatchdogStatus], claimed: set[int])
     logs the two back to back; other groups' lines may come between, so the same glog thread id and the
     same group rank are preferred (torch's "[Rank r]" on the timeout line is only a hint: it is the group
     rank of the first work that logged in the process)."""
-    candidates = [s for s in statuses if s.line not in claimed and s.rank == t.rank
-                  and s.failed_seq == t.seq and (t.group.name is None or s.group.name in (None, t.group.name))]
+    candidates = [
+        s
+        for s in statuses
+        if s.line not in claimed
+        and s.rank == t.rank
+        and s.failed_seq == t.seq
+        and (t.group.name is None or s.group.name in (None, t.group.name))
+    ]
     if not candidates:
         return t
-    s = min(candidates, key=lambda s: (s.thread != t.thread, s.group.rank != t.group.rank, s.line < t.line,
-                                       abs(s.line - t.line)))
+    s = min(
+        candidates,
+        key=lambda s: (s.thread != t.thread, s.group.rank != t.group.rank, s.line < t.line, abs(s.line - t.line)),
+    )
     claimed.add(s.line)
-    return replace(_merge_group(t, s.group), last_enqueued=s.last_enqueued, last_started=s.last_started,
-                   last_completed=s.last_completed)
+    return replace(
+        _merge_group(t, s.group),
+        last_enqueued=s.last_enqueued,
+        last_started=s.last_started,
+        last_completed=s.last_completed,
+    )
 
 
 def _merge_group(t: WatchdogTimeout, g: PGRef) -> WatchdogTimeout:
     old = t.group
-    return replace(t, group=PGRef(pg_id=old.pg_id if old.pg_id is not None else g.pg_id,
-                                  name=old.name if old.name is not None else g.name,
-                                  desc=old.desc if old.desc is not None else g.desc,
-                                  rank=old.rank if old.rank is not None else g.rank))
+    return replace(
+        t,
+        group=PGRef(
+            pg_id=old.pg_id if old.pg_id is not None else g.pg_id,
+            name=old.name if old.name is not None else g.name,
+            desc=old.desc if old.desc is not None else g.desc,
+            rank=old.rank if old.rank is not None else g.rank,
+        ),
+    )
 
 
 def _group(text: str) -> PGRef:

@@ -39,8 +39,23 @@ GROUP_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 # Group kinds a person thinks in, smallest first; used when a site's group must be inferred.
-INFERENCE_ORDER = ("tp", "cp", "ep", "pp", "dp", "etp", "edp", "tp_cp", "dp_cp", "tp_dp", "tp_ep", "mp",
-                   "tp_dp_cp", "tp_ep_pp", "world")
+INFERENCE_ORDER = (
+    "tp",
+    "cp",
+    "ep",
+    "pp",
+    "dp",
+    "etp",
+    "edp",
+    "tp_cp",
+    "dp_cp",
+    "tp_dp",
+    "tp_ep",
+    "mp",
+    "tp_dp_cp",
+    "tp_ep_pp",
+    "world",
+)
 
 
 class LayoutError(ValueError):
@@ -137,19 +152,15 @@ class ParallelLayout(msgspec.Struct, frozen=True, dict=True):
             raise LayoutError(f"world size must be positive, got {world_size}")
         model = tp * cp * pp
         if world_size % model:
-            raise LayoutError(
-                f"tp*cp*pp = {tp}*{cp}*{pp} = {model} does not divide the world size {world_size}"
-            )
+            raise LayoutError(f"tp*cp*pp = {tp}*{cp}*{pp} = {model} does not divide the world size {world_size}")
         expert_model = (etp or tp) * ep * pp
         if world_size % expert_model:
             raise LayoutError(
-                f"etp*ep*pp = {etp or tp}*{ep}*{pp} = {expert_model} does not divide the world size "
-                f"{world_size}"
+                f"etp*ep*pp = {etp or tp}*{ep}*{pp} = {expert_model} does not divide the world size {world_size}"
             )
         if vpp is not None and pp < 2:
             raise LayoutError("vpp needs pp > 1 (interleaved schedule)")
-        layout = ParallelLayout(tp=tp, cp=cp, ep=ep, dp=world_size // model, pp=pp, vpp=vpp, etp=etp,
-                                order=order)
+        layout = ParallelLayout(tp=tp, cp=cp, ep=ep, dp=world_size // model, pp=pp, vpp=vpp, etp=etp, order=order)
         _ = layout._dense, layout._expert  # validate the order now
         # initialize_model_parallel refuses these too (same tests, same case-sensitive endswith).
         expert_dp = world_size // expert_model
@@ -160,8 +171,10 @@ class ParallelLayout(msgspec.Struct, frozen=True, dict=True):
             )
         # With pp outermost both generators give the same pipeline groups; only other orders need the test.
         if not order.endswith("pp") and layout._dense.groups(("pp",)) != layout._expert.groups(("pp",)):
-            raise LayoutError(f"order {order!r} gives the dense and the expert layers different pipeline "
-                              f"groups, which megatron refuses")
+            raise LayoutError(
+                f"order {order!r} gives the dense and the expert layers different pipeline "
+                f"groups, which megatron refuses"
+            )
         return layout
 
     @cached_property
@@ -171,15 +184,13 @@ class ParallelLayout(msgspec.Struct, frozen=True, dict=True):
 
     @cached_property
     def _dense(self) -> _Generator:
-        return _Generator(_ordered(self.order, {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp,
-                                                "pp": self.pp}))
+        return _Generator(_ordered(self.order, {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}))
 
     @cached_property
     def _expert(self) -> _Generator:
         etp = self.etp or self.tp
         edp = self.world_size // (etp * self.ep * self.pp)
-        return _Generator(_ordered(self.order, {"tp": etp, "cp": 1, "ep": self.ep, "dp": edp,
-                                                "pp": self.pp}))
+        return _Generator(_ordered(self.order, {"tp": etp, "cp": 1, "ep": self.ep, "dp": edp, "pp": self.pp}))
 
     def coords(self, rank: int) -> dict[str, int]:
         """tp, cp, ep, dp, pp coordinates of a global rank (ep from the expert generator)."""
@@ -192,9 +203,18 @@ class ParallelLayout(msgspec.Struct, frozen=True, dict=True):
         call, at half the cost of one call per rank."""
         world = self.world_size
         (tp, tp_n), (cp, cp_n), (ep, ep_n), (dp, dp_n), (pp, pp_n) = self._digits
-        return [{"tp": rank // tp % tp_n, "cp": rank // cp % cp_n, "ep": rank // ep % ep_n,
-                 "dp": rank // dp % dp_n, "pp": rank // pp % pp_n}
-                if rank is not None and 0 <= rank < world else None for rank in ranks]
+        return [
+            {
+                "tp": rank // tp % tp_n,
+                "cp": rank // cp % cp_n,
+                "ep": rank // ep % ep_n,
+                "dp": rank // dp % dp_n,
+                "pp": rank // pp % pp_n,
+            }
+            if rank is not None and 0 <= rank < world
+            else None
+            for rank in ranks
+        ]
 
     @cached_property
     def _digits(self) -> tuple[tuple[int, int], ...]:
@@ -274,8 +294,14 @@ class ParallelLayout(msgspec.Struct, frozen=True, dict=True):
         return {}
 
     def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp,
-                                  "pp": self.pp, "order": self.order}
+        out: dict[str, object] = {
+            "tp": self.tp,
+            "cp": self.cp,
+            "ep": self.ep,
+            "dp": self.dp,
+            "pp": self.pp,
+            "order": self.order,
+        }
         if self.vpp is not None:
             out["vpp"] = self.vpp
         if self.etp is not None:

@@ -21,8 +21,8 @@ from mtpdiag.vocabulary.sizes import COMMAND_LINE_FLAGS, CONFIG_NAMES, SOURCE_KE
 class _Source(msgspec.Struct, frozen=True):
     """One place sizes came from, and how that place spells a size (for conflict messages)."""
 
-    name: str                      # "flags", "config job.yaml", "command line of the target processes"
-    label: str                     # what the returned ``source`` says about it
+    name: str  # "flags", "config job.yaml", "command line of the target processes"
+    label: str  # what the returned ``source`` says about it
     values: Mapping[str, int | str]
     spell: Callable[[str, object], str]
     world_size: int | None = None  # a world size the source implies, if any
@@ -63,8 +63,9 @@ def resolve_layout(
     overrides = list(overrides)
     if overrides and not config:
         raise InputError(f"config overrides given without a config file: {overrides[0]}")
-    sources = [s for s in (_flag_source(flags), _config_source(config, overrides), _hint_source(hints))
-               if s is not None]
+    sources = [
+        s for s in (_flag_source(flags), _config_source(config, overrides), _hint_source(hints)) if s is not None
+    ]
     if not sources:
         return None, None
     values = _merge(sources)
@@ -79,8 +80,10 @@ def resolve_layout(
             layout = smallest_world(values, holds_rank)
             if layout is None:
                 raise InputError(f"no world with these sizes ({source}) holds rank {holds_rank}")
-            return layout, (f"{source} (world size unknown: {layout.world_size} assumed, the smallest these "
-                            f"sizes fit that holds rank {holds_rank}; pass --world-size)")
+            return layout, (
+                f"{source} (world size unknown: {layout.world_size} assumed, the smallest these "
+                f"sizes fit that holds rank {holds_rank}; pass --world-size)"
+            )
     try:
         layout = ParallelLayout.for_world(world_size, **_arguments(values))
     except LayoutError as exc:
@@ -94,8 +97,7 @@ def _arguments(values: Mapping[str, int | str]) -> dict[str, Any]:
     return dict(values)
 
 
-def smallest_world(values: Mapping[str, int | str], holds_rank: int,
-                   limit: int = 1 << 18) -> ParallelLayout | None:
+def smallest_world(values: Mapping[str, int | str], holds_rank: int, limit: int = 1 << 18) -> ParallelLayout | None:
     """The layout of the smallest world that ``values`` (sizes without dp) fit and that holds ``holds_rank``."""
     step = 1
     for key in ("tp", "cp", "pp"):
@@ -133,7 +135,9 @@ def _hint_source(hints: Iterable[Mapping[str, int | str]]) -> _Source | None:
     for hint in hints:
         unknown = sorted(set(hint) - set(SOURCE_KEYS))
         if unknown:  # hints come from files too: a damaged or foreign bundle is bad input, not a bug
-            raise InputError(f"a capture's layout hints hold unknown keys {unknown[:3]} (expected {', '.join(SOURCE_KEYS)})")
+            raise InputError(
+                f"a capture's layout hints hold unknown keys {unknown[:3]} (expected {', '.join(SOURCE_KEYS)})"
+            )
         for key, value in _checked(hint, "hints").items():
             if key in merged and merged[key] != value:
                 raise InputError(

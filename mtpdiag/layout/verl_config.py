@@ -66,9 +66,9 @@ def _apply_override(cfg: DictConfig, override: str, path: str) -> None:
         value = yaml.safe_load(raw) if raw.strip() else ""
         if parsed.selects_a_group:
             return
-        if isinstance(value, str) and isinstance(OmegaConf.select(cfg, key, default=None,
-                                                                  throw_on_resolution_failure=False),
-                                                 DictConfig):
+        if isinstance(value, str) and isinstance(
+            OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False), DictConfig
+        ):
             return
         OmegaConf.update(cfg, key, value, merge=True, force_add=True)
     except (yaml.YAMLError, OmegaConfBaseException, ValueError) as exc:
@@ -89,8 +89,9 @@ def _megatron_section(cfg: DictConfig, path: str) -> tuple[str, DictConfig]:
         section = OmegaConf.select(cfg, name, throw_on_resolution_failure=False)
         if isinstance(section, DictConfig) and any(key in section for key in CONFIG_NAMES.values()):
             return name, section
-    raise InputError(f"config {path} has no megatron section ({' or '.join(CONFIG_SECTIONS)} with "
-                     f"{CONFIG_NAMES['tp']} etc.)")
+    raise InputError(
+        f"config {path} has no megatron section ({' or '.join(CONFIG_SECTIONS)} with {CONFIG_NAMES['tp']} etc.)"
+    )
 
 
 def _select(node: DictConfig, key: str, path: str, shown: str) -> object:

@@ -29,8 +29,19 @@ _GROUP_CALL_KINDS: dict[str, str] = {
     "get_expert_model_parallel_group": "ep",
 }
 
-_GROUP_TOKENS = {"tp": "tp", "tensor": "tp", "cp": "cp", "context": "cp", "dp": "dp", "data": "dp",
-                 "pp": "pp", "pipeline": "pp", "embedding": "pp", "ep": "ep", "expert": "ep"}
+_GROUP_TOKENS = {
+    "tp": "tp",
+    "tensor": "tp",
+    "cp": "cp",
+    "context": "cp",
+    "dp": "dp",
+    "data": "dp",
+    "pp": "pp",
+    "pipeline": "pp",
+    "embedding": "pp",
+    "ep": "ep",
+    "expert": "ep",
+}
 
 
 def group_coords(kind: str) -> frozenset[str]:
@@ -62,7 +73,6 @@ def known_function_rows(gc: GuardedCall, filename: str | None = None) -> tuple[K
     if not rows and "." in gc.qualname:
         rows = known_sites.rows_defined(gc.qualname)
     return rows
-
 
 
 _TRACKER_SLOTS = frozenset({"avg_group", "reduce_group"})  # what every tracker of megatron-core has

@@ -102,13 +102,21 @@ class _GuardWalker:
             if not isinstance(stmt, ast.If):
                 self.node(stmt, active)
                 continue
-            rest = tuple(stmts[i + 1:])
+            rest = tuple(stmts[i + 1 :])
             body_exits, else_exits = _exits(stmt.body), _exits(stmt.orelse)
             self.node(stmt.test, active)
-            self.block(stmt.body, active + (Guard(stmt.test, False, "if", stmt, stmt.lineno,
-                                                  tuple(stmt.orelse) + (rest if body_exits else ())),))
-            self.block(stmt.orelse, active + (Guard(stmt.test, True, "if", stmt, stmt.lineno,
-                                                    tuple(stmt.body) + (rest if else_exits else ())),))
+            self.block(
+                stmt.body,
+                active
+                + (
+                    Guard(stmt.test, False, "if", stmt, stmt.lineno, tuple(stmt.orelse) + (rest if body_exits else ())),
+                ),
+            )
+            self.block(
+                stmt.orelse,
+                active
+                + (Guard(stmt.test, True, "if", stmt, stmt.lineno, tuple(stmt.body) + (rest if else_exits else ())),),
+            )
             # After `if cond: ...; return`, the rest of the block runs only where cond is false.
             if body_exits and not else_exits:
                 active = active + (Guard(stmt.test, True, "early-exit", stmt, stmt.lineno, tuple(stmt.body)),)
@@ -155,15 +163,14 @@ class _GuardWalker:
                 for cond in gen.ifs:
                     self.node(cond, active)
                     active = active + (Guard(cond, False, "comprehension", node, cond.lineno),)
-            for part in ((node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,)):
+            for part in (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,):
                 self.node(part, active)
         else:
             if isinstance(node, ast.Call):
                 found = _collective_of(node, self.aliases)
                 if found:
                     qualname = _qualname(self.scope) if self.function is not None else None
-                    self.found.append(GuardedCall(node, found[0], found[1], guards, self.function, found[2],
-                                                  qualname))
+                    self.found.append(GuardedCall(node, found[0], found[1], guards, self.function, found[2], qualname))
             for _field, value in ast.iter_fields(node):
                 if isinstance(value, list):
                     if value and isinstance(value[0], ast.stmt):

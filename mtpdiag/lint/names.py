@@ -48,8 +48,7 @@ def import_aliases(tree: ast.AST) -> dict[str, str]:
 
 
 def keyword_true(call: ast.Call, name: str) -> bool:
-    return any(k.arg == name and isinstance(k.value, ast.Constant) and k.value.value is True
-               for k in call.keywords)
+    return any(k.arg == name and isinstance(k.value, ast.Constant) and k.value.value is True for k in call.keywords)
 
 
 def source_text(node: ast.AST, source: str) -> str:
@@ -69,7 +68,7 @@ def source_text(node: ast.AST, source: str) -> str:
         if first == last:
             text = head[col:end_col].decode()
         else:
-            text = head[col:].decode() + "".join(lines[first + 1:last]) + tail[:end_col].decode()
+            text = head[col:].decode() + "".join(lines[first + 1 : last]) + tail[:end_col].decode()
     except (AttributeError, TypeError, ValueError):  # no position (a built node), or a bad one
         text = ast.unparse(node)
     return " ".join(text.split())

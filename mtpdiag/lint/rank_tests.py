@@ -30,23 +30,42 @@ _RANK_CALL_COORDS: dict[str, frozenset[str]] = {
 }
 
 # "Am I a member of group G?" tests: around a collective on G itself they split nothing.
-_MEMBERSHIP_TESTS = {"is_rank_in_embedding_group": "get_embedding_group",
-                     "is_rank_in_position_embedding_group": "get_position_embedding_group"}
+_MEMBERSHIP_TESTS = {
+    "is_rank_in_embedding_group": "get_embedding_group",
+    "is_rank_in_position_embedding_group": "get_position_embedding_group",
+}
 _MEMBER_CALL = re.compile(r"(^|_)in(_|$)")  # is_rank_in_embedding_group, is_current_rank_in_grid
 _STAGE_CALL = re.compile(r"^is_\w*_stage$")
 _RANK_WORD = re.compile(r"(^|_)rank(_|$)")
 _TRACKER = re.compile(r"(^|_)tracker$")
-TRACKER_WHY = ("a metric tracker holds what the layers of this rank's pipeline stage saved, so whether it "
-               "is empty depends on the stage")
+TRACKER_WHY = (
+    "a metric tracker holds what the layers of this rank's pipeline stage saved, so whether it "
+    "is empty depends on the stage"
+)
 _RANK_VAR = re.compile(r"^(?:(tp|cp|dp|pp|ep)_|\w+_)?rank$")
-_RANK_ENV = frozenset({"RANK", "LOCAL_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_LOCALID",
-                       "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+_RANK_ENV = frozenset(
+    {"RANK", "LOCAL_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}
+)
 
 # Calls in a condition that say nothing about the rank (used by ``mtpdiag check``).
-RANK_FREE_CALLS = frozenset({"len", "isinstance", "getattr", "hasattr", "bool", "callable", "any", "all",
-                             "get_world_size", "get_tensor_model_parallel_world_size",
-                             "get_context_parallel_world_size", "get_pipeline_model_parallel_world_size",
-                             "get_data_parallel_world_size", "get_virtual_pipeline_model_parallel_world_size"})
+RANK_FREE_CALLS = frozenset(
+    {
+        "len",
+        "isinstance",
+        "getattr",
+        "hasattr",
+        "bool",
+        "callable",
+        "any",
+        "all",
+        "get_world_size",
+        "get_tensor_model_parallel_world_size",
+        "get_context_parallel_world_size",
+        "get_pipeline_model_parallel_world_size",
+        "get_data_parallel_world_size",
+        "get_virtual_pipeline_model_parallel_world_size",
+    }
+)
 
 
 @dataclass(frozen=True)

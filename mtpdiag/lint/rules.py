@@ -26,8 +26,13 @@ class LintFinding:
     reason: str
 
     def to_dict(self) -> dict[str, object]:
-        return {"file": self.file, "line": self.line, "collective": self.collective,
-                "condition": self.condition, "reason": self.reason}
+        return {
+            "file": self.file,
+            "line": self.line,
+            "collective": self.collective,
+            "condition": self.condition,
+            "reason": self.reason,
+        }
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,8 @@ def collectives_by_function(tree: ast.AST, calls: list[GuardedCall]) -> dict[str
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             direct.setdefault(fn.name, set()).update(by_node.get(id(fn), ()))
             callees.setdefault(fn.name, set()).update(
-                name for n in ast.walk(fn) if isinstance(n, ast.Call) and (name := call_name(n)))
+                name for n in ast.walk(fn) if isinstance(n, ast.Call) and (name := call_name(n))
+            )
     summary = {name: set(ops) for name, ops in direct.items()}
     changed = True
     while changed:
@@ -78,8 +84,9 @@ def collectives_by_function(tree: ast.AST, calls: list[GuardedCall]) -> dict[str
     return {name: frozenset(ops) for name, ops in summary.items()}
 
 
-def _judge(gc: GuardedCall, source: str, filename: str,
-           summaries: dict[str, frozenset[str]] | None = None) -> LintFinding | None:
+def _judge(
+    gc: GuardedCall, source: str, filename: str, summaries: dict[str, frozenset[str]] | None = None
+) -> LintFinding | None:
     label, span = _collective_group(gc, source, filename)
     p2p = gc.collective in P2P_CALLS
     culprits: list[tuple[Guard, list[RankTest]]] = []
@@ -91,8 +98,11 @@ def _judge(gc: GuardedCall, source: str, filename: str,
         if p2p:
             # Pipelines gate send/recv on the stage, rings on the position, bridges on membership; pairing
             # is a runtime matter, so only a p2p call whose partner appears nowhere in its function counts.
-            bad = [] if _partner_in_function(gc) else \
-                [t for t in tests if t.coords != frozenset({"pp"}) and not t.membership]
+            bad = (
+                []
+                if _partner_in_function(gc)
+                else [t for t in tests if t.coords != frozenset({"pp"}) and not t.membership]
+            )
         else:
             bad = [t for t in tests if splits(t.coords, span)]
         if bad:
@@ -102,16 +112,20 @@ def _judge(gc: GuardedCall, source: str, filename: str,
     condition = " and ".join(guard_text(g, source) for g, _ in culprits)
     first = culprits[0][1][0]
     if p2p:
-        reason = (f"{gc.collective} runs only where {first.text} holds, and nothing in this function posts the "
-                  f"matching {P2P_PARTNER.get(gc.collective, 'partner call')}: unless the peer's side is gated "
-                  f"the same way, one of them waits forever")
+        reason = (
+            f"{gc.collective} runs only where {first.text} holds, and nothing in this function posts the "
+            f"matching {P2P_PARTNER.get(gc.collective, 'partner call')}: unless the peer's side is gated "
+            f"the same way, one of them waits forever"
+        )
     else:
         varying = "every coordinate" if ANY in first.coords else "/".join(sorted(first.coords))
         if gc.source == "known" and ANY not in first.coords:  # name the group of the call it splits
             label = next((k for row in gc.rows for k in row.kinds if splits(first.coords, group_coords(k))), label)
         because = f" ({first.why})" if first.why else ""
-        reason = (f"{first.text} depends on {varying}{because}, which differs inside the {label} group of "
-                  f"{gc.collective}; ranks that skip it leave the others waiting in it forever")
+        reason = (
+            f"{first.text} depends on {varying}{because}, which differs inside the {label} group of "
+            f"{gc.collective}; ranks that skip it leave the others waiting in it forever"
+        )
         if gc.source == "known":
             reason += f" ({gc.rows[0].function}: {gc.rows[0].why})"
         elif first.why == TRACKER_WHY:
@@ -136,16 +150,19 @@ def _tests_own_group(test: RankTest, gc: GuardedCall) -> bool:
 def _partner_in_function(gc: GuardedCall) -> bool:
     partner = P2P_PARTNER.get(gc.collective, gc.collective)
     scope = gc.function if gc.function is not None else gc.call
-    return any(isinstance(n, ast.Call) and call_name(n) in (partner, "batch_isend_irecv")
-               for n in ast.walk(scope))
+    return any(isinstance(n, ast.Call) and call_name(n) in (partner, "batch_isend_irecv") for n in ast.walk(scope))
 
 
 def guard_text(guard: Guard, source: str) -> str:
     test = guard.test
     if guard.negated and isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         text = source_text(test.operand, source)
-    elif guard.negated and isinstance(test, ast.Compare) and len(test.ops) == 1 and \
-            isinstance(test.ops[0], (ast.In, ast.NotIn)):  # not (a not in b) -> a in b
+    elif (
+        guard.negated
+        and isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], (ast.In, ast.NotIn))
+    ):  # not (a not in b) -> a in b
         word = "in" if isinstance(test.ops[0], ast.NotIn) else "not in"
         text = f"{source_text(test.left, source)} {word} {source_text(test.comparators[0], source)}"
     elif guard.negated:

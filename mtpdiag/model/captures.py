@@ -183,9 +183,17 @@ class Snapshot(Record, frozen=True, kw_only=True, tag_field="schema", tag=BUNDLE
     def stored(self) -> Snapshot:
         """The snapshot as a bundle stores it: without ``watch``'s locals hashes, with the Flight Recorder's
         stacks stored once per rank (``FRDump.packed``)."""
-        captures = tuple(msgspec.structs.replace(c, threads=tuple(
-            msgspec.structs.replace(t, locals_key=None) if t.locals_key is not None else t for t in c.threads))
-            if any(t.locals_key is not None for t in c.threads) else c for c in self.captures)
+        captures = tuple(
+            msgspec.structs.replace(
+                c,
+                threads=tuple(
+                    msgspec.structs.replace(t, locals_key=None) if t.locals_key is not None else t for t in c.threads
+                ),
+            )
+            if any(t.locals_key is not None for t in c.threads)
+            else c
+            for c in self.captures
+        )
         fr = self.flight_recorder.packed() if self.flight_recorder is not None else None
         return msgspec.structs.replace(self, captures=captures, flight_recorder=fr)
 

@@ -95,7 +95,6 @@ def decode_error(exc: msgspec.MsgspecError) -> SchemaError:
     return SchemaError(one_line_error(exc))
 
 
-
 def replace(obj: T, /, **changes: object) -> T:
     """``obj`` with ``changes``: ``msgspec.structs.replace`` for the model's Structs, ``dataclasses.replace``
     for the dataclasses of the other stages."""

@@ -139,8 +139,10 @@ class FRRankDump(Record, frozen=True, kw_only=True):
         if self.stacks:  # decoded from a bundle: each entry gets its frames back
             table = [tuple(Site(f.file, f.line, f.function) for f in stack) for stack in self.stacks]
             try:
-                entries = tuple(msgspec.structs.replace(e, frames=table[e.stack], stack=-1) if e.stack >= 0 else e
-                                for e in self.entries)
+                entries = tuple(
+                    msgspec.structs.replace(e, frames=table[e.stack], stack=-1) if e.stack >= 0 else e
+                    for e in self.entries
+                )
             except IndexError:
                 raise ValueError(f"rank {self.rank}: an entry names a stack beyond the {len(table)} stored") from None
             msgspec.structs.force_setattr(self, "entries", entries)
@@ -149,8 +151,9 @@ class FRRankDump(Record, frozen=True, kw_only=True):
     def packed(self) -> FRRankDump:
         """This dump as a bundle stores it: each distinct stack once, the entries naming theirs by index."""
         index: dict[tuple[Site, ...], int] = {}
-        entries = tuple(msgspec.structs.replace(e, frames=(), stack=index.setdefault(e.frames, len(index)))
-                        for e in self.entries)
+        entries = tuple(
+            msgspec.structs.replace(e, frames=(), stack=index.setdefault(e.frames, len(index))) for e in self.entries
+        )
         stacks = tuple(tuple(FRFrame(f.file, f.line, f.function) for f in stack) for stack in index)
         out = msgspec.structs.replace(self, entries=entries, format="bundle")
         msgspec.structs.force_setattr(out, "stacks", stacks)  # not through __init__: that would unpack it

@@ -22,8 +22,7 @@ class FrameArgs(Record, frozen=True, omit_defaults=True, forbid_unknown_fields=F
 
     def items(self) -> tuple[tuple[str, int], ...]:
         """The arguments that are set, by name."""
-        return tuple((name, value) for name in self.__struct_fields__
-                     if (value := getattr(self, name)) is not None)
+        return tuple((name, value) for name in self.__struct_fields__ if (value := getattr(self, name)) is not None)
 
     @staticmethod
     def of(pairs: Iterable[tuple[str, int]]) -> FrameArgs | None:

@@ -40,10 +40,24 @@ class WatchdogTimeout(Record, frozen=True, kw_only=True):
         """The timeout as the report's ``watchdog`` section lists it (the group's fields flattened)."""
         g = self.group
         return LoggedTimeout(
-            line=self.line, rank=self.rank, pg_id=g.pg_id, pg_name=g.name, pg_desc=g.desc, group_rank=g.rank,
-            seq=self.seq, op_type=self.op_type, op=self.op, numel_in=self.numel_in, numel_out=self.numel_out,
-            timeout_ms=self.timeout_ms, ran_for_ms=self.ran_for_ms, blocking_wait=self.blocking_wait,
-            last_enqueued=self.last_enqueued, last_started=self.last_started, last_completed=self.last_completed)
+            line=self.line,
+            rank=self.rank,
+            pg_id=g.pg_id,
+            pg_name=g.name,
+            pg_desc=g.desc,
+            group_rank=g.rank,
+            seq=self.seq,
+            op_type=self.op_type,
+            op=self.op,
+            numel_in=self.numel_in,
+            numel_out=self.numel_out,
+            timeout_ms=self.timeout_ms,
+            ran_for_ms=self.ran_for_ms,
+            blocking_wait=self.blocking_wait,
+            last_enqueued=self.last_enqueued,
+            last_started=self.last_started,
+            last_completed=self.last_completed,
+        )
 
 
 class LoggedTimeout(Record, frozen=True, kw_only=True, omit_defaults=False):
@@ -105,5 +119,8 @@ class WatchdogLog(Record, frozen=True):
 
     def to_dict(self) -> dict[str, object]:
         """The log's records as JSON (the timeouts as the report lists them)."""
-        return {"timeouts": as_json_value([t.logged() for t in self.timeouts]),
-                "statuses": as_json_value(self.statuses), "desync": as_json_value(self.desync)}
+        return {
+            "timeouts": as_json_value([t.logged() for t in self.timeouts]),
+            "statuses": as_json_value(self.statuses),
+            "desync": as_json_value(self.desync),
+        }

@@ -27,12 +27,15 @@ class Renderer(msgspec.Struct, frozen=True):
     terminal: bool = False  # takes the terminal's colour and width (console)
 
 
-RENDERERS: dict[str, Renderer] = {r.name: r for r in (
-    Renderer("console", "console", terminal=True),
-    Renderer("json", "json_report"),
-    Renderer("markdown", "markdown"),
-    Renderer("html", "html"),
-)}
+RENDERERS: dict[str, Renderer] = {
+    r.name: r
+    for r in (
+        Renderer("console", "console", terminal=True),
+        Renderer("json", "json_report"),
+        Renderer("markdown", "markdown"),
+        Renderer("html", "html"),
+    )
+}
 FORMATS = tuple(RENDERERS)
 
 

@@ -13,8 +13,20 @@ from mtpdiag.model import RankView, Report
 from mtpdiag.report import words
 from mtpdiag.vocabulary.labels import coords_label
 
-PALETTE = ("red", "cyan", "yellow", "green", "magenta", "blue", "bright_red", "bright_cyan",
-           "bright_yellow", "bright_green", "bright_magenta", "bright_blue")
+PALETTE = (
+    "red",
+    "cyan",
+    "yellow",
+    "green",
+    "magenta",
+    "blue",
+    "bright_red",
+    "bright_cyan",
+    "bright_yellow",
+    "bright_green",
+    "bright_magenta",
+    "bright_blue",
+)
 GRID_MAX_CELLS = 512  # beyond this the grid is summarised; use --html for big worlds
 VERDICT_STYLE = {"problem": "bold red", "incomplete": "bold yellow", "ok": "bold green"}
 MAX_LOG_LINES = 20
@@ -38,8 +50,7 @@ def site_groups_by_rank(report: Report) -> dict[int, int]:
 def render(report: Report, color: bool = False, width: int = 120) -> str:
     """Render to a string (ANSI colour codes only when ``color``)."""
     buf = io.StringIO()
-    console = Console(file=buf, force_terminal=color, no_color=not color, width=width, highlight=False,
-                      soft_wrap=False)
+    console = Console(file=buf, force_terminal=color, no_color=not color, width=width, highlight=False, soft_wrap=False)
     print_report(console, report)
     return buf.getvalue()
 
@@ -67,8 +78,9 @@ def print_report(console: Console, report: Report) -> None:
         console.print(Text("Split collectives", style="bold underline"))
         for m in roots + [m for m in report.mismatches if m.role != "root"]:
             tag = "" if m.role == "root" else "(consequence) "
-            console.print(Text(f"- {tag}{words.mismatch_sentence(m, views, layout)}",
-                               style="" if m.role == "root" else "dim"))
+            console.print(
+                Text(f"- {tag}{words.mismatch_sentence(m, views, layout)}", style="" if m.role == "root" else "dim")
+            )
 
     if report.sites:
         console.print()
@@ -119,8 +131,12 @@ def _sites_table(report: Report) -> Table:
         style = PALETTE[i % len(PALETTE)]
         op = words.op_cell(g.op, g.wait)
         # Text, not str: a str cell is read as rich markup, and names come from the targets.
-        table.add_row(Text(group_letter(i), style=f"bold {style}"), Text(words.rank_runs(g.ranks)), Text(op),
-                      Text(words.site_label(g.site)))
+        table.add_row(
+            Text(group_letter(i), style=f"bold {style}"),
+            Text(words.rank_runs(g.ranks)),
+            Text(op),
+            Text(words.site_label(g.site)),
+        )
     return table
 
 
@@ -135,8 +151,9 @@ def _waits_table(report: Report) -> Table | None:
     table.add_column("sure", no_wrap=True)
     table.add_column("evidence")
     for ranks, kind, confidence, evidence in rows:
-        table.add_row(Text(words.rank_runs(ranks)), Text(kind.replace("_", " ")), Text(confidence),
-                      Text("; ".join(evidence)))
+        table.add_row(
+            Text(words.rank_runs(ranks)), Text(kind.replace("_", " ")), Text(confidence), Text("; ".join(evidence))
+        )
     return table
 
 
@@ -146,8 +163,7 @@ def _grid(report: Report) -> Table | Text | None:
     if not report.layout or not placed:
         return None
     if len(placed) > GRID_MAX_CELLS:
-        return Text(f"rank grid omitted for {len(placed)} ranks (over {GRID_MAX_CELLS}); use --html",
-                    style="dim")
+        return Text(f"rank grid omitted for {len(placed)} ranks (over {GRID_MAX_CELLS}); use --html", style="dim")
     by_rank = site_groups_by_rank(report)
     columns = sorted({_column_key(coords) for _, _, coords in placed})
     stages = sorted({coords["pp"] for _, _, coords in placed})
@@ -156,7 +172,8 @@ def _grid(report: Report) -> Table | Text | None:
     for col in columns:
         table.add_column(coords_label(dict(zip(COLUMN, col, strict=True)), keys=COLUMN), no_wrap=True, justify="center")
     cells: dict[tuple[int, tuple[int, int, int]], tuple[RankView, int]] = {
-        (coords["pp"], _column_key(coords)): (v, rank) for v, rank, coords in placed}
+        (coords["pp"], _column_key(coords)): (v, rank) for v, rank, coords in placed
+    }
     for stage in stages:
         row: list[Text] = [Text(f"pp{stage}", style="bold")]
         for col in columns:
@@ -176,5 +193,3 @@ def _grid(report: Report) -> Table | Text | None:
 
 def _column_key(coords: Mapping[str, int]) -> tuple[int, int, int]:
     return (coords.get("dp", 0), coords.get("cp", 0), coords.get("tp", 0))
-
-

@@ -28,8 +28,20 @@ from mtpdiag.vocabulary.labels import coords_label
 
 # The console's colours (red, cyan, yellow, green, magenta, blue, then their bright twins) as CSS, so a
 # group has the same colour in both reports. Past these, hues step by the golden angle.
-PALETTE = ("#d62728", "#17becf", "#e5c100", "#2ca02c", "#c440c4", "#1f77b4",
-           "#ff7b7b", "#7fe3f0", "#ffe066", "#8ce99a", "#f08cf0", "#74c0fc")
+PALETTE = (
+    "#d62728",
+    "#17becf",
+    "#e5c100",
+    "#2ca02c",
+    "#c440c4",
+    "#1f77b4",
+    "#ff7b7b",
+    "#7fe3f0",
+    "#ffe066",
+    "#8ce99a",
+    "#f08cf0",
+    "#74c0fc",
+)
 TABLE_MAX_COLUMNS = 16  # above this the grid switches to compact wrapped blocks, one per dp index
 TABLE_MAX_CELLS = 512
 LIST_LIMIT = 200  # long lists (split collectives, odd ranks) are cut here
@@ -42,8 +54,7 @@ def render(report: Report) -> str:
     views = {v.rank: v for v in report.ranks if v.rank is not None}
     group_of = {r: i for i, g in enumerate(report.sites) for r in g.ranks}
     script = asset("report.js")
-    csp = (f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-           f"script-src 'sha256-{_sha256(script)}'")
+    csp = f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{_sha256(script)}'"
     parts = [
         "<!doctype html>\n<html lang=en><head><meta charset=utf-8>",
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
@@ -79,8 +90,10 @@ def _header(report: Report) -> str:
     out.append(f"<p class=dim>{_e(words.layout_line(report) + world)}</p>")
     if report.progress:
         p = report.progress
-        out.append(f"<p class=dim>progress: {_e(p.samples)} samples every {_e(p.interval_s)} s; "
-                   f"stalled for {_e(p.stalled_for_s)} s</p>")
+        out.append(
+            f"<p class=dim>progress: {_e(p.samples)} samples every {_e(p.interval_s)} s; "
+            f"stalled for {_e(p.stalled_for_s)} s</p>"
+        )
     out.append("</header>")
     return "".join(out)
 
@@ -91,9 +104,11 @@ def _findings(report: Report) -> str:
     out = ["<section><h2>Findings</h2>"]
     for i, f in enumerate(report.findings):
         first = " first" if i == 0 else ""
-        out.append(f'<div class="finding{first}" data-testid=finding data-id="{_e(f.id)}">'
-                   f"<p><code class=fid>{_e(f.id)}</code> <span class=summary>{_e(f.summary)}</span></p>"
-                   f"<p class=dim>ranks {_e(words.rank_runs(f.ranks))}</p>")
+        out.append(
+            f'<div class="finding{first}" data-testid=finding data-id="{_e(f.id)}">'
+            f"<p><code class=fid>{_e(f.id)}</code> <span class=summary>{_e(f.summary)}</span></p>"
+            f"<p class=dim>ranks {_e(words.rank_runs(f.ranks))}</p>"
+        )
         if f.remedy:
             remedy = f"<code>{_e(f.remedy)}</code>" if f.remedy.startswith("mtpdiag") else _e(f.remedy)
             out.append(f"<p class=remedy>remedy: {remedy}</p>")
@@ -105,23 +120,25 @@ def _findings(report: Report) -> str:
 def _mismatches(report: Report, views: Mapping[int, RankView]) -> str:
     if not report.mismatches:
         return ""
-    ordered = [m for m in report.mismatches if m.role == "root"] + \
-              [m for m in report.mismatches if m.role != "root"]
+    ordered = [m for m in report.mismatches if m.role == "root"] + [m for m in report.mismatches if m.role != "root"]
 
     def item(m: Mismatch) -> str:
         root = m.role == "root"
         tag = "" if root else "<em>(consequence)</em> "
-        return (f'<li data-testid=mismatch class="{"root" if root else "consequence"}">'
-                f"{tag}{_e(words.mismatch_sentence(m, views, report.layout))}</li>")
+        return (
+            f'<li data-testid=mismatch class="{"root" if root else "consequence"}">'
+            f"{tag}{_e(words.mismatch_sentence(m, views, report.layout))}</li>"
+        )
 
     shown, folded = ordered[:MISMATCHES_SHOWN], ordered[MISMATCHES_SHOWN:LIST_LIMIT]
     out = ["<section><h2>Split collectives</h2><ul>"] + [item(m) for m in shown] + ["</ul>"]
     if folded:
-        out += [f"<details><summary>{len(folded)} more</summary><ul>"] + [item(m) for m in folded] + \
-            ["</ul></details>"]
+        out += [f"<details><summary>{len(folded)} more</summary><ul>"] + [item(m) for m in folded] + ["</ul></details>"]
     if len(ordered) > LIST_LIMIT:
-        out.append(f"<p class=dim>… and {len(ordered) - LIST_LIMIT} more split collectives, not shown here; "
-                   f"the --json report lists every one.</p>")
+        out.append(
+            f"<p class=dim>… and {len(ordered) - LIST_LIMIT} more split collectives, not shown here; "
+            f"the --json report lists every one.</p>"
+        )
     out.append("</section>")
     return "".join(out)
 
@@ -129,9 +146,11 @@ def _mismatches(report: Report, views: Mapping[int, RankView]) -> str:
 def _grid_section(report: Report, group_of: Mapping[int, int]) -> str:
     legend = ["<ul class=legend data-testid=legend>"]
     for i, g in enumerate(report.sites):
-        legend.append(f'<li data-g={i} title="show only group {group_letter(i)}"><i class="sw g{i}"></i>'
-                      f"<b>{group_letter(i)}</b> {_e(words.op_cell(g.op, g.wait))} at {_e(words.site_label(g.site))}"
-                      f" <span class=dim>({len(g.ranks)} rank{'s' if len(g.ranks) != 1 else ''})</span></li>")
+        legend.append(
+            f'<li data-g={i} title="show only group {group_letter(i)}"><i class="sw g{i}"></i>'
+            f"<b>{group_letter(i)}</b> {_e(words.op_cell(g.op, g.wait))} at {_e(words.site_label(g.site))}"
+            f" <span class=dim>({len(g.ranks)} rank{'s' if len(g.ranks) != 1 else ''})</span></li>"
+        )
     legend.append("</ul>")
     cells = _layout_grid(report, group_of)
     fit = " class=fit" if cells is not None and cells.startswith("<div class=tbl") else ""
@@ -139,12 +158,16 @@ def _grid_section(report: Report, group_of: Mapping[int, int]) -> str:
     if cells is None:
         cells = _list_grid(report, group_of)
         title = "Ranks (no layout: pass --tp/--cp/--pp for the pp × (dp, cp, tp) grid); colour = site group"
-    pane = ("<aside id=pane data-testid=stack-pane hidden><button id=pane-close type=button "
-            "aria-label=close>×</button><h3 id=pane-title></h3><p id=pane-meta class=dim></p>"
-            "<p id=pane-doing></p><ol id=pane-frames data-testid=stack-frames></ol></aside>")
-    return (f"<section><h2>{_e(title)}</h2>{''.join(legend)}"
-            f"<p class=dim>Hover a cell for its stack; click it for the stack pane.</p>"
-            f"<div class=gridwrap><div id=grid data-testid=grid{fit}>{cells}</div>{pane}</div></section>")
+    pane = (
+        "<aside id=pane data-testid=stack-pane hidden><button id=pane-close type=button "
+        "aria-label=close>×</button><h3 id=pane-title></h3><p id=pane-meta class=dim></p>"
+        "<p id=pane-doing></p><ol id=pane-frames data-testid=stack-frames></ol></aside>"
+    )
+    return (
+        f"<section><h2>{_e(title)}</h2>{''.join(legend)}"
+        f"<p class=dim>Hover a cell for its stack; click it for the stack pane.</p>"
+        f"<div class=gridwrap><div id=grid data-testid=grid{fit}>{cells}</div>{pane}</div></section>"
+    )
 
 
 def _layout_grid(report: Report, group_of: Mapping[int, int]) -> str | None:
@@ -164,15 +187,21 @@ def _layout_grid(report: Report, group_of: Mapping[int, int]) -> str | None:
         if rank is None:
             return "<i class=gap></i>"
         if rank not in index:
-            return (f'<i data-testid=rank-cell class=miss title="rank {rank}: not captured">'
-                    f"{'r' + str(rank) if text else ''}</i>")
+            return (
+                f'<i data-testid=rank-cell class=miss title="rank {rank}: not captured">'
+                f"{'r' + str(rank) if text else ''}</i>"
+            )
         return _cell(report.ranks[index[rank]], index[rank], group_of, text)
 
     if len(columns) <= TABLE_MAX_COLUMNS and len(cell_at) <= TABLE_MAX_CELLS:
-        out = [f'<div class=tbl style="grid-template-columns:auto repeat({len(columns)},minmax(4.2em,auto))">',
-               "<span></span>"]
-        out += [f"<span class=colh>{coords_label(dict(zip(COLUMN, col, strict=True)), keys=COLUMN, sep='<br>')}</span>"
-                for col in columns]
+        out = [
+            f'<div class=tbl style="grid-template-columns:auto repeat({len(columns)},minmax(4.2em,auto))">',
+            "<span></span>",
+        ]
+        out += [
+            f"<span class=colh>{coords_label(dict(zip(COLUMN, col, strict=True)), keys=COLUMN, sep='<br>')}</span>"
+            for col in columns
+        ]
         for stage in stages:
             out.append(f"<span class=rowh>pp{stage}</span>")
             out += [cell(stage, col, True) for col in columns]
@@ -182,7 +211,7 @@ def _layout_grid(report: Report, group_of: Mapping[int, int]) -> str | None:
     blocks: dict[int, list[tuple[int, int, int]]] = {}
     for col in columns:
         blocks.setdefault(col[0], []).append(col)
-    out = [f"<div class=blocks style=\"--tp:{tp_size}\">"]
+    out = [f'<div class=blocks style="--tp:{tp_size}">']
     for stage in stages:
         out.append(f"<div class=stage><span class=rowh>pp{stage}</span><div class=wrap>")
         for dp, block in blocks.items():
@@ -195,8 +224,10 @@ def _layout_grid(report: Report, group_of: Mapping[int, int]) -> str | None:
 
 
 def _list_grid(report: Report, group_of: Mapping[int, int]) -> str:
-    order = sorted(range(len(report.ranks)), key=lambda i: (report.ranks[i].rank is None,
-                                                            report.ranks[i].rank or 0, report.ranks[i].pid or 0))
+    order = sorted(
+        range(len(report.ranks)),
+        key=lambda i: (report.ranks[i].rank is None, report.ranks[i].rank or 0, report.ranks[i].pid or 0),
+    )
     return "<div class=list>" + "".join(_cell(report.ranks[i], i, group_of, True) for i in order) + "</div>"
 
 
@@ -215,12 +246,16 @@ def _cell(view: RankView, i: int, group_of: Mapping[int, int], text: bool) -> st
 
 
 def _sites_table(report: Report) -> str:
-    out = ["<section><h2>Where each rank waits</h2><table data-testid=sites><thead><tr><th>grp</th>"
-           "<th>ranks</th><th>op</th><th>call site</th></tr></thead><tbody>"]
+    out = [
+        "<section><h2>Where each rank waits</h2><table data-testid=sites><thead><tr><th>grp</th>"
+        "<th>ranks</th><th>op</th><th>call site</th></tr></thead><tbody>"
+    ]
     for i, g in enumerate(report.sites):
-        out.append(f'<tr><td><i class="sw g{i}"></i><b>{group_letter(i)}</b></td>'
-                   f"<td>{_e(words.rank_runs(g.ranks))}</td><td>{_e(words.op_cell(g.op, g.wait))}</td>"
-                   f"<td><code>{_e(words.site_label(g.site))}</code></td></tr>")
+        out.append(
+            f'<tr><td><i class="sw g{i}"></i><b>{group_letter(i)}</b></td>'
+            f"<td>{_e(words.rank_runs(g.ranks))}</td><td>{_e(words.op_cell(g.op, g.wait))}</td>"
+            f"<td><code>{_e(words.site_label(g.site))}</code></td></tr>"
+        )
     out.append("</tbody></table></section>")
     return "".join(out)
 
@@ -229,11 +264,15 @@ def _waits_table(report: Report) -> str:
     rows = words.wait_rows(report)
     if not rows:
         return ""
-    out = ["<section><h2>What the ranks outside collectives wait on</h2><table data-testid=waits><thead><tr>"
-           "<th>ranks</th><th>wait</th><th>sure</th><th>evidence</th></tr></thead><tbody>"]
+    out = [
+        "<section><h2>What the ranks outside collectives wait on</h2><table data-testid=waits><thead><tr>"
+        "<th>ranks</th><th>wait</th><th>sure</th><th>evidence</th></tr></thead><tbody>"
+    ]
     for ranks, kind, sure, evidence in rows:
-        out.append(f"<tr><td>{_e(words.rank_runs(ranks))}</td><td>{_e(kind.replace('_', ' '))}</td>"
-                   f"<td>{_e(sure)}</td><td>{_e('; '.join(evidence))}</td></tr>")
+        out.append(
+            f"<tr><td>{_e(words.rank_runs(ranks))}</td><td>{_e(kind.replace('_', ' '))}</td>"
+            f"<td>{_e(sure)}</td><td>{_e('; '.join(evidence))}</td></tr>"
+        )
     out.append("</tbody></table></section>")
     return "".join(out)
 
@@ -244,8 +283,9 @@ def _evidence_lines(report: Report, key: str, title: str) -> str:
     lines = section.lines if section is not None else ()
     if not lines:
         return ""
-    items = "".join(f"<li{' class=warn' if line.startswith('disagreement') else ''}>{_e(line)}</li>"
-                    for line in lines[:LIST_LIMIT])
+    items = "".join(
+        f"<li{' class=warn' if line.startswith('disagreement') else ''}>{_e(line)}</li>" for line in lines[:LIST_LIMIT]
+    )
     more = f"<li class=dim>… and {len(lines) - LIST_LIMIT} more in the JSON</li>" if len(lines) > LIST_LIMIT else ""
     return f"<section data-testid={key.replace('_', '-')}><h2>{_e(title)}</h2><ul>{items}{more}</ul></section>"
 
@@ -267,8 +307,7 @@ def _odd_ranks(report: Report) -> str:
 def _notes(report: Report) -> str:
     if not report.notes:
         return ""
-    return "<section class=notes>" + "".join(f"<p class=dim>note: {_e(n)}</p>" for n in report.notes) + \
-        "</section>"
+    return "<section class=notes>" + "".join(f"<p class=dim>note: {_e(n)}</p>" for n in report.notes) + "</section>"
 
 
 # ---------------------------------------------------------------- data for the script
@@ -295,8 +334,18 @@ def _data_json(report: Report) -> str:
     for v in report.ranks:
         label = words.rank_label(v, v.rank, report.layout) if v.rank is not None else f"pid {v.pid}"
         frames_of_v = report.stack_of(v)
-        rows.append([v.rank, label, text(v.host), v.pid, text(v.state), text(words.doing(v)), stack(frames_of_v),
-                     _site_index(v, frames_of_v)])
+        rows.append(
+            [
+                v.rank,
+                label,
+                text(v.host),
+                v.pid,
+                text(v.state),
+                text(words.doing(v)),
+                stack(frames_of_v),
+                _site_index(v, frames_of_v),
+            ]
+        )
     data: dict[str, Any] = {
         "texts": list(texts),
         "frames": [[f.function, f.file, f.line] for f in frames],
@@ -340,13 +389,15 @@ def _group_css(n: int) -> str:
     for i in range(n):
         colour = PALETTE[i] if i < len(PALETTE) else f"hsl({(i * 137.508) % 360:.0f},60%,42%)"
         ink = "#111" if i < len(PALETTE) and _light(PALETTE[i]) else "#fff"
-        rules.append(f".g{i}{{background-color:{colour};color:{ink}}}"
-                     f'#grid[data-focus="{i}"] [data-testid=rank-cell]:not(.g{i}){{opacity:.15}}')
+        rules.append(
+            f".g{i}{{background-color:{colour};color:{ink}}}"
+            f'#grid[data-focus="{i}"] [data-testid=rank-cell]:not(.g{i}){{opacity:.15}}'
+        )
     return "".join(rules)
 
 
 def _light(hex_colour: str) -> bool:
-    r, g, b = (int(hex_colour[k:k + 2], 16) for k in (1, 3, 5))
+    r, g, b = (int(hex_colour[k : k + 2], 16) for k in (1, 3, 5))
     return 0.299 * r + 0.587 * g + 0.114 * b > 140
 
 

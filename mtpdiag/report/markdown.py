@@ -23,8 +23,7 @@ def render(report: Report) -> str:
         for f in report.findings:
             out.append(f"- **`{f.id}`** ranks {_ranks(f.ranks)}: {f.summary}")
             if f.remedy:
-                out.append(f"  - remedy: `{f.remedy}`" if f.remedy.startswith("mtpdiag") else
-                           f"  - remedy: {f.remedy}")
+                out.append(f"  - remedy: `{f.remedy}`" if f.remedy.startswith("mtpdiag") else f"  - remedy: {f.remedy}")
         out.append("")
     if report.mismatches:
         out += ["### Split collectives", ""]
@@ -38,15 +37,21 @@ def render(report: Report) -> str:
     out.append("")
     rows = words.wait_rows(report)
     if rows:
-        out += ["### What the ranks outside collectives wait on", "", "| ranks | wait | sure | evidence |",
-                "|---|---|---|---|"]
+        out += [
+            "### What the ranks outside collectives wait on",
+            "",
+            "| ranks | wait | sure | evidence |",
+            "|---|---|---|---|",
+        ]
         for ranks, kind, sure, evidence in rows:
             out.append(f"| {_ranks(ranks)} | {kind} | {sure} | {_cell('; '.join(evidence))} |")
         out.append("")
     out += ["### Ranks", "", "| rank | host | pid | coords | state | doing |", "|---|---|---|---|---|---|"]
     for v in report.ranks:
-        out.append(f"| {v.rank if v.rank is not None else '?'} | {_cell(v.host)} | {v.pid or ''} | "
-                   f"{words.coords_label(v.coords, layout)} | {v.state} | {_cell(words.doing(v))} |")
+        out.append(
+            f"| {v.rank if v.rank is not None else '?'} | {_cell(v.host)} | {v.pid or ''} | "
+            f"{words.coords_label(v.coords, layout)} | {v.state} | {_cell(words.doing(v))} |"
+        )
     if report.flight_recorder is not None:
         out += ["", "### Flight Recorder", ""] + [f"- {_cell(line)}" for line in report.flight_recorder.lines]
     if report.watchdog is not None:
@@ -58,8 +63,7 @@ def render(report: Report) -> str:
 
 def _cell(text: str) -> str:
     """A table cell: names come from the targets, so ``|``, backticks and HTML must not act as markup."""
-    return (text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
-            .replace("<", "&lt;").replace(">", "&gt;"))
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _ranks(ranks: Iterable[int]) -> str:

@@ -86,10 +86,14 @@ def mismatch_sentence(m: Mismatch, views: Mapping[int, RankView], layout: Mappin
     )
     where = short_function(m.site.function) if m.site else "?"
     if m.role == "consequence":  # its absent ranks are stuck elsewhere, not kept out by a condition
-        return (f"collective {m.op} at {where} on the {group} group {list(m.members)}: entered by {entered}; "
-                f"absent: {absent}. It waits because those ranks are stuck elsewhere.{provenance(m)}")
-    return (f"collective {m.op} at {where} on the {group} group {list(m.members)}: entered by {entered}; "
-            f"absent: {absent}. {gate_phrase(m.gate).capitalize()}.{provenance(m)}")
+        return (
+            f"collective {m.op} at {where} on the {group} group {list(m.members)}: entered by {entered}; "
+            f"absent: {absent}. It waits because those ranks are stuck elsewhere.{provenance(m)}"
+        )
+    return (
+        f"collective {m.op} at {where} on the {group} group {list(m.members)}: entered by {entered}; "
+        f"absent: {absent}. {gate_phrase(m.gate).capitalize()}.{provenance(m)}"
+    )
 
 
 def layout_line(report: Report) -> str:
@@ -108,8 +112,21 @@ def rank_runs(ranks: Iterable[int], limit: int = 12) -> str:
 
 def _at(activity: str) -> str:
     """``all_gather in ring_attention`` reads as ``at all_gather in ring_attention``."""
-    plain = ("at ", "running", "stopped", "not ", "gone", "unreadable", "no ", "reached ", "waiting", "blocked",
-             "sleeping", "creating", "issued ")
+    plain = (
+        "at ",
+        "running",
+        "stopped",
+        "not ",
+        "gone",
+        "unreadable",
+        "no ",
+        "reached ",
+        "waiting",
+        "blocked",
+        "sleeping",
+        "creating",
+        "issued ",
+    )
     return activity if activity.startswith(plain) else f"at {activity}"
 
 

@@ -7,9 +7,21 @@ COORDINATES = ("tp", "cp", "ep", "dp", "pp")
 
 # Group kinds (``mtpdiag.layout.GROUP_KINDS``) as the report names them.
 GROUP_NAMES = {
-    "tp": "TP", "cp": "CP", "dp": "DP", "pp": "PP", "ep": "EP", "dp_cp": "DP×CP", "tp_cp": "TP×CP",
-    "tp_dp": "TP×DP", "tp_dp_cp": "TP×DP×CP", "mp": "model-parallel (TP×PP)", "world": "world",
-    "etp": "expert-TP", "edp": "expert-DP", "tp_ep": "TP×EP", "tp_ep_pp": "TP×EP×PP",
+    "tp": "TP",
+    "cp": "CP",
+    "dp": "DP",
+    "pp": "PP",
+    "ep": "EP",
+    "dp_cp": "DP×CP",
+    "tp_cp": "TP×CP",
+    "tp_dp": "TP×DP",
+    "tp_dp_cp": "TP×DP×CP",
+    "mp": "model-parallel (TP×PP)",
+    "world": "world",
+    "etp": "expert-TP",
+    "edp": "expert-DP",
+    "tp_ep": "TP×EP",
+    "tp_ep_pp": "TP×EP×PP",
 }
 
 # megatron-core's process-group descriptions (the Flight Recorder's and the watchdog's) -> group kinds.

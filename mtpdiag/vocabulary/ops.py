@@ -4,15 +4,45 @@ Flight Recorder and NCCL watchdog spell them."""
 from __future__ import annotations
 
 # Public torch.distributed functions a rank can block in.
-KNOWN_OPS = frozenset({
-    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_coalesced",
-    "all_gather_object", "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
-    "reduce_scatter_single", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier",
-    "send", "recv", "isend", "irecv", "send_object_list", "recv_object_list", "batch_isend_irecv",
-    "all_to_all", "all_to_all_single", "reduce", "gather", "gather_object", "scatter",
-    "scatter_object_list", "init_process_group", "new_group", "new_subgroups",
-    "new_subgroups_by_enumeration", "split_group", "destroy_process_group", "init_device_mesh",
-})
+KNOWN_OPS = frozenset(
+    {
+        "all_reduce",
+        "all_reduce_coalesced",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_coalesced",
+        "all_gather_object",
+        "all_gather_single",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "reduce_scatter_single",
+        "broadcast",
+        "broadcast_object_list",
+        "barrier",
+        "monitored_barrier",
+        "send",
+        "recv",
+        "isend",
+        "irecv",
+        "send_object_list",
+        "recv_object_list",
+        "batch_isend_irecv",
+        "all_to_all",
+        "all_to_all_single",
+        "reduce",
+        "gather",
+        "gather_object",
+        "scatter",
+        "scatter_object_list",
+        "init_process_group",
+        "new_group",
+        "new_subgroups",
+        "new_subgroups_by_enumeration",
+        "split_group",
+        "destroy_process_group",
+        "init_device_mesh",
+    }
+)
 WAIT_OP = "wait"  # a bare Work.wait
 BATCH_P2P_OP = "batch_isend_irecv"
 # Ops with one peer rather than a group; with the batched form, every point-to-point call.
@@ -21,23 +51,58 @@ RECV_OPS = frozenset({"recv", "irecv", "recv_object_list"})
 P2P_OPS = SEND_OPS | RECV_OPS
 P2P_CALLS = P2P_OPS | {BATCH_P2P_OP}
 # Each point-to-point call and the one that completes it on the peer.
-P2P_PARTNER = {"send": "recv", "recv": "send", "isend": "irecv", "irecv": "isend",
-               "send_object_list": "recv_object_list", "recv_object_list": "send_object_list"}
+P2P_PARTNER = {
+    "send": "recv",
+    "recv": "send",
+    "isend": "irecv",
+    "irecv": "isend",
+    "send_object_list": "recv_object_list",
+    "recv_object_list": "send_object_list",
+}
 BARRIER_OPS = frozenset({"barrier", "monitored_barrier"})
 # Ops that create or initialise communicators: NCCL blocks the CPU in them.
-COMM_INIT_OPS = frozenset({"init_process_group", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
-                           "split_group", "init_device_mesh"})
+COMM_INIT_OPS = frozenset(
+    {
+        "init_process_group",
+        "new_group",
+        "new_subgroups",
+        "new_subgroups_by_enumeration",
+        "split_group",
+        "init_device_mesh",
+    }
+)
 # Ops that take the default (world) group in practice: every rank of the world must enter them.
 WORLD_OPS = BARRIER_OPS | COMM_INIT_OPS | {"destroy_process_group"}
 # Calls that every member of a group must make (what ``lint`` looks for; point-to-point apart), in the
 # spellings source code uses, private ones included.
-GROUP_CALLS = frozenset({
-    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
-    "all_gather_coalesced", "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor",
-    "_reduce_scatter_base", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
-    "barrier", "monitored_barrier", "reduce", "gather", "gather_object", "scatter", "scatter_object_list",
-    "new_group", "new_subgroups", "new_subgroups_by_enumeration",
-})
+GROUP_CALLS = frozenset(
+    {
+        "all_reduce",
+        "all_reduce_coalesced",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "all_gather_coalesced",
+        "_all_gather_base",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "_reduce_scatter_base",
+        "all_to_all",
+        "all_to_all_single",
+        "broadcast",
+        "broadcast_object_list",
+        "barrier",
+        "monitored_barrier",
+        "reduce",
+        "gather",
+        "gather_object",
+        "scatter",
+        "scatter_object_list",
+        "new_group",
+        "new_subgroups",
+        "new_subgroups_by_enumeration",
+    }
+)
 
 # The Flight Recorder's profiling names (``nccl:_allgather_base``): torch's internal type -> the public op.
 RECORDED_OPS = {
@@ -83,14 +148,27 @@ RECORDED_FOR = {
 
 # The NCCL watchdog's OpType (ProcessGroup's opTypeToString) -> the public op.
 WORK_OP_TYPES = {
-    "ALLREDUCE": "all_reduce", "_ALLREDUCE_SPARSE": "all_reduce", "ALLREDUCE_COALESCED": "all_reduce_coalesced",
-    "ALLGATHER": "all_gather", "_ALLGATHER_BASE": "all_gather_into_tensor",
-    "ALLGATHER_COALESCED": "all_gather_coalesced", "ALLGATHER_INTO_TENSOR_COALESCED":
-    "all_gather_into_tensor_coalesced", "REDUCE_SCATTER": "reduce_scatter",
-    "_REDUCE_SCATTER_BASE": "reduce_scatter_tensor", "REDUCE_SCATTER_TENSOR_COALESCED":
-    "reduce_scatter_tensor_coalesced", "BROADCAST": "broadcast", "REDUCE": "reduce", "GATHER": "gather",
-    "SCATTER": "scatter", "ALLTOALL": "all_to_all", "ALLTOALL_BASE": "all_to_all_single", "SEND": "send",
-    "RECV": "recv", "RECVANYSOURCE": "recv", "BARRIER": "barrier", "COALESCED": "coalesced",
+    "ALLREDUCE": "all_reduce",
+    "_ALLREDUCE_SPARSE": "all_reduce",
+    "ALLREDUCE_COALESCED": "all_reduce_coalesced",
+    "ALLGATHER": "all_gather",
+    "_ALLGATHER_BASE": "all_gather_into_tensor",
+    "ALLGATHER_COALESCED": "all_gather_coalesced",
+    "ALLGATHER_INTO_TENSOR_COALESCED": "all_gather_into_tensor_coalesced",
+    "REDUCE_SCATTER": "reduce_scatter",
+    "_REDUCE_SCATTER_BASE": "reduce_scatter_tensor",
+    "REDUCE_SCATTER_TENSOR_COALESCED": "reduce_scatter_tensor_coalesced",
+    "BROADCAST": "broadcast",
+    "REDUCE": "reduce",
+    "GATHER": "gather",
+    "SCATTER": "scatter",
+    "ALLTOALL": "all_to_all",
+    "ALLTOALL_BASE": "all_to_all_single",
+    "SEND": "send",
+    "RECV": "recv",
+    "RECVANYSOURCE": "recv",
+    "BARRIER": "barrier",
+    "COALESCED": "coalesced",
 }
 
 # Commands that launch a job rather than being a rank of it (only the interpreter, its flags and the program

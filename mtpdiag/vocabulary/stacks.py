@@ -17,10 +17,26 @@ _PACKAGE_ROOTS = ("/site-packages/", "/dist-packages/")
 # Files whose frames are plumbing between a collective and the code that called it.
 _WRAPPER_FILES = ("/functools.py", "/contextlib.py", "/typing_extensions.py", "/typing.py")
 # Stdlib modules whose frames are never the interesting part of a running rank's stack.
-_STDLIB_INTERNALS = frozenset({
-    "threading", "queue", "selectors", "socket", "subprocess", "multiprocessing", "concurrent",
-    "asyncio", "contextlib", "functools", "runpy", "ssl", "http", "urllib", "logging", "tempfile",
-})
+_STDLIB_INTERNALS = frozenset(
+    {
+        "threading",
+        "queue",
+        "selectors",
+        "socket",
+        "subprocess",
+        "multiprocessing",
+        "concurrent",
+        "asyncio",
+        "contextlib",
+        "functools",
+        "runpy",
+        "ssl",
+        "http",
+        "urllib",
+        "logging",
+        "tempfile",
+    }
+)
 # Locals kept from a capture: only these, only from frames under torch/distributed/, only as integers.
 KEPT_ARGS = ("dst", "src", "group_dst", "group_src", "tag")
 _TORCH_DISTRIBUTED = "torch/distributed/"
@@ -46,7 +62,7 @@ def display_path(filename: str) -> str:
     for root in _PACKAGE_ROOTS:
         cut = filename.rfind(root)
         if cut >= 0:
-            return filename[cut + len(root):]
+            return filename[cut + len(root) :]
     return filename
 
 
@@ -88,7 +104,7 @@ def is_stdlib_internal(frame: FrameLike) -> bool:
     parts = path.strip("/").split("/")
     for i, part in enumerate(parts):  # ".../lib/python3.11/threading.py" -> "threading"
         if part.startswith("python3") and i + 1 < len(parts):
-            parts = parts[i + 1:]
+            parts = parts[i + 1 :]
             break
     head = parts[0].removesuffix(".py") if parts else ""
     return head in _STDLIB_INTERNALS

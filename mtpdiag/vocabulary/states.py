@@ -9,6 +9,7 @@ import sys
 if sys.version_info >= (3, 11):
     from enum import StrEnum
 else:  # pragma: no cover - Python 3.10
+
     class StrEnum(str, enum.Enum):
         """``enum.StrEnum`` of Python 3.11: ``str()``, ``format()`` and ``hash()`` are the value's."""
 

@@ -28,8 +28,9 @@ class Confidence(StrEnum):
 WAIT_KINDS = tuple(WaitKind)
 # Kinds in which the rank itself holds the job up when a group waits for it (a straggler): it is not waiting
 # for anybody else. A host sync waits on the device, which waits on a collective: never a straggler.
-SELF_INFLICTED = frozenset({WaitKind.RUNNING, WaitKind.DATA_LOADER, WaitKind.LOCK, WaitKind.IO, WaitKind.SLEEP,
-                            WaitKind.UNKNOWN})
+SELF_INFLICTED = frozenset(
+    {WaitKind.RUNNING, WaitKind.DATA_LOADER, WaitKind.LOCK, WaitKind.IO, WaitKind.SLEEP, WaitKind.UNKNOWN}
+)
 
 # How each kind reads in a sentence: "rank 3 is <phrase> in load_batch (worker.py:40)".
 WAIT_PHRASES: dict[str, str] = {
@@ -47,12 +48,25 @@ WAIT_PHRASES: dict[str, str] = {
 # Calls on a source line that can block a thread, and what each says the thread waits on. A capture reads
 # the blocked line of the target's own file and keeps only these names (never the line).
 CALL_KINDS = {
-    "item": WaitKind.HOST_SYNC, "cpu": WaitKind.HOST_SYNC, "tolist": WaitKind.HOST_SYNC,
-    "numpy": WaitKind.HOST_SYNC, "synchronize": WaitKind.HOST_SYNC, "_local_scalar_dense": WaitKind.HOST_SYNC,
-    "acquire": WaitKind.LOCK, "join": WaitKind.LOCK, "result": WaitKind.LOCK,
+    "item": WaitKind.HOST_SYNC,
+    "cpu": WaitKind.HOST_SYNC,
+    "tolist": WaitKind.HOST_SYNC,
+    "numpy": WaitKind.HOST_SYNC,
+    "synchronize": WaitKind.HOST_SYNC,
+    "_local_scalar_dense": WaitKind.HOST_SYNC,
+    "acquire": WaitKind.LOCK,
+    "join": WaitKind.LOCK,
+    "result": WaitKind.LOCK,
     "sleep": WaitKind.SLEEP,
-    "read": WaitKind.IO, "write": WaitKind.IO, "flush": WaitKind.IO, "fsync": WaitKind.IO, "recv": WaitKind.IO,
-    "send": WaitKind.IO, "accept": WaitKind.IO, "readline": WaitKind.IO, "open": WaitKind.IO,
+    "read": WaitKind.IO,
+    "write": WaitKind.IO,
+    "flush": WaitKind.IO,
+    "fsync": WaitKind.IO,
+    "recv": WaitKind.IO,
+    "send": WaitKind.IO,
+    "accept": WaitKind.IO,
+    "readline": WaitKind.IO,
+    "open": WaitKind.IO,
 }
 WAIT_CALLS = frozenset(CALL_KINDS)
 _CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(")

@@ -17,8 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _collect(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mtpdiag", "collect", *args], capture_output=True, text=True,
-                          timeout=60, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "mtpdiag", "collect", *args], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
 
 
 def _assert_usage_error(done: subprocess.CompletedProcess, *words: str) -> None:
@@ -36,8 +37,9 @@ def started():
     procs: list[subprocess.Popen] = []
 
     def start(*cmd: str) -> subprocess.Popen:
-        proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         procs.append(proc)
         return proc
 
@@ -109,8 +111,7 @@ def test_every_target_failing_is_nothing_captured(started):
     import os
 
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", WANDB_API_KEY="canary-5e3b")
-    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100)"], env=env,
-                              stdin=subprocess.DEVNULL)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100)"], env=env, stdin=subprocess.DEVNULL)
     try:
         _wait_until_python(worker.pid)
         with pytest.raises(NothingCaptured) as exc:
@@ -131,8 +132,13 @@ def _wait_until_python(pid: int) -> None:
 
     for _ in range(400):
         stat = procfs.read_stat(pid)
-        if stat and stat.state in "SR" and procfs.is_python(pid) and (procfs.read_env(pid) or {}).get("RANK") \
-                and procfs.main_thread_syscall(pid) == "clock_nanosleep":  # it reached its time.sleep
+        if (
+            stat
+            and stat.state in "SR"
+            and procfs.is_python(pid)
+            and (procfs.read_env(pid) or {}).get("RANK")
+            and procfs.main_thread_syscall(pid) == "clock_nanosleep"
+        ):  # it reached its time.sleep
             return
         time.sleep(0.05)
     raise AssertionError(f"pid {pid} never reached its sleep as a Python process")

@@ -96,9 +96,26 @@ def test_capture_of_the_hang(job):
 def test_collect_cli_writes_a_bundle_that_round_trips(job, tmp_path):
     agent, _ = job
     out = tmp_path / "bundle.json"
-    done = subprocess.run([sys.executable, "-m", "mtpdiag", "collect", "--pid", str(agent.pid), "--out", str(out),
-                           "--host", "node-07", "--timeout", "30"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mtpdiag",
+            "collect",
+            "--pid",
+            str(agent.pid),
+            "--out",
+            str(out),
+            "--host",
+            "node-07",
+            "--timeout",
+            "30",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == f"wrote {out} (4 ranks, 0 unreadable)"
     raw = out.read_text()
@@ -123,13 +140,15 @@ def test_text_dump_with_locals_parses_like_json(job):
     """Plain ``py-spy dump --locals`` text of a live rank: same frames, same kept peer argument."""
     _, workers = job
     rank0 = workers[0]
-    text = subprocess.run([pyspy.find_pyspy(), "dump", "--locals", "--pid", str(rank0)], capture_output=True,
-                          text=True, timeout=60).stdout
+    text = subprocess.run(
+        [pyspy.find_pyspy(), "dump", "--locals", "--pid", str(rank0)], capture_output=True, text=True, timeout=60
+    ).stdout
     (process,) = parse_text_dump(text)
     from_json = pyspy.dump(rank0, timeout=30.0)
     assert process.pid == rank0 and process.hints == {"cp": 2, "pp": 2}
-    assert [(f.function, f.line, f.args) for f in process.threads[0].frames] == \
-           [(f.function, f.line, f.args) for f in from_json[0].frames]
+    assert [(f.function, f.line, f.args) for f in process.threads[0].frames] == [
+        (f.function, f.line, f.args) for f in from_json[0].frames
+    ]
     assert process.threads[0].frames[0].arg("dst") == 2
 
 
@@ -152,8 +171,12 @@ def test_stopped_rank_is_captured_nonblocking(job):
 def test_pasted_subprocess_dump_of_the_agent_loads_the_workers_only(job, tmp_path):
     """``py-spy dump --subprocesses --pid <agent>`` text, as pasted into a ticket: the agent is no rank."""
     agent, workers = job
-    text = subprocess.run([pyspy.find_pyspy(), "dump", "--subprocesses", "--pid", str(agent.pid)],
-                          capture_output=True, text=True, timeout=120).stdout
+    text = subprocess.run(
+        [pyspy.find_pyspy(), "dump", "--subprocesses", "--pid", str(agent.pid)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     assert f"Process {agent.pid}:" in text  # the agent's own section is there ...
     pasted = tmp_path / "ticket.txt"
     pasted.write_text(text)

@@ -117,8 +117,18 @@ def test_in_the_cp_group_rank3_waits_in_all_gather_and_rank2_is_behind(fr):
 
 
 def test_pg_config_catches_a_wrong_layout(fr):
-    right = Report(verdict="ok", world_size=4, layout=LAYOUT.to_dict(), layout_source=None, ranks=(), stacks=(),
-                   sites=(), mismatches=(), findings=(), notes=())
+    right = Report(
+        verdict="ok",
+        world_size=4,
+        layout=LAYOUT.to_dict(),
+        layout_source=None,
+        ranks=(),
+        stacks=(),
+        sites=(),
+        mismatches=(),
+        findings=(),
+        notes=(),
+    )
     assert correlate(right, fr).disagreements == ()
     wrong = replace(right, layout=ParallelLayout.for_world(4, pp=2).to_dict())  # cp forgotten
     found = correlate(wrong, fr).disagreements
@@ -143,8 +153,10 @@ def test_a_mislabelled_dump_shows_up_as_disagreements(hung, tmp_path):
     result = correlate(hung.report, load_fr_dumps(str(tmp_path)))
     [root] = [m for m in result.mismatches if m["op"] == "all_reduce"]
     assert (root["fr_entered"], root["fr_absent"], root["agrees"]) == ([2, 3], [], False)
-    assert any(d.startswith("FR says rank 3 waits in all_reduce") and d.endswith("stacks say it waits in all_gather")
-               for d in result.disagreements)
+    assert any(
+        d.startswith("FR says rank 3 waits in all_reduce") and d.endswith("stacks say it waits in all_gather")
+        for d in result.disagreements
+    )
     assert any(line.startswith("disagreement: ") for line in result.lines)
 
 
@@ -159,8 +171,12 @@ def test_without_pg_config_the_layout_supplies_the_members(fr, hung, tmp_path):
     g = _progress(bare, DP_CP, 2)
     assert (g.members, g.members_from, g.behind) == ((2,), "entries", ())
     [root] = [m for m in correlate(hung.report, bare).mismatches if m["op"] == "all_reduce"]
-    assert (root["fr_members"], root["fr_members_from"], root["fr_absent"], root["agrees"]) == \
-        ([2, 3], "entries", [3], True)
+    assert (root["fr_members"], root["fr_members_from"], root["fr_absent"], root["agrees"]) == (
+        [2, 3],
+        "entries",
+        [3],
+        True,
+    )
 
 
 def test_torchfrtrace_agrees_with_the_matcher_on_the_live_dumps(hung):

@@ -32,14 +32,20 @@ from support.jobs_e2e import MTP_WORKER, run_cli
 
 pytestmark = pytest.mark.e2e
 
-_spec = importlib.util.spec_from_file_location("fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py")
+_spec = importlib.util.spec_from_file_location(
+    "fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py"
+)
 record = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault(_spec.name, record)
 _spec.loader.exec_module(record)
 
 WORKER = str(record.NCCL_WORKER)
-SYNC_FUNCTIONS = {0: "_unscale_main_grads_and_check_for_nan", 1: "_unscale_main_grads_and_check_for_nan",
-                  2: "collect_mtp_loss", 3: "_unscale_main_grads_and_check_for_nan"}
+SYNC_FUNCTIONS = {
+    0: "_unscale_main_grads_and_check_for_nan",
+    1: "_unscale_main_grads_and_check_for_nan",
+    2: "collect_mtp_loss",
+    3: "_unscale_main_grads_and_check_for_nan",
+}
 CP_PP = ["--cp", "2", "--pp", "2"]
 
 
@@ -47,10 +53,23 @@ def _start(tmp: Path, sync: str, layout: list[str], timeout_s: int = 600, gate: 
     dumps, pipes = tmp / "fr", tmp / "pipes"
     dumps.mkdir()
     pipes.mkdir()
-    env = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_"),
-           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(pipes / "rank_")}
-    args = ["--gate", gate, *layout, "--sync", sync, "--timeout-s", str(timeout_s), "--device-step-s", "0.3",
-            "--no-abort"]
+    env = {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_"),
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(pipes / "rank_"),
+    }
+    args = [
+        "--gate",
+        gate,
+        *layout,
+        "--sync",
+        sync,
+        "--timeout-s",
+        str(timeout_s),
+        "--device-step-s",
+        "0.3",
+        "--no-abort",
+    ]
     return start_torchrun(WORKER, args, 4, env=env, log_path=str(tmp / "job.log")), dumps
 
 
@@ -59,8 +78,11 @@ def _wait_at_host_syncs(ranks: dict[int, int], expected: dict[int, str], timeout
     deadline, seen = time.monotonic() + timeout, 0
     while time.monotonic() < deadline:
         try:
-            at = {r: record.innermost(json.loads(record.py_spy_dump(pid, as_json=True, stopped=True))).get("function") or ""
-                  for r, pid in ranks.items()}
+            at = {
+                r: record.innermost(json.loads(record.py_spy_dump(pid, as_json=True, stopped=True))).get("function")
+                or ""
+                for r, pid in ranks.items()
+            }
         except (RuntimeError, ValueError):
             at = {}
         matched = all(at.get(r, "").rsplit(".", 1)[-1] == f for r, f in expected.items())
@@ -129,8 +151,10 @@ def test_watch_calls_the_hang_while_main_threads_spin_or_poll(hung):
     report = _json(result, 1)
     assert report["verdict"] == "problem" and report["progress"]["hang"] is True
     assert report["progress"]["stalled_for_s"] >= 5.0
-    print(f"\nwatch ({hung['mode']}) called the hang {called - started:.1f} s after it started (the job was hung "
-          f"already: its last Flight Recorder entry is {called - _last_progress_s_live(hung):.1f} s older than the call)")
+    print(
+        f"\nwatch ({hung['mode']}) called the hang {called - started:.1f} s after it started (the job was hung "
+        f"already: its last Flight Recorder entry is {called - _last_progress_s_live(hung):.1f} s older than the call)"
+    )
 
 
 def _last_progress_s_live(hung) -> float:
@@ -169,17 +193,28 @@ def test_cp_dp_hang_named_from_the_watchdogs_dumps_and_log(tmp_path):
     job, dumps = _start(tmp_path, "futex", ["--cp", "2", "--pp", "1"], timeout_s=15)
     try:
         record.wait_for_dumps(dumps, 4, job)
-        for report in (_json(run_cli("inspect", "--pid", str(job.pid), "--json"), 1),
-                       _json(run_cli("analyze", "--fr", str(dumps), "--cp", "2", "--json"), 1)):
+        for report in (
+            _json(run_cli("inspect", "--pid", str(job.pid), "--json"), 1),
+            _json(run_cli("analyze", "--fr", str(dumps), "--cp", "2", "--json"), 1),
+        ):
             assert _mtp(report)["ranks"] == [0, 1, 2, 3]
             (root,) = [m for m in report["mismatches"] if m["role"] == "root"]
-            assert (root["group"], root["entered"], root["absent"], root["gate"]) == \
-                ("dp_cp", [0, 2], [1, 3], {"cp": 0})
-        log = _json(run_cli("analyze", "--log", str(tmp_path / "job.log"), "--cp", "2", "--world-size", "4",
-                            "--json"), 1)
+            assert (root["group"], root["entered"], root["absent"], root["gate"]) == (
+                "dp_cp",
+                [0, 2],
+                [1, 3],
+                {"cp": 0},
+            )
+        log = _json(
+            run_cli("analyze", "--log", str(tmp_path / "job.log"), "--cp", "2", "--world-size", "4", "--json"), 1
+        )
         (root,) = [m for m in log["mismatches"] if m["role"] == "root"]
-        assert (root["op"], root["entered"], root["absent"], root["source"]) == \
-            ("all_reduce", [0, 2], [1, 3], "watchdog-log")
+        assert (root["op"], root["entered"], root["absent"], root["source"]) == (
+            "all_reduce",
+            [0, 2],
+            [1, 3],
+            "watchdog-log",
+        )
     finally:
         job.kill()
 
@@ -213,6 +248,7 @@ def test_native_frames_do_not_change_the_gloo_finding(tmp_path):
         plain = _json(run_cli("inspect", "--pid", str(job.pid), "--json"), 1)
         native = _json(run_cli("inspect", "--pid", str(job.pid), "--native", "--json", timeout=300), 1)
     assert [f["id"] for f in native["findings"]] == [f["id"] for f in plain["findings"]] == ["mtp-cp-gated-reduce"]
-    assert [(v["rank"], v["op"], v["site"]) for v in native["ranks"]] == \
-        [(v["rank"], v["op"], v["site"]) for v in plain["ranks"]]
+    assert [(v["rank"], v["op"], v["site"]) for v in native["ranks"]] == [
+        (v["rank"], v["op"], v["site"]) for v in plain["ranks"]
+    ]
     assert any(f.get("native") for stack in native["stacks"] for f in stack)

@@ -17,7 +17,9 @@ from conftest import unavailable
 from mtpdiag.capture import procfs
 from mtpdiag.capture.discover import find_targets
 
-_spec = importlib.util.spec_from_file_location("fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py")
+_spec = importlib.util.spec_from_file_location(
+    "fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py"
+)
 record = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault(_spec.name, record)
 _spec.loader.exec_module(record)
@@ -41,15 +43,31 @@ def _in_torch_distributed(frames: list[dict]) -> str | None:
 # scenario -> rank -> (innermost function of the main thread, innermost torch.distributed function of any
 # other thread or None): what the recorded fixtures show, and what the analysis may rely on
 RECORDED = {
-    "hang_side_thread": {0: ("backward", "reduce_scatter_single"), 1: ("backward", "all_gather_single"),
-                         2: ("backward", "all_gather_single"), 3: ("backward", "all_gather_single")},
-    "hang_lock_wait": {0: ("all_reduce", None), 1: ("log_metrics", None), 2: ("all_reduce", None),
-                       3: ("all_reduce", None)},
-    "hang_data_loader": {0: ("all_reduce", None), 1: ("all_reduce", None), 2: ("_PollLikeSelector.select", None),
-                         3: ("all_reduce", None)},
+    "hang_side_thread": {
+        0: ("backward", "reduce_scatter_single"),
+        1: ("backward", "all_gather_single"),
+        2: ("backward", "all_gather_single"),
+        3: ("backward", "all_gather_single"),
+    },
+    "hang_lock_wait": {
+        0: ("all_reduce", None),
+        1: ("log_metrics", None),
+        2: ("all_reduce", None),
+        3: ("all_reduce", None),
+    },
+    "hang_data_loader": {
+        0: ("all_reduce", None),
+        1: ("all_reduce", None),
+        2: ("_PollLikeSelector.select", None),
+        3: ("all_reduce", None),
+    },
     "hang_unreadable": {0: ("all_reduce", None), 1: ("all_reduce", None), 2: ("all_reduce", None)},
-    "hang_comm_init": {0: ("_new_process_group_helper", None), 1: ("_new_process_group_helper", None),
-                       2: ("_new_process_group_helper", None), 3: ("barrier", None)},
+    "hang_comm_init": {
+        0: ("_new_process_group_helper", None),
+        1: ("_new_process_group_helper", None),
+        2: ("_new_process_group_helper", None),
+        3: ("barrier", None),
+    },
 }
 
 
@@ -86,8 +104,10 @@ def test_side_thread_collective_while_every_main_thread_waits_in_c(hung):
         main = threads["MainThread"]
         assert _names(main)[0] == "backward" and not _in_torch_distributed(main), rank
         side = threads["autograd-engine"]
-        assert _in_torch_distributed(side) == ("reduce_scatter_single" if rank == 0 else "all_gather_single"), \
-            (rank, _names(side)[:4])
+        assert _in_torch_distributed(side) == ("reduce_scatter_single" if rank == 0 else "all_gather_single"), (
+            rank,
+            _names(side)[:4],
+        )
 
 
 @pytest.mark.e2e

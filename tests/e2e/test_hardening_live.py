@@ -37,8 +37,9 @@ def start():
     procs: list[subprocess.Popen] = []
 
     def run(*cmd: str, env: dict | None = None) -> subprocess.Popen:
-        proc = subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            list(cmd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         procs.append(proc)
         return proc
 
@@ -77,16 +78,22 @@ def test_nonexistent_pid(start):
 
 def test_non_python_pid(start):
     sleeper = start("sleep", "300")
-    one_error_line(mtpdiag("inspect", "--pid", str(sleeper.pid), "--json"), 2,
-                   f"pid {sleeper.pid} is not a Python process")
+    one_error_line(
+        mtpdiag("inspect", "--pid", str(sleeper.pid), "--json"), 2, f"pid {sleeper.pid} is not a Python process"
+    )
 
 
 def test_ptrace_denied_is_nothing_captured_with_the_reason(start):
     """mtpdiag without CAP_SYS_PTRACE against a non-dumpable root worker: py-spy is refused (exit 3)."""
     needs_root_and("setpriv")
     worker = ranked(start, 0, 1, NON_DUMPABLE)
-    one_error_line(mtpdiag("inspect", "--pid", str(worker), prefix=without_cap("sys_ptrace")), 3,
-                   "could not capture any of 1 target", "permission denied", "CAP_SYS_PTRACE")
+    one_error_line(
+        mtpdiag("inspect", "--pid", str(worker), prefix=without_cap("sys_ptrace")),
+        3,
+        "could not capture any of 1 target",
+        "permission denied",
+        "CAP_SYS_PTRACE",
+    )
 
 
 def test_ptrace_denied_on_one_rank_keeps_the_other(start):
@@ -94,8 +101,7 @@ def test_ptrace_denied_on_one_rank_keeps_the_other(start):
     needs_root_and("setpriv")
     denied = ranked(start, 0, 2, NON_DUMPABLE)
     readable = ranked(start, 1, 2, prefix=without_cap("sys_ptrace"))
-    done = mtpdiag("inspect", "--pid", str(denied), "--pid", str(readable), "--json",
-                   prefix=without_cap("sys_ptrace"))
+    done = mtpdiag("inspect", "--pid", str(denied), "--pid", str(readable), "--json", prefix=without_cap("sys_ptrace"))
     report = partial_report(done, "1 of 2 ranks not captured", "rank 0", "permission denied")
     ranks = {r["rank"]: r for r in report["ranks"]}
     assert ranks[0]["state"] == "unreadable" and "permission denied" in ranks[0]["error"]
@@ -161,18 +167,26 @@ def test_frozen_rank_is_captured_as_stopped_and_left_stopped(start):
 def _venv_without_pyspy(tmp_path: Path) -> tuple[str, dict]:
     """An interpreter whose directory has no py-spy (a venv over this one's packages) and a PATH without it."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-                   check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True, timeout=120
+    )
     python = str(venv / "bin" / "python")
     # --system-site-packages reaches the base interpreter's packages only: when this one is itself a venv (the
     # project's .venv), add its packages, .pth files included, so that mtpdiag's dependencies import.
     ours = [d for d in {*site.getsitepackages(), sysconfig.get_path("purelib")} if os.path.isdir(d)]
-    theirs = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                            capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-    Path(theirs, "_mtpdiag_tests_parent.pth").write_text("".join(f"import site; site.addsitedir({d!r})\n"
-                                                                 for d in sorted(ours)))
-    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
-                           if d and not os.path.exists(os.path.join(d, "py-spy")))
+    theirs = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    Path(theirs, "_mtpdiag_tests_parent.pth").write_text(
+        "".join(f"import site; site.addsitedir({d!r})\n" for d in sorted(ours))
+    )
+    path = os.pathsep.join(
+        d for d in os.environ.get("PATH", "").split(os.pathsep) if d and not os.path.exists(os.path.join(d, "py-spy"))
+    )
     env = dict(os.environ, PATH=path)
     assert shutil.which("py-spy", path=path) is None
     assert not (venv / "bin" / "py-spy").exists()
@@ -182,9 +196,14 @@ def _venv_without_pyspy(tmp_path: Path) -> tuple[str, dict]:
 def test_py_spy_missing(start, tmp_path):
     python, env = _venv_without_pyspy(tmp_path)
     worker = ranked(start, 0, 1)
-    one_error_line(mtpdiag("inspect", "--pid", str(worker), python=python, env=env), 2,
-                   "py-spy not found on PATH", "pip install py-spy")
+    one_error_line(
+        mtpdiag("inspect", "--pid", str(worker), python=python, env=env),
+        2,
+        "py-spy not found on PATH",
+        "pip install py-spy",
+    )
     bundle = tmp_path / "b.json"
-    one_error_line(mtpdiag("collect", "--pid", str(worker), "--out", str(bundle), python=python, env=env), 2,
-                   "py-spy not found")
+    one_error_line(
+        mtpdiag("collect", "--pid", str(worker), "--out", str(bundle), python=python, env=env), 2, "py-spy not found"
+    )
     assert not bundle.exists()

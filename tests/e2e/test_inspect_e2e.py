@@ -15,8 +15,12 @@ CANARY = "canary-5f1e-do-not-leak"
 def mtp_cp_pp(tmp_path_factory):
     """The verl #5895 hang at CP=2, PP=2, with a secret in every worker's environment."""
     tmp = tmp_path_factory.mktemp("mtp_cp_pp")
-    with hung_job(MTP_WORKER, ["--gate", "buggy", "--cp", "2", "--pp", "2"], tmp,
-                  env={"WANDB_API_KEY": CANARY, "HF_TOKEN": CANARY}) as job:
+    with hung_job(
+        MTP_WORKER,
+        ["--gate", "buggy", "--cp", "2", "--pp", "2"],
+        tmp,
+        env={"WANDB_API_KEY": CANARY, "HF_TOKEN": CANARY},
+    ) as job:
         yield job, tmp
 
 
@@ -33,9 +37,12 @@ def test_inspect_json_names_every_rank_op_site_and_the_root_cause(mtp_cp_pp):
         assert view["pid"] == pids[rank]
         assert view["state"] == "collective"
         assert report["stacks"][view["stack"]], rank
-    expected = {0: ("send", "send_forward"), 1: ("all_gather", "ring_attention"),
-                2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
-                3: ("all_gather", "ring_attention")}
+    expected = {
+        0: ("send", "send_forward"),
+        1: ("all_gather", "ring_attention"),
+        2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
+        3: ("all_gather", "ring_attention"),
+    }
     for rank, (op, function) in expected.items():
         assert (ranks[rank]["op"], ranks[rank]["site"]["function"]) == (op, function)
     assert ranks[2]["site"]["file"] == "megatron/core/transformer/multi_token_prediction.py"
@@ -50,7 +57,13 @@ def test_inspect_json_names_every_rank_op_site_and_the_root_cause(mtp_cp_pp):
     assert len(roots) == 1
     root = roots[0]
     assert (root["op"], root["group"], root["members"], root["entered"], root["absent"], root["gate"]) == (
-        "all_reduce", "dp_cp", [2, 3], [2], [3], {"cp": 0})
+        "all_reduce",
+        "dp_cp",
+        [2, 3],
+        [2],
+        [3],
+        {"cp": 0},
+    )
     assert "ring_attention" in root["absent_doing"]["3"]
     sites = {(s["op"], s["site"]["function"]): s["ranks"] for s in report["sites"]}
     assert sites[("all_gather", "ring_attention")] == [1, 3]
@@ -77,8 +90,9 @@ def test_collect_then_analyze_gives_the_same_diagnosis(mtp_cp_pp):
     assert result.returncode == 0, result.stderr
     live = run_json("inspect", "--pid", str(job.pid))
     saved = run_json("analyze", str(bundle))
-    assert [(r["rank"], r["op"], r["site"]) for r in saved["ranks"]] == \
-        [(r["rank"], r["op"], r["site"]) for r in live["ranks"]]
+    assert [(r["rank"], r["op"], r["site"]) for r in saved["ranks"]] == [
+        (r["rank"], r["op"], r["site"]) for r in live["ranks"]
+    ]
     assert saved["findings"][0]["id"] == "mtp-cp-gated-reduce"
     assert saved["mismatches"] == live["mismatches"]
 
@@ -87,10 +101,12 @@ def test_no_secret_reaches_any_output(mtp_cp_pp):
     job, tmp = mtp_cp_pp
     html = tmp / "report.html"
     bundle = tmp / "secrets-bundle.json"
-    outputs = [run_cli("inspect", "--pid", str(job.pid), "--json"),
-               run_cli("inspect", "--pid", str(job.pid), "--markdown"),
-               run_cli("inspect", "--pid", str(job.pid), "--html", str(html)),
-               run_cli("collect", "--pid", str(job.pid), "--out", str(bundle))]
+    outputs = [
+        run_cli("inspect", "--pid", str(job.pid), "--json"),
+        run_cli("inspect", "--pid", str(job.pid), "--markdown"),
+        run_cli("inspect", "--pid", str(job.pid), "--html", str(html)),
+        run_cli("collect", "--pid", str(job.pid), "--out", str(bundle)),
+    ]
     for result in outputs:
         assert result.returncode in (0, 1), result.stderr
         assert CANARY not in result.stdout and CANARY not in result.stderr

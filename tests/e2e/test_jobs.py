@@ -30,6 +30,7 @@ def test_workers_are_the_ranked_children_in_rank_order_not_a_copy_of_the_agent()
     agent = subprocess.Popen([sys.executable, "-c", AGENT], env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})
     job = Job(proc=agent, nproc=2)
     try:
+
         def started() -> list[int]:  # both workers exec'd (they alone have LOCAL_RANK) and the copy forked
             children = procfs.descendants(agent.pid)
             execd = [p for p in children if "LOCAL_RANK" in (procfs.read_env(p) or {})]

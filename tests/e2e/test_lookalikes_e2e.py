@@ -27,7 +27,9 @@ import pytest
 from mtpdiag.capture import procfs
 from mtpdiag.fix.verify.launch import start_torchrun
 
-_spec = importlib.util.spec_from_file_location("fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py")
+_spec = importlib.util.spec_from_file_location(
+    "fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py"
+)
 record = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault(_spec.name, record)
 _spec.loader.exec_module(record)
@@ -39,16 +41,21 @@ PP, DP_CP = "PIPELINE_MODEL_PARALLEL_GROUP", "DATA_PARALLEL_GROUP_WITH_CP"
 WORLD = "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"  # megatron-core 0.16.1's grad-stats group: the world
 # scenario -> (the tracker function that issues the pipeline all_reduce, as py-spy names it; its file)
 SITES = {
-    "dsa_indexer": ("DSAIndexerLossLoggingHelper.reduce_loss_in_tracker",
-                    "megatron/core/transformer/experimental_attention_variant/dsa.py"),
+    "dsa_indexer": (
+        "DSAIndexerLossLoggingHelper.reduce_loss_in_tracker",
+        "megatron/core/transformer/experimental_attention_variant/dsa.py",
+    ),
     "moe_lazy_tracker": ("reduce_aux_losses_tracker_across_ranks", "megatron/core/transformer/moe/moe_utils.py"),
     "aux_loss_sizes": ("reduce_aux_losses_tracker_across_ranks", "megatron/core/transformer/moe/moe_utils.py"),
 }
 FOUND_INF = "found_inf_flag = self.found_inf.item() > 0"
 STAGE0, STAGE1 = (0, 1), (2, 3)
 # scenario -> rank -> the elements of its pipeline all_reduce (absent: it issued none)
-PP_SIZES = {"dsa_indexer": {2: 4, 3: 4}, "moe_lazy_tracker": {2: 4, 3: 4},
-            "aux_loss_sizes": {0: 14, 1: 14, 2: 15, 3: 15}}
+PP_SIZES = {
+    "dsa_indexer": {2: 4, 3: 4},
+    "moe_lazy_tracker": {2: 4, 3: 4},
+    "aux_loss_sizes": {0: 14, 1: 14, 2: 15, 3: 15},
+}
 
 
 def _kind(scenario: str) -> str:
@@ -107,23 +114,38 @@ def check_flight_recorder(scenario: str, dumps: dict[int, dict]) -> None:
     function = SITES[kind][0].rsplit(".", 1)[-1]
     for rank, dump in dumps.items():
         world = _collectives(dump, WORLD)[-1]
-        assert (world["profiling_name"], world["state"], world["input_sizes"]) == \
-            ("nccl:all_reduce", "scheduled", [[1]]), rank
+        assert (world["profiling_name"], world["state"], world["input_sizes"]) == (
+            "nccl:all_reduce",
+            "scheduled",
+            [[1]],
+        ), rank
         pp = _collectives(dump, PP)
         if rank not in PP_SIZES[kind]:
             assert pp == [], (rank, [e["profiling_name"] for e in pp])
             continue
         [entry] = pp
-        assert (entry["collective_seq_id"], entry["profiling_name"], entry["input_sizes"], entry["state"]) == \
-            (1, "nccl:all_reduce", [[PP_SIZES[kind][rank]]], "scheduled"), rank
+        assert (entry["collective_seq_id"], entry["profiling_name"], entry["input_sizes"], entry["state"]) == (
+            1,
+            "nccl:all_reduce",
+            [[PP_SIZES[kind][rank]]],
+            "scheduled",
+        ), rank
         assert function in [f["name"] for f in entry["frames"]], rank
     for members in (STAGE0, STAGE1):
-        issued = [[(e["collective_seq_id"], e["profiling_name"], e["input_sizes"]) for e in
-                   _collectives(dumps[r], DP_CP)] for r in members]
+        issued = [
+            [(e["collective_seq_id"], e["profiling_name"], e["input_sizes"]) for e in _collectives(dumps[r], DP_CP)]
+            for r in members
+        ]
         assert issued[0] == issued[1], (members, issued)
     if kind == "aux_loss_sizes":  # the MTP reduce, pending on stage 1's DP x CP: both members issued it
-        mtp = [[e for e in _collectives(dumps[r], DP_CP) if any(
-                f["filename"].endswith("multi_token_prediction.py") for f in e["frames"])] for r in (0, 1, 2, 3)]
+        mtp = [
+            [
+                e
+                for e in _collectives(dumps[r], DP_CP)
+                if any(f["filename"].endswith("multi_token_prediction.py") for f in e["frames"])
+            ]
+            for r in (0, 1, 2, 3)
+        ]
         assert [len(m) for m in mtp] == [0, 0, 1, 1]
         assert {m[0]["state"] for m in mtp[2:]} == {"scheduled"}
 
@@ -142,8 +164,10 @@ def check_torchfrtrace(scenario: str, text: str) -> None:
         assert sorted(c % 2 for c in culprits) == [0, 1], culprits
         assert "does not match found input sizes" in text and "'[[14]]'" in text and "'[[15]]'" in text
     else:
-        assert sorted((r["kind"], tuple(r["missing_ranks"])) for r in report) == \
-            [("missing_ranks", (0,)), ("missing_ranks", (1,))]
+        assert sorted((r["kind"], tuple(r["missing_ranks"])) for r in report) == [
+            ("missing_ranks", (0,)),
+            ("missing_ranks", (1,)),
+        ]
 
 
 # ---------------------------------------------------------------- the recorded fixtures (no job)
@@ -172,7 +196,8 @@ def test_recorded_flight_recorder_and_torchfrtrace(scenario):
     check_torchfrtrace(scenario, (folder / "fr" / "torchfrtrace.txt").read_text())
     meta = json.loads((folder / "scenario.json").read_text())
     assert meta["flight_recorder"]["torchfrtrace"] == record.parse_torchfrtrace(
-        (folder / "fr" / "torchfrtrace.txt").read_text())
+        (folder / "fr" / "torchfrtrace.txt").read_text()
+    )
 
 
 @pytest.mark.parametrize("scenario", NCCL)
@@ -180,8 +205,10 @@ def test_recorded_watchdog_log_times_out_the_pipeline_all_reduce(scenario):
     log = (record.CAPTURES / scenario / "fr" / "watchdog.log").read_text()
     sizes = sorted(set(PP_SIZES[_kind(scenario)].values()))
     for n in sizes:
-        assert f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn={n}, " \
-               f"NumelOut={n}, Timeout(ms)=10000)" in log, n
+        assert (
+            f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn={n}, "
+            f"NumelOut={n}, Timeout(ms)=10000)" in log
+        ), n
     if _kind(scenario) != "aux_loss_sizes":  # stage 0's stream: iteration 2's first send to stage 1
         assert "WorkNCCL(SeqNum=5, OpType=COALESCED, NumelIn=0, NumelOut=0, Timeout(ms)=10000)" in log
 
@@ -201,8 +228,9 @@ def test_recorded_bundle_is_the_same_job(scenario):
         assert fr is None
 
 
-@pytest.mark.parametrize("scenario", ["nccl_mtp_cp_pp_spin", "nccl_mtp_cp_pp_poll", "nccl_mtp_cp_pp_futex",
-                                      "nccl_mtp_cp_dp_futex"])
+@pytest.mark.parametrize(
+    "scenario", ["nccl_mtp_cp_pp_spin", "nccl_mtp_cp_pp_poll", "nccl_mtp_cp_pp_futex", "nccl_mtp_cp_dp_futex"]
+)
 def test_the_mtp_twin_on_nccl_has_two_partly_entered_collectives(scenario):
     """What the look-alikes are told apart from (examples/nccl_behaviour): on DP x CP, seq 1 is the MTP
     all_reduce on the cp 0 ranks and the optimizer's reduce-scatter on the cp 1 ranks, which the gate sent
@@ -230,8 +258,19 @@ def test_the_mtp_twin_on_nccl_has_two_partly_entered_collectives(scenario):
 
 # The control: with the tracker sized num_layers + mtp_num_layers on every stage (#3401), the same job on
 # the same backend completes (NCCL's 10-minute watchdog timeout: a slow start-up is no hang).
-FIXED = ["--scenario", "aux-loss-sizes", "--mode", "nccl", "--fixed", "--steps", "2", "--sync", "futex",
-         "--device-step-s", "0.2"]
+FIXED = [
+    "--scenario",
+    "aux-loss-sizes",
+    "--mode",
+    "nccl",
+    "--fixed",
+    "--steps",
+    "2",
+    "--sync",
+    "futex",
+    "--device-step-s",
+    "0.2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -245,10 +284,17 @@ def live(tmp_path_factory):
             folder = tmp_path_factory.mktemp(name)
             # six jobs start at once on a shared machine: a longer watchdog timeout than the fixtures' 10 s
             # keeps a slow start-up from timing out before the hang
-            args = [("20" if prev == "--timeout-s" else a) for prev, a in zip(("",) + scenario.worker_args,
-                                                                               scenario.worker_args, strict=False)]
-            job = start_torchrun(str(scenario.script), args, scenario.nproc,
-                                 env=record.scenario_env(scenario, str(folder)), log_path=str(folder / "job.log"))
+            args = [
+                ("20" if prev == "--timeout-s" else a)
+                for prev, a in zip(("",) + scenario.worker_args, scenario.worker_args, strict=False)
+            ]
+            job = start_torchrun(
+                str(scenario.script),
+                args,
+                scenario.nproc,
+                env=record.scenario_env(scenario, str(folder)),
+                log_path=str(folder / "job.log"),
+            )
             stack.callback(job.kill)
             started[name] = (scenario, job, folder)
         fixed_log = tmp_path_factory.mktemp("fixed") / "job.log"
@@ -308,8 +354,12 @@ def test_nccl_flight_recorder_and_torchfrtrace(live, scenario):
 
 @pytest.mark.e2e
 def test_gloo_refuses_the_size_mismatch_scenario():
-    done = subprocess.run([sys.executable, str(WORKER), "--scenario", "aux-loss-sizes", "--mode", "gloo"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(WORKER), "--scenario", "aux-loss-sizes", "--mode", "gloo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "gloo::EnforceNotMet" in done.stderr and "Traceback" not in done.stderr
 

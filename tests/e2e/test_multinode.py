@@ -30,15 +30,20 @@ LAYOUT = ParallelLayout.for_world(4, cp=2, pp=2)
 
 
 def mtpdiag(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "mtpdiag", *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     log = tmp_path_factory.mktemp("multinode") / "job.log"
-    started = start_torchrun(str(WORKER), ["--gate", "buggy", "--cp", "2", "--pp", "2"], nproc=4,
-                             log_path=str(log))
+    started = start_torchrun(str(WORKER), ["--gate", "buggy", "--cp", "2", "--pp", "2"], nproc=4, log_path=str(log))
     try:
         workers = started.wait_until_stuck(quiet_s=3.0, timeout=180.0)
         yield started, workers
@@ -78,8 +83,7 @@ def test_each_collect_writes_one_bundle_with_its_own_host_label(bundles, job):
     for host, ranks in HOSTS.items():
         doc = json.loads((bundles / f"{host}.mtpdiag.json").read_text())
         assert doc["schema"] == "mtpdiag.bundle/1" and doc["host"] == host
-        assert [(c["rank"], c["pid"], c["host"]) for c in doc["captures"]] == \
-               [(r, workers[r], host) for r in ranks]
+        assert [(c["rank"], c["pid"], c["host"]) for c in doc["captures"]] == [(r, workers[r], host) for r in ranks]
 
 
 def test_analyze_merges_the_hosts_by_rank(bundles, job):
@@ -88,9 +92,12 @@ def test_analyze_merges_the_hosts_by_rank(bundles, job):
     assert done.returncode == 1 and report["verdict"] == "problem"
     assert report["world_size"] == 4
     assert (report["layout"]["cp"], report["layout"]["pp"]) == (2, 2)  # from the workers' command lines
-    assert [(r["rank"], r["pid"], r["host"]) for r in report["ranks"]] == \
-           [(0, workers[0], "node-a"), (1, workers[1], "node-a"), (2, workers[2], "node-b"),
-            (3, workers[3], "node-b")]
+    assert [(r["rank"], r["pid"], r["host"]) for r in report["ranks"]] == [
+        (0, workers[0], "node-a"),
+        (1, workers[1], "node-a"),
+        (2, workers[2], "node-b"),
+        (3, workers[3], "node-b"),
+    ]
     assert [r["op"] for r in report["ranks"]] == ["send", "all_gather", "all_reduce", "all_gather"]
     ids = [f["id"] for f in report["findings"]]
     assert ids[0] == "mtp-cp-gated-reduce" and "missing-rank" not in ids
@@ -138,8 +145,9 @@ def test_ending_the_job_leaves_no_worker(job):
     pids = [started.pid, *workers]
     deadline = time.monotonic() + 15
     while True:
-        listed = subprocess.run(["ps", "-o", "pid=,stat=", "-p", ",".join(map(str, pids))],
-                                capture_output=True, text=True, check=False).stdout.split("\n")
+        listed = subprocess.run(
+            ["ps", "-o", "pid=,stat=", "-p", ",".join(map(str, pids))], capture_output=True, text=True, check=False
+        ).stdout.split("\n")
         alive = [line.split() for line in listed if line.strip() and not line.split()[1].startswith("Z")]
         if not alive or time.monotonic() > deadline:
             break

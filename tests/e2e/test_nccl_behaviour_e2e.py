@@ -20,16 +20,21 @@ import pytest
 from mtpdiag.capture import procfs
 from mtpdiag.fix.verify.launch import start_torchrun
 
-_spec = importlib.util.spec_from_file_location("fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py")
+_spec = importlib.util.spec_from_file_location(
+    "fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py"
+)
 record = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault(_spec.name, record)
 _spec.loader.exec_module(record)
 
 WORKER = record.NCCL_WORKER
 # rank -> the source line of the host sync its main thread waits at (cp 2, pp 2, buggy gate)
-SYNC_LINES = {0: "found_inf_flag = self.found_inf.item() > 0", 1: "found_inf_flag = self.found_inf.item() > 0",
-              2: 'metrics["mtp_1_loss"] = MTPLossLoggingHelper.tracker["values"].cpu().item()',
-              3: "found_inf_flag = self.found_inf.item() > 0"}
+SYNC_LINES = {
+    0: "found_inf_flag = self.found_inf.item() > 0",
+    1: "found_inf_flag = self.found_inf.item() > 0",
+    2: 'metrics["mtp_1_loss"] = MTPLossLoggingHelper.tracker["values"].cpu().item()',
+    3: "found_inf_flag = self.found_inf.item() > 0",
+}
 NCCL_NAMES = {"nccl:all_reduce", "nccl:all_gather", "nccl:_reduce_scatter_base", "nccl:all_reduce_barrier"}
 P2P_NAMES = {"nccl:send", "nccl:recv", "nccl:coalesced"}  # pipeline stages only
 
@@ -90,8 +95,11 @@ def test_recorded_dumps_are_nccl_dumps_that_torchfrtrace_reads(scenario):
     assert names >= NCCL_NAMES | (P2P_NAMES if "_pp_" in scenario else set())
     report = record.parse_torchfrtrace(record.run_torchfrtrace(folder))
     kinds = {(r["kind"], r["group"].split(":", 1)[1], r["collective"]) for r in report}
-    assert ("errors", "DATA_PARALLEL_GROUP_WITH_CP", "nccl:_reduce_scatter_base") in kinds or \
-        ("errors", "DATA_PARALLEL_GROUP_WITH_CP", "nccl:all_reduce") in kinds
+    assert ("errors", "DATA_PARALLEL_GROUP_WITH_CP", "nccl:_reduce_scatter_base") in kinds or (
+        "errors",
+        "DATA_PARALLEL_GROUP_WITH_CP",
+        "nccl:all_reduce",
+    ) in kinds
     absent = {2} if "_pp_" in scenario else {0, 2}
     world = next(r for r in report if r["group"].endswith(":INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"))
     assert (world["kind"], set(world["missing_ranks"])) == ("missing_ranks", absent)
@@ -105,8 +113,11 @@ def test_recorded_timeout_dumps_hold_the_failed_works_unretired_and_live_dumps_r
     """NCCL dumps during the watchdog's wait, before retire_id; a watchdog that lives on retires later."""
     folder = record.CAPTURES / scenario
     for r in range(4):
-        at_timeout = [e for e in _load(folder / "fr" / f"rank_{r}")["entries"] if e["state"] != "completed"
-                      and e["profiling_name"] != "nccl:send" and e["profiling_name"] != "nccl:recv"]
+        at_timeout = [
+            e
+            for e in _load(folder / "fr" / f"rank_{r}")["entries"]
+            if e["state"] != "completed" and e["profiling_name"] != "nccl:send" and e["profiling_name"] != "nccl:recv"
+        ]
         assert at_timeout and not any(e["retired"] for e in at_timeout), r
         live = _load(folder / "fr_live" / f"rank_{r}")["entries"]
         failed = [e for e in live if e["retired"] and e["state"] != "completed"]
@@ -115,8 +126,10 @@ def test_recorded_timeout_dumps_hold_the_failed_works_unretired_and_live_dumps_r
 
 def test_recorded_watchdog_log_has_nccls_timeout_line():
     log = (record.CAPTURES / "nccl_mtp_cp_pp_spin" / "fr" / "watchdog.log").read_text()
-    assert "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=_REDUCE_SCATTER_BASE, " \
-           "NumelIn=32, NumelOut=16, Timeout(ms)=10000) ran for " in log
+    assert (
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=_REDUCE_SCATTER_BASE, "
+        "NumelIn=32, NumelOut=16, Timeout(ms)=10000) ran for " in log
+    )
 
 
 # ---------------------------------------------------------------- a live hung job
@@ -128,10 +141,26 @@ def hung(tmp_path_factory):
     dumps, pipes = base / "fr", base / "pipes"
     dumps.mkdir()
     pipes.mkdir()
-    env = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_"),
-           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(pipes / "rank_")}
-    args = ["--gate", "buggy", "--cp", "2", "--pp", "2", "--sync", "spin,futex,spin,futex", "--timeout-s", "8",
-            "--device-step-s", "0.4", "--no-abort"]
+    env = {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_"),
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(pipes / "rank_"),
+    }
+    args = [
+        "--gate",
+        "buggy",
+        "--cp",
+        "2",
+        "--pp",
+        "2",
+        "--sync",
+        "spin,futex,spin,futex",
+        "--timeout-s",
+        "8",
+        "--device-step-s",
+        "0.4",
+        "--no-abort",
+    ]
     job = start_torchrun(str(WORKER), args, 4, env=env, log_path=str(base / "job.log"))
     try:
         ranks = record.worker_ranks(job)
@@ -175,16 +204,19 @@ def test_the_watchdog_dumps_nccl_flight_records_and_logs_the_timeout(hung):
     rank3 = {e["profiling_name"] for e in dumps[3]["entries"] if e["process_group"][1] == "DATA_PARALLEL_GROUP_WITH_CP"}
     assert (rank2, rank3) == ({"nccl:all_reduce"}, {"nccl:_reduce_scatter_base"})
     log = hung["log"].read_text(errors="replace")
-    assert "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, " \
-           "NumelOut=1, Timeout(ms)=8000) ran for " in log
+    assert (
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, "
+        "NumelOut=1, Timeout(ms)=8000) ran for " in log
+    )
 
 
 @pytest.mark.e2e
 def test_a_pipe_dump_after_the_timeout_shows_the_failed_work_retired_not_completed(hung):
     dump = _pipe_dump(hung["pipes"], hung["dumps"], 2, after_ns=(hung["dumps"] / "rank_2").stat().st_mtime_ns)
     failed = [e for e in dump["entries"] if e["retired"] and e["state"] != "completed"]
-    assert [(e["profiling_name"], e["process_group"][1]) for e in failed] == \
-        [("nccl:all_reduce", "DATA_PARALLEL_GROUP_WITH_CP")]
+    assert [(e["profiling_name"], e["process_group"][1]) for e in failed] == [
+        ("nccl:all_reduce", "DATA_PARALLEL_GROUP_WITH_CP")
+    ]
     assert failed[0]["time_discovered_completed_ns"] is None
     assert hung["job"].proc.poll() is None  # the pipe dump stops nothing
 
@@ -197,8 +229,10 @@ def test_torchfrtrace_reads_the_live_dumps(hung):
     assert [c["error"] for c in mismatch["culprits"]] == ["COLLECTIVE_TYPE_MISMATCH"]
     assert mismatch["culprits"][0]["rank"] in (2, 3)
     missing = next(r for r in report if r["kind"] == "missing_ranks")
-    assert (missing["group"].split(":", 1)[1], missing["missing_ranks"]) == \
-        ("INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", [2])
+    assert (missing["group"].split(":", 1)[1], missing["missing_ranks"]) == (
+        "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
+        [2],
+    )
 
 
 @pytest.mark.e2e
@@ -206,10 +240,23 @@ def test_without_no_abort_every_rank_dumps_then_the_job_aborts(tmp_path):
     dumps = tmp_path / "fr"
     dumps.mkdir()
     log = tmp_path / "job.log"
-    args = ["--gate", "buggy", "--cp", "2", "--pp", "2", "--sync", "futex", "--timeout-s", "5",
-            "--device-step-s", "0.2"]
-    with start_torchrun(str(WORKER), args, 4, env={"TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_")},
-                        log_path=str(log)) as job:
+    args = [
+        "--gate",
+        "buggy",
+        "--cp",
+        "2",
+        "--pp",
+        "2",
+        "--sync",
+        "futex",
+        "--timeout-s",
+        "5",
+        "--device-step-s",
+        "0.2",
+    ]
+    with start_torchrun(
+        str(WORKER), args, 4, env={"TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_")}, log_path=str(log)
+    ) as job:
         code = job.wait(300)
     text = log.read_text(errors="replace")
     assert code not in (None, 0), text[-2000:]
@@ -228,8 +275,9 @@ def test_healthy_job_moves_its_flight_recorder_while_the_host_waits_at_one_line(
     pipes.mkdir()
     env = {"TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_"), "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(pipes / "rank_")}
     log = tmp_path / "job.log"
-    with start_torchrun(str(WORKER), ["--healthy", "--cp", "2", "--pp", "2", "--device-step-s", "3"], 4, env=env,
-                        log_path=str(log)) as job:
+    with start_torchrun(
+        str(WORKER), ["--healthy", "--cp", "2", "--pp", "2", "--device-step-s", "3"], 4, env=env, log_path=str(log)
+    ) as job:
         ranks = record.worker_ranks(job)
         record._wait_for_log(str(log), "rank 0 step 1 ", job, timeout=240)
         first = _pipe_dump(pipes, dumps, 0, after_ns=0)

@@ -52,15 +52,16 @@ def _pids_in(netns: str) -> set[int]:
     return {int(name) for name in os.listdir("/proc") if name.isdigit() and _netns(int(name)) == netns}
 
 
-def _wait_for_output(out: Path, launcher: subprocess.Popen, pattern: re.Pattern | str, seen: set[int],
-                     agent: int | None, timeout: float) -> str:
+def _wait_for_output(
+    out: Path, launcher: subprocess.Popen, pattern: re.Pattern | str, seen: set[int], agent: int | None, timeout: float
+) -> str:
     """The launcher's output once it matches ``pattern``; meanwhile remember every pid of the job."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if agent is not None:
             seen.update(procfs.descendants(agent))
         text = out.read_text(errors="replace")
-        if (pattern.search(text) if isinstance(pattern, re.Pattern) else pattern in text):
+        if pattern.search(text) if isinstance(pattern, re.Pattern) else pattern in text:
             return text
         if launcher.poll() is not None:
             raise AssertionError(f"launch.py exited ({launcher.returncode}): {text[-2000:]}")
@@ -121,9 +122,14 @@ def lost_network(tmp_path):
     require_private_network()
     out = tmp_path / "launch.out"
     with open(out, "w") as sink:
-        launcher = subprocess.Popen([sys.executable, LAUNCHER, "--log", str(tmp_path / "job.log")], cwd=ROOT,
-                                    stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+        launcher = subprocess.Popen(
+            [sys.executable, LAUNCHER, "--log", str(tmp_path / "job.log")],
+            cwd=ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     seen: set[int] = set()
     agent = netns = None
     try:
@@ -170,8 +176,10 @@ def test_a_job_that_loses_its_network_is_all_waiting(lost_network):
 
     console = run_cli("inspect", "--pid", str(lost_network.agent))
     assert console.returncode == 1, (console.returncode, console.stderr[-2000:])
-    headline = (f"every rank (4) waits in all_reduce at reduce_gradients (worker.py:{line}) and no group is "
-                "split: the cause is below Python")
+    headline = (
+        f"every rank (4) waits in all_reduce at reduce_gradients (worker.py:{line}) and no group is "
+        "split: the cause is below Python"
+    )
     assert console.stdout.splitlines()[0] == f"PROBLEM: {headline}"
     assert f"[all-waiting] {headline}" in console.stdout
     assert "flight recorder" in " ".join(console.stdout.split()).lower()  # rich may wrap it over two lines

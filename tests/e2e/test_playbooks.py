@@ -60,9 +60,27 @@ JOBS = {
     "healthy": JobSpec(GATED_WORKER, ("--scenario", "healthy", "--steps", "0", "--log-every", "200"), hung=False),
     # The same bug with NCCL's CPU-side behaviour (examples/nccl_behaviour): every rank ends at a host sync in a
     # futex; its Flight Recorder dumps come on request through the debug-info pipe.
-    "gpu-hang": JobSpec(NCCL_WORKER, ("--gate", "buggy", "--cp", "2", "--pp", "2", "--sync", "futex",
-                                      "--timeout-s", "900", "--device-step-s", "0.3", "--no-abort"),
-                        hung=True, flight_recorder=True, pipe=True),
+    "gpu-hang": JobSpec(
+        NCCL_WORKER,
+        (
+            "--gate",
+            "buggy",
+            "--cp",
+            "2",
+            "--pp",
+            "2",
+            "--sync",
+            "futex",
+            "--timeout-s",
+            "900",
+            "--device-step-s",
+            "0.3",
+            "--no-abort",
+        ),
+        hung=True,
+        flight_recorder=True,
+        pipe=True,
+    ),
 }
 
 
@@ -147,10 +165,15 @@ def collect_as_nodes(job: Job, nodes: int, out: str, env: dict[str, str]) -> Non
     by_rank = sorted(worker_pids(job).items())
     per = len(by_rank) // nodes
     for node in range(nodes):
-        share = by_rank[node * per:(node + 1) * per]
+        share = by_rank[node * per : (node + 1) * per]
         args = [arg for _, pid in share for arg in ("--pid", str(pid))]
-        done = subprocess.run([sys.executable, "-m", "mtpdiag", "collect", *args, "--host", f"node-{node}",
-                               "--out", out + os.sep], capture_output=True, text=True, env=env, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "mtpdiag", "collect", *args, "--host", f"node-{node}", "--out", out + os.sep],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
 
 
@@ -173,8 +196,9 @@ def engine_copy(tmp: Path) -> str:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.verl) if n == "mtp-cp-deadlock.md" else n
-                                  for n in PLAYBOOKS])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.verl) if n == "mtp-cp-deadlock.md" else n for n in PLAYBOOKS]
+)
 def test_playbook_commands_print_what_the_playbook_shows(name, pool, tmp_path):
     blocks = [b for b in parsed(name) if b.executed]
     env = command_env(tmp_path)
@@ -225,8 +249,10 @@ def mtpdiag_options() -> dict[str, set[str]]:
     from mtpdiag.cli import app
 
     group = typer.main.get_command(app)
-    return {name: {o for p in cmd.params for o in p.opts if o.startswith("--")} | {"--help"}
-            for name, cmd in group.commands.items()}
+    return {
+        name: {o for p in cmd.params for o in p.opts if o.startswith("--")} | {"--help"}
+        for name, cmd in group.commands.items()
+    }
 
 
 def unknown_options(text: str, options: dict[str, set[str]]) -> list[str]:
@@ -251,7 +277,9 @@ def test_commands_that_are_not_run_still_use_real_subcommands_and_options():
         assert unknown_options("\n".join(shown + spans), options) == [], name
     # and the check itself can fail
     assert unknown_options("srun -N 2 mtpdiag collect --outdir /x\n`mtpdiag inspct --pid 1`", options) == [
-        "mtpdiag collect --outdir", "mtpdiag inspct"]
+        "mtpdiag collect --outdir",
+        "mtpdiag inspct",
+    ]
 
 
 def github_anchor(heading: str) -> str:
@@ -260,8 +288,10 @@ def github_anchor(heading: str) -> str:
 
 
 def test_links_between_playbooks_resolve():
-    anchors = {name: {github_anchor(h) for h in re.findall(r"^#+ (.+)$", (PLAYBOOKS_DIR / name).read_text(), re.M)}
-               for name in (*PLAYBOOKS, "README.md")}
+    anchors = {
+        name: {github_anchor(h) for h in re.findall(r"^#+ (.+)$", (PLAYBOOKS_DIR / name).read_text(), re.M)}
+        for name in (*PLAYBOOKS, "README.md")
+    }
     for name in anchors:
         for target, anchor in re.findall(r"\]\(([\w.-]+\.md)(?:#([\w-]+))?\)", (PLAYBOOKS_DIR / name).read_text()):
             assert target in anchors, (name, target)
@@ -274,18 +304,28 @@ def test_links_between_playbooks_resolve():
 @pytest.fixture(scope="module")
 def analyze_output() -> str:
     """Real output: mtpdiag analyzing a hang recorded from the MTP reproducer."""
-    done = subprocess.run([sys.executable, "-m", "mtpdiag", "analyze", CAPTURE], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, "COLUMNS": "200"}, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "mtpdiag", "analyze", CAPTURE],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=120,
+    )
     assert done.returncode == 1, done.stderr
     return done.stdout
 
 
-HEADLINE = ("PROBLEM: MTP loss all_reduce on the DP×CP group [2, 3] entered only by cp == 0 ranks (rank 2); "
-            "rank 3 (tp0 cp1 pp1) never joined (all_gather in ring_attention): verl #5895 deadlock")
+HEADLINE = (
+    "PROBLEM: MTP loss all_reduce on the DP×CP group [2, 3] entered only by cp == 0 ranks (rank 2); "
+    "rank 3 (tp0 cp1 pp1) never joined (all_gather in ring_attention): verl #5895 deadlock"
+)
 FINDING = f"[mtp-cp-gated-reduce] {HEADLINE.removeprefix('PROBLEM: ')}"
-SPLIT = ("- collective all_reduce at reduce_loss_in_tracker on the DP×CP group [2, 3]: entered by rank 2 "
-         "(tp0 cp0 pp1); absent: rank 3 (tp0 cp1 pp1), which is at all_gather in ring_attention. "
-         "Entered only where cp == 0: a condition that excludes cp > 0 gates this collective.")
+SPLIT = (
+    "- collective all_reduce at reduce_loss_in_tracker on the DP×CP group [2, 3]: entered by rank 2 "
+    "(tp0 cp0 pp1); absent: rank 3 (tp0 cp1 pp1), which is at all_gather in ring_attention. "
+    "Entered only where cp == 0: a condition that excludes cp > 0 gates this collective."
+)
 SHOWN = [HEADLINE, "...", FINDING, "...", SPLIT, "..."]
 
 
@@ -293,19 +333,31 @@ def test_matcher_accepts_real_output_wrapped_at_any_width(analyze_output):
     assert pr.output_problem(SHOWN, analyze_output, {}) is None
     rewrapped = "\n".join(textwrap.fill(line, 60, break_long_words=False) for line in analyze_output.splitlines())
     assert rewrapped != analyze_output
-    narrow = subprocess.run([sys.executable, "-m", "mtpdiag", "analyze", CAPTURE], capture_output=True, text=True,
-                            cwd=ROOT, env={**os.environ, "COLUMNS": "100"}, timeout=120).stdout
+    narrow = subprocess.run(
+        [sys.executable, "-m", "mtpdiag", "analyze", CAPTURE],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "100"},
+        timeout=120,
+    ).stdout
     assert narrow != analyze_output  # rich wrapped it differently
     assert pr.output_problem(SHOWN, narrow, {}) is None
     assert pr.output_problem(SHOWN, rewrapped, {}) is None
 
 
-@pytest.mark.parametrize("wrong,line", [
-    ([HEADLINE, "...", FINDING.replace("mtp-cp-gated-reduce", "gated-collective"), "...", SPLIT, "..."], "[gated-collective]"),
-    ([HEADLINE, "...", FINDING, "...", SPLIT.replace("cp == 0", "cp == 1"), "..."], "Entered only where cp == 1"),
-    ([HEADLINE.replace("PROBLEM", "OK"), "...", FINDING, "..."], "OK: MTP loss"),
-    ([HEADLINE, FINDING, "..."], "[mtp-cp-gated-reduce]"),  # the layout line between them is not shown
-])
+@pytest.mark.parametrize(
+    "wrong,line",
+    [
+        (
+            [HEADLINE, "...", FINDING.replace("mtp-cp-gated-reduce", "gated-collective"), "...", SPLIT, "..."],
+            "[gated-collective]",
+        ),
+        ([HEADLINE, "...", FINDING, "...", SPLIT.replace("cp == 0", "cp == 1"), "..."], "Entered only where cp == 1"),
+        ([HEADLINE.replace("PROBLEM", "OK"), "...", FINDING, "..."], "OK: MTP loss"),
+        ([HEADLINE, FINDING, "..."], "[mtp-cp-gated-reduce]"),  # the layout line between them is not shown
+    ],
+)
 def test_matcher_rejects_output_the_playbook_does_not_show(analyze_output, wrong, line):
     problem = pr.output_problem(wrong, analyze_output, {})
     assert problem is not None and line in problem, problem
@@ -320,8 +372,12 @@ def test_placeholders_stand_for_their_values_or_any_number():
     out = "wrote /tmp/x/vm.mtpdiag.json (4 ranks) in 2.5 s by pid 4711\n"
     values = {"DIR": "/tmp/x", "HOST": "vm"}
     assert pr.output_problem(["wrote <DIR>/<HOST>.mtpdiag.json (<N> ranks) in <N> s by pid <PID>"], out, values) is None
-    assert pr.output_problem(["wrote <DIR>/<HOST>.mtpdiag.json (<N> ranks) in <N> s by pid <PID>"], out,
-                             {"DIR": "/tmp/y", "HOST": "vm"}) is not None
+    assert (
+        pr.output_problem(
+            ["wrote <DIR>/<HOST>.mtpdiag.json (<N> ranks) in <N> s by pid <PID>"], out, {"DIR": "/tmp/y", "HOST": "vm"}
+        )
+        is not None
+    )
     with pytest.raises(pr.PlaybookError):
         pr.output_problem(["<ENGINE>"], out, values)
     with pytest.raises(pr.PlaybookError):
@@ -347,22 +403,30 @@ def test_runner_checks_exit_codes(tmp_path):
     assert [o.problems for o in usage_error] == [(), ()]
 
 
-@pytest.mark.parametrize("text,error", [
-    ("```bash\nmtpdiag inspect --all\n```\n", "code fence 'bash'"),
-    ("<!-- run: mtp-hang -->\n\nsome prose\n```console\n$ true\n```\n", "must come right before"),
-    ("```console\noutput first\n$ true\n```\n", "output before the first $ command"),
-    ("```console\n$ echo $?\n0\n```\n", "with no command before it"),
-    ("<!-- run: nodes=2 -->\n```console\n$ true\n```\n", "names a job first"),
-    ("```console\n$ true\n", "unterminated"),
-])
+@pytest.mark.parametrize(
+    "text,error",
+    [
+        ("```bash\nmtpdiag inspect --all\n```\n", "code fence 'bash'"),
+        ("<!-- run: mtp-hang -->\n\nsome prose\n```console\n$ true\n```\n", "must come right before"),
+        ("```console\noutput first\n$ true\n```\n", "output before the first $ command"),
+        ("```console\n$ echo $?\n0\n```\n", "with no command before it"),
+        ("<!-- run: nodes=2 -->\n```console\n$ true\n```\n", "names a job first"),
+        ("```console\n$ true\n", "unterminated"),
+    ],
+)
 def test_parser_refuses_blocks_outside_the_convention(text, error):
     with pytest.raises(pr.PlaybookError, match=re.escape(error)):
         pr.parse_playbook(text, "t.md")
 
 
 def test_parser_reads_commands_outputs_and_directives():
-    (block,) = pr.parse_playbook("<!-- run: mtp-hang nodes=2 -->\n```console\n$ mtpdiag analyze \\\n  <DIR>\n"
-                                 "PROBLEM: x\n...\n$ echo $?\n1\n```\n", "t.md")
+    (block,) = pr.parse_playbook(
+        "<!-- run: mtp-hang nodes=2 -->\n```console\n$ mtpdiag analyze \\\n  <DIR>\n"
+        "PROBLEM: x\n...\n$ echo $?\n1\n```\n",
+        "t.md",
+    )
     assert (block.job, block.option("nodes"), block.line) == ("mtp-hang", "2", 2)
     assert [(s.command, s.expected) for s in block.steps] == [
-        ("mtpdiag analyze <DIR>", ("PROBLEM: x", "...")), ("echo $?", ("1",))]
+        ("mtpdiag analyze <DIR>", ("PROBLEM: x", "...")),
+        ("echo $?", ("1",)),
+    ]

@@ -55,9 +55,12 @@ RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 WORLD = 4
 NODE_ENV = {"RANK": "0", "WORLD_SIZE": "1"}  # a Kubeflow pod's: the raylet and all it starts inherit it
 CANARY = "cnry-raycluster-41d7-wandb"
-OVERRIDES = ["actor_rollout_ref.actor.megatron.context_parallel_size=2",
-             "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
-             "trainer.n_gpus_per_node=2", "trainer.nnodes=2"]
+OVERRIDES = [
+    "actor_rollout_ref.actor.megatron.context_parallel_size=2",
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+    "trainer.n_gpus_per_node=2",
+    "trainer.nnodes=2",
+]
 # What a node that could not be captured may be told with, depending on when Ray noticed it was gone.
 NODE_GONE = ("did not finish within", "could not be placed", "the node died", "dead node")
 
@@ -119,9 +122,15 @@ def _start_node(cluster: Cluster, ip: str, log: Path, *extra: str, env: dict | N
     back to the head's, so that mtpdiag joins through the head (and survives what the tests do to the others).
     """
     with open(log, "w") as out:
-        proc = subprocess.Popen([*RAY, "start", f"--address={cluster.address}", f"--node-ip-address={ip}",
-                                 "--disable-usage-stats", *extra], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env or cluster.env, cwd="/", start_new_session=True)
+        proc = subprocess.Popen(
+            [*RAY, "start", f"--address={cluster.address}", f"--node-ip-address={ip}", "--disable-usage-stats", *extra],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env or cluster.env,
+            cwd="/",
+            start_new_session=True,
+        )
     assert proc.wait(timeout=180) == 0, log.read_text(errors="replace")[-2000:]
     cached = Path(cluster.ray_tmp) / "session_latest" / "node_ip_address.json"
     cached.write_text(json.dumps({"node_ip_address": cluster.address.rpartition(":")[0]}))
@@ -129,8 +138,11 @@ def _start_node(cluster: Cluster, ip: str, log: Path, *extra: str, env: dict | N
 
 
 def _raylet_of_session(session: int) -> int:
-    (raylet,) = [p for p in procfs.all_pids() if (s := procfs.read_stat(p)) is not None
-                 and s.session == session and s.comm == "raylet"]
+    (raylet,) = [
+        p
+        for p in procfs.all_pids()
+        if (s := procfs.read_stat(p)) is not None and s.session == session and s.comm == "raylet"
+    ]
     return raylet
 
 
@@ -142,19 +154,44 @@ def cluster(tmp_path_factory):
     ray_tmp = tempfile.mkdtemp(prefix="mtpd-rc-", dir="/tmp")
     port, dashboard = free_port(), free_port()
     # Both nodes' Ray workers import this checkout's mtpdiag (the capture task runs there).
-    env = {**os.environ, **NODE_ENV, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        **NODE_ENV,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+    }
     log = tmp / "head.log"
-    head = (f'set -e\n"{sys.executable}" -m ray.scripts.scripts start --head --port={port} '
-            f'--num-cpus=1 --num-gpus=0 --include-dashboard=true --dashboard-host=127.0.0.1 --dashboard-port={dashboard} '
-            f'--disable-usage-stats --temp-dir={ray_tmp}\n'
-            f'echo "head started"\nexec "$@" --address 127.0.0.1:{port}\n')
+    head = (
+        f'set -e\n"{sys.executable}" -m ray.scripts.scripts start --head --port={port} '
+        f"--num-cpus=1 --num-gpus=0 --include-dashboard=true --dashboard-host=127.0.0.1 --dashboard-port={dashboard} "
+        f"--disable-usage-stats --temp-dir={ray_tmp}\n"
+        f'echo "head started"\nexec "$@" --address 127.0.0.1:{port}\n'
+    )
     driver = [sys.executable, DRIVER, *OVERRIDES, "--gate", "buggy", "--worker-env", f"WANDB_API_KEY={CANARY}"]
     with open(log, "w") as out:
-        proc = subprocess.Popen(["bash", "-c", head, "bash", *driver], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, cwd=ROOT, start_new_session=True)
-    state = Cluster(address="", jobs=f"http://127.0.0.1:{dashboard}", sessions={proc.pid}, driver=proc.pid, actors={}, node_of={}, raylets={},
-                    node_sessions={}, env=env, tmp=tmp, ray_tmp=ray_tmp)
+        proc = subprocess.Popen(
+            ["bash", "-c", head, "bash", *driver],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    state = Cluster(
+        address="",
+        jobs=f"http://127.0.0.1:{dashboard}",
+        sessions={proc.pid},
+        driver=proc.pid,
+        actors={},
+        node_of={},
+        raylets={},
+        node_sessions={},
+        env=env,
+        tmp=tmp,
+        ray_tmp=ray_tmp,
+    )
     try:
         _wait_for(lambda: _line(log, "head started") or proc.poll() is not None, "head node", 180, log)
         # The head's address as Ray gives it (the host's address: Ray replaces 127.0.0.1 with it).
@@ -189,8 +226,9 @@ def _cli(cluster: Cluster, *args: str, cwd: str = ROOT, timeout: float = 300) ->
     env = {**os.environ, "COLUMNS": "200"}
     if cwd != ROOT:  # this source tree, where mtpdiag is not installed (the driver's path only, not the nodes')
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )
     assert CANARY not in done.stdout and CANARY not in done.stderr, args
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     return done
@@ -198,8 +236,9 @@ def _cli(cluster: Cluster, *args: str, cwd: str = ROOT, timeout: float = 300) ->
 
 def _cli_watching_ports(cluster: Cluster, *args: str) -> tuple[subprocess.CompletedProcess, set[int]]:
     """``_cli``, and the TCP ports the command listened on while it ran."""
-    done, ports = run_watching_ports([sys.executable, "-m", "mtpdiag", *args], env={**os.environ, "COLUMNS": "200"},
-                                     cwd=ROOT, timeout=400)
+    done, ports = run_watching_ports(
+        [sys.executable, "-m", "mtpdiag", *args], env={**os.environ, "COLUMNS": "200"}, cwd=ROOT, timeout=400
+    )
     assert CANARY not in done.stdout and CANARY not in done.stderr, args
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     return done, ports
@@ -269,12 +308,19 @@ def test_inspect_ray_diagnoses_both_nodes_with_the_layout_from_the_driver(cluste
 
 
 def test_inspect_ray_auto_finds_the_cluster_from_ray_address_and_prints_the_console_report(cluster):
-    done = subprocess.run([sys.executable, "-m", "mtpdiag", "inspect", "--ray"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300, env={**os.environ, "COLUMNS": "200", "RAY_ADDRESS": cluster.address})
+    done = subprocess.run(
+        [sys.executable, "-m", "mtpdiag", "inspect", "--ray"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200", "RAY_ADDRESS": cluster.address},
+    )
     assert CANARY not in done.stdout + done.stderr and "Traceback" not in done.stderr
     assert done.returncode == 1, done.stderr[-3000:]
-    assert done.stdout.startswith("PROBLEM: MTP loss all_reduce on the DP×CP group [2, 3] entered only by cp == 0 "
-                                  "ranks (rank 2)"), done.stdout[:600]
+    assert done.stdout.startswith(
+        "PROBLEM: MTP loss all_reduce on the DP×CP group [2, 3] entered only by cp == 0 ranks (rank 2)"
+    ), done.stdout[:600]
     assert "layout: tp=1 cp=2 ep=1 dp=1 pp=2 from command line" in done.stdout
 
 
@@ -297,8 +343,21 @@ def test_collect_ray_writes_one_bundle_that_analyze_reads(cluster, tmp_path):
 
 
 def test_watch_ray_calls_the_hang_and_saves_its_bundle(cluster, tmp_path):
-    done = _cli(cluster, "watch", "--ray", cluster.address, "--interval", "1", "--stall", "3", "--duration", "120",
-                "--out", str(tmp_path), "--json")
+    done = _cli(
+        cluster,
+        "watch",
+        "--ray",
+        cluster.address,
+        "--interval",
+        "1",
+        "--stall",
+        "3",
+        "--duration",
+        "120",
+        "--out",
+        str(tmp_path),
+        "--json",
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["progress"]["hang"] is True
@@ -330,10 +389,12 @@ def test_watch_refuses_a_job_server_before_connecting():
 
 
 def test_without_ray_nothing_imports_ray_and_the_local_capture_still_works(cluster):
-    script = ("import sys\nfrom mtpdiag.cli import main\n"
-              f"sys.argv = ['mtpdiag', 'inspect', '--pid', '{cluster.raylets[cluster.kept]}', '--json']\n"
-              "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
-              "print(f'ray-imported={\"ray\" in sys.modules} code={code}', file=sys.stderr)\n")
+    script = (
+        "import sys\nfrom mtpdiag.cli import main\n"
+        f"sys.argv = ['mtpdiag', 'inspect', '--pid', '{cluster.raylets[cluster.kept]}', '--json']\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
+        "print(f'ray-imported={\"ray\" in sys.modules} code={code}', file=sys.stderr)\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.stderr.strip().splitlines()[-1] == "ray-imported=False code=1", done.stderr[-2000:]
     report = json.loads(done.stdout)
@@ -342,10 +403,12 @@ def test_without_ray_nothing_imports_ray_and_the_local_capture_still_works(clust
 
 @pytest.mark.parametrize("command", ["inspect", "watch", "collect"])
 def test_without_ray_installed_ray_is_one_line_naming_the_extra(command, tmp_path):
-    script = ("import sys\nsys.modules['ray'] = None  # what Python does when ray is not installed\n"
-              "from mtpdiag.cli import main\n"
-              f"sys.argv = ['mtpdiag', '{command}', '--ray'] + {['--out', str(tmp_path)] if command == 'collect' else []}\n"
-              "main()\n")
+    script = (
+        "import sys\nsys.modules['ray'] = None  # what Python does when ray is not installed\n"
+        "from mtpdiag.cli import main\n"
+        f"sys.argv = ['mtpdiag', '{command}', '--ray'] + {['--out', str(tmp_path)] if command == 'collect' else []}\n"
+        "main()\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "pip install 'mtpdiag[ray]'" in done.stderr, done.stderr
@@ -357,8 +420,14 @@ def test_a_node_without_py_spy_says_what_to_install(tmp_path):
     python = tmp_path / "python3"
     python.symlink_to(os.path.realpath(sys.executable))
     code = "from mtpdiag.capture.ray_node import capture_node; print(capture_node({'label': 'n'})['failure'])"
-    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
-                          env={"PATH": str(tmp_path / "nothing"), "PYTHONPATH": os.pathsep.join(sys.path)})
+    done = subprocess.run(
+        [str(python), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(tmp_path),
+        env={"PATH": str(tmp_path / "nothing"), "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "py-spy not found on PATH (pip install py-spy)"
 

@@ -51,9 +51,13 @@ WORLD = 4
 NODE_ENV = {"RANK": "0", "WORLD_SIZE": "1"}
 SUBMISSION = "mtpdiag-e2e-verl"  # the `ray job submit --submission-id` of the third deployment
 CANARY = "cnry-ray-6b0e-wandb"  # in every actor's environment and on the driver's command line
-OVERRIDES = ["actor_rollout_ref.actor.megatron.context_parallel_size=2",
-             "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
-             f"trainer.n_gpus_per_node={WORLD}", "trainer.nnodes=1"]
+OVERRIDES = [
+    "actor_rollout_ref.actor.megatron.context_parallel_size=2",
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+    f"trainer.n_gpus_per_node={WORLD}",
+    "trainer.nnodes=1",
+]
+
 
 @dataclass(frozen=True)
 class RayJob:
@@ -70,8 +74,10 @@ def _require_ray(mode: str) -> None:
     needed = ("ray", "aiohttp") if mode == "ray job submit" else ("ray",)
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
-        unavailable(f"{', '.join(missing)} not installed (requirements-ci.txt pins ray[default]; bash scripts/test.sh "
-                    "installs it)")
+        unavailable(
+            f"{', '.join(missing)} not installed (requirements-ci.txt pins ray[default]; bash scripts/test.sh "
+            "installs it)"
+        )
 
 
 def _session_members(session: int) -> list[int]:
@@ -100,24 +106,35 @@ def _launch(mode: str, ray_tmp: str, log: Path) -> subprocess.Popen:
     driver = [py, DRIVER, *OVERRIDES, "--gate", "buggy", "--worker-env", f"WANDB_API_KEY={CANARY}"]
     ray = f'"{py}" -m ray.scripts.scripts'
     port = free_port()
-    start = (f'{ray} start --head --port={port} --node-ip-address=127.0.0.1 --num-cpus={WORLD + 1} '
-             f'--disable-usage-stats --temp-dir={ray_tmp}')
+    start = (
+        f"{ray} start --head --port={port} --node-ip-address=127.0.0.1 --num-cpus={WORLD + 1} "
+        f"--disable-usage-stats --temp-dir={ray_tmp}"
+    )
     if mode == "ray start":  # the cluster first, then the driver joins it from the same shell
         script = f'set -e\n{start} --include-dashboard=false\nexec "$@" --address 127.0.0.1:{port}\n'
         cmd = ["bash", "-c", script, "bash", *driver]
     elif mode == "ray job submit":  # the driver runs as a Ray job; its output is followed into the log
         jobs = f"http://127.0.0.1:{free_port()}"
-        script = (f'set -e\n{start} --include-dashboard=true --dashboard-port={jobs.rsplit(":", 1)[1]}\n'
-                  f'{ray} job submit --address {jobs} --submission-id {SUBMISSION} --no-wait -- "$@"\n'
-                  f'exec {ray} job logs --address {jobs} --follow {SUBMISSION}\n')
+        script = (
+            f"set -e\n{start} --include-dashboard=true --dashboard-port={jobs.rsplit(':', 1)[1]}\n"
+            f'{ray} job submit --address {jobs} --submission-id {SUBMISSION} --no-wait -- "$@"\n'
+            f"exec {ray} job logs --address {jobs} --follow {SUBMISSION}\n"
+        )
         cmd = ["bash", "-c", script, "bash", *driver]
     else:  # the driver's ray.init starts a local cluster of its own
         cmd = [*driver, "--temp-dir", ray_tmp]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
     env.update(NODE_ENV if mode != "ray.init" else {})
     with open(log, "w") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=ROOT, start_new_session=True)
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
 
 
 @pytest.fixture(scope="module", params=["ray start", "ray.init", "ray job submit"])
@@ -135,16 +152,20 @@ def job(request, tmp_path_factory):
     seen: set[int] = set()
     try:
         ready = _wait_for_line(proc, log, "ready pids=", timeout=300)
-        actors = {int(r): int(p) for r, p in
-                  (item.split(":") for item in ready.split()[1].removeprefix("pids=").split(","))}
+        actors = {
+            int(r): int(p) for r, p in (item.split(":") for item in ready.split()[1].removeprefix("pids=").split(","))
+        }
         seen.update(actors.values())
         raylets = [p for p in _session_members(session) if procfs.read_stat(p).comm == "raylet"]
         assert len(raylets) == 1, raylets
         seen.update(procfs.descendants(raylets[0]))
         driver = proc.pid
         if mode == "ray job submit":  # the driver Ray's job supervisor started, below the raylet
-            (driver,) = [p for p in procfs.descendants(raylets[0])
-                         if procfs.is_python(p) and DRIVER in (procfs.read_cmdline(p) or [])]
+            (driver,) = [
+                p
+                for p in procfs.descendants(raylets[0])
+                if procfs.is_python(p) and DRIVER in (procfs.read_cmdline(p) or [])
+            ]
         wait_until_quiet(list(actors.values()))
         yield RayJob(mode=mode, session=session, driver=driver, raylet=raylets[0], actors=actors, log=log)
     finally:
@@ -209,8 +230,14 @@ def _check_diagnosis(report: dict, job: RayJob) -> None:
 def _foreign_ranked(job: RayJob) -> list[int]:
     """Ranked Python processes of other jobs on this host (a shared machine may run some)."""
     ours = set(_session_members(job.session)) | set(procfs.descendants(job.raylet))  # a submitted driver too
-    return [p for p in procfs.all_pids() if p not in ours and p != os.getpid()
-            and {"RANK", "WORLD_SIZE"} <= set(procfs.read_env(p) or {}) and procfs.is_python(p)]
+    return [
+        p
+        for p in procfs.all_pids()
+        if p not in ours
+        and p != os.getpid()
+        and {"RANK", "WORLD_SIZE"} <= set(procfs.read_env(p) or {})
+        and procfs.is_python(p)
+    ]
 
 
 def _no_canary(done: subprocess.CompletedProcess, name: str) -> None:

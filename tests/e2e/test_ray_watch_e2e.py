@@ -47,29 +47,82 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray-watch")
     ray_tmp = tempfile.mkdtemp(prefix="mtpd-rw-", dir="/tmp")  # Ray's socket paths must stay short
     port, dashboard, client = free_port(), free_port(), free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+    }
     with open(tmp / "head.log", "w") as out:
-        head = subprocess.Popen([*RAY, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-                                 "--num-cpus=1", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                                 f"--dashboard-port={dashboard}", f"--ray-client-server-port={client}",
-                                 "--disable-usage-stats", f"--temp-dir={ray_tmp}"],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=ROOT,
-                                start_new_session=True)
+        head = subprocess.Popen(
+            [
+                *RAY,
+                "start",
+                "--head",
+                f"--port={port}",
+                "--node-ip-address=127.0.0.1",
+                "--num-cpus=1",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dashboard}",
+                f"--ray-client-server-port={client}",
+                "--disable-usage-stats",
+                f"--temp-dir={ray_tmp}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
     sessions = {head.pid}
     try:
         assert head.wait(timeout=180) == 0, (tmp / "head.log").read_text(errors="replace")[-2000:]
         dumps, pipes = tmp / "fr", tmp / "pipes"
         dumps.mkdir()
         pipes.mkdir()
-        runtime_env = {"env_vars": {"TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_"),
-                                    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(pipes / "rank_")}}
+        runtime_env = {
+            "env_vars": {
+                "TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_"),
+                "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(pipes / "rank_"),
+            }
+        }
         submit = subprocess.run(
-            [*RAY, "job", "submit", "--address", f"http://127.0.0.1:{dashboard}", "--submission-id", SUBMISSION,
-             "--no-wait", "--runtime-env-json", json.dumps(runtime_env), "--", sys.executable, "-m",
-             "torch.distributed.run", "--standalone", "--nproc-per-node=4", WORKER, "--healthy", "--cp", "2",
-             "--pp", "2", "--device-step-s", "3", "--sync", "spin"],
-            capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
+            [
+                *RAY,
+                "job",
+                "submit",
+                "--address",
+                f"http://127.0.0.1:{dashboard}",
+                "--submission-id",
+                SUBMISSION,
+                "--no-wait",
+                "--runtime-env-json",
+                json.dumps(runtime_env),
+                "--",
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node=4",
+                WORKER,
+                "--healthy",
+                "--cp",
+                "2",
+                "--pp",
+                "2",
+                "--device-step-s",
+                "3",
+                "--sync",
+                "spin",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=180,
+        )
         assert submit.returncode == 0, submit.stdout[-2000:] + submit.stderr[-2000:]
         log = _job_log(ray_tmp)
         deadline = time.monotonic() + 300
@@ -86,8 +139,19 @@ def cluster(tmp_path_factory):
 def test_watch_ray_makes_no_false_call_on_a_healthy_job_with_3s_device_steps(cluster, tmp_path):
     """Without the Flight Recorder's signal this watch calls a hang after about 5 s (checked: exit 1)."""
     address, _, log = cluster
-    done = run_cli("watch", "--ray", address, "--duration", "60", "--ray-timeout", "240", "--out", str(tmp_path),
-                   "--json", timeout=600)
+    done = run_cli(
+        "watch",
+        "--ray",
+        address,
+        "--duration",
+        "60",
+        "--ray-timeout",
+        "240",
+        "--out",
+        str(tmp_path),
+        "--json",
+        timeout=600,
+    )
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
@@ -99,8 +163,12 @@ def test_watch_ray_makes_no_false_call_on_a_healthy_job_with_3s_device_steps(clu
 def test_inspect_through_ray_client_captures_the_ranks_below_the_raylet_and_opens_no_port(cluster):
     """``ray://``: the driver runs in the head's client server; this process is a gRPC client only."""
     _, client, _ = cluster
-    done, ports = run_watching_ports([sys.executable, "-m", "mtpdiag", "inspect", "--ray", client, "--json"],
-                                     env=dict(os.environ), cwd=ROOT, timeout=400)
+    done, ports = run_watching_ports(
+        [sys.executable, "-m", "mtpdiag", "inspect", "--ray", client, "--json"],
+        env=dict(os.environ),
+        cwd=ROOT,
+        timeout=400,
+    )
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stdout, done.stderr[-3000:]
     report = json.loads(done.stdout)

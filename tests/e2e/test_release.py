@@ -46,8 +46,9 @@ def _unavailable(why: str, done: subprocess.CompletedProcess | None = None) -> N
 @pytest.fixture(scope="session")
 def built(tmp_path_factory) -> Built:
     out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO)],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], capture_output=True, text=True, timeout=900
+    )
     if done.returncode != 0:
         _unavailable("python -m build failed", done)
     (sdist,) = out.glob("mtpdiag-*.tar.gz")
@@ -62,8 +63,13 @@ def venv(built, tmp_path_factory) -> Venv:
     python = root / "env" / "bin" / "python"
     # no PYTHONPATH: a source tree on it (with its egg-info) would make pip think mtpdiag is already installed
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    done = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                           str(built.wheel)], capture_output=True, text=True, timeout=900, env=clean)
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", str(built.wheel)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=clean,
+    )
     if done.returncode != 0:
         _unavailable("pip could not install the wheel with its dependencies", done)
     home = root / "home"
@@ -75,8 +81,9 @@ def run_in(venv: Venv, *cmd: str, env: dict | None = None) -> subprocess.Complet
     """A command of the venv, with only the venv on PATH and no PYTHONPATH leading back to the repo."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     clean["PATH"] = os.pathsep.join([str(venv.bin), "/usr/bin", "/bin"])
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=300, cwd=venv.home,
-                          env={**clean, **(env or {})})
+    return subprocess.run(
+        list(cmd), capture_output=True, text=True, timeout=300, cwd=venv.home, env={**clean, **(env or {})}
+    )
 
 
 def test_build_makes_an_sdist_and_a_wheel_of_the_same_version(built):
@@ -142,6 +149,9 @@ def test_shell_completion_script_and_completions(venv):
     assert done.returncode == 0, done.stderr
     assert "_MTPDIAG_COMPLETE=complete_bash" in done.stdout
     assert "complete -o default -F _mtpdiag_completion mtpdiag" in done.stdout
-    asked = run_in(venv, str(venv.bin / "mtpdiag"),
-                   env={"_MTPDIAG_COMPLETE": "complete_bash", "COMP_WORDS": "mtpdiag ins", "COMP_CWORD": "1"})
+    asked = run_in(
+        venv,
+        str(venv.bin / "mtpdiag"),
+        env={"_MTPDIAG_COMPLETE": "complete_bash", "COMP_WORDS": "mtpdiag ins", "COMP_CWORD": "1"},
+    )
     assert asked.returncode == 0 and asked.stdout.split() == ["inspect"], (asked.stdout, asked.stderr)

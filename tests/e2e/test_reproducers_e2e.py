@@ -22,7 +22,9 @@ from mtpdiag.fix.verify.launch import start_torchrun
 from mtpdiag.layout import ParallelLayout
 from support.jobs_e2e import by_rank, require_private_network, run_json
 
-_spec = importlib.util.spec_from_file_location("fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py")
+_spec = importlib.util.spec_from_file_location(
+    "fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py"
+)
 record = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault(_spec.name, record)  # dataclasses look their module up there
 _spec.loader.exec_module(record)
@@ -31,21 +33,42 @@ CAPTURES = record.CAPTURES
 
 # scenario -> rank -> (op, call site)
 EXPECTED: dict[str, dict[int, tuple[str | None, str]]] = {
-    "mtp_cp_pp": {0: ("send", "send_forward"), 1: ("all_gather", "ring_attention"),
-                  2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
-                  3: ("all_gather", "ring_attention")},
-    "mtp_cp_dp": {0: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
-                  1: ("all_gather", "ring_attention"),
-                  2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
-                  3: ("all_gather", "ring_attention")},
-    "tp_broadcast": {0: ("broadcast", "broadcast_vocab_stats"), 1: ("barrier", "end_of_step_sync"),
-                     2: ("broadcast", "broadcast_vocab_stats"), 3: ("barrier", "end_of_step_sync")},
-    "p2p_count": {0: ("send", "send_forward"), 1: ("send", "send_forward"),
-                  2: ("send", "send_backward"), 3: ("send", "send_backward")},
-    "straggler": {0: ("all_reduce", "reduce_gradients"), 1: ("all_reduce", "reduce_gradients"),
-                  2: ("all_reduce", "reduce_gradients"), 3: (None, "load_batch")},
-    "frozen": {0: ("all_reduce", "reduce_gradients"), 1: (None, "forward_backward"),
-               2: ("all_reduce", "reduce_gradients"), 3: ("all_reduce", "reduce_gradients")},
+    "mtp_cp_pp": {
+        0: ("send", "send_forward"),
+        1: ("all_gather", "ring_attention"),
+        2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
+        3: ("all_gather", "ring_attention"),
+    },
+    "mtp_cp_dp": {
+        0: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
+        1: ("all_gather", "ring_attention"),
+        2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
+        3: ("all_gather", "ring_attention"),
+    },
+    "tp_broadcast": {
+        0: ("broadcast", "broadcast_vocab_stats"),
+        1: ("barrier", "end_of_step_sync"),
+        2: ("broadcast", "broadcast_vocab_stats"),
+        3: ("barrier", "end_of_step_sync"),
+    },
+    "p2p_count": {
+        0: ("send", "send_forward"),
+        1: ("send", "send_forward"),
+        2: ("send", "send_backward"),
+        3: ("send", "send_backward"),
+    },
+    "straggler": {
+        0: ("all_reduce", "reduce_gradients"),
+        1: ("all_reduce", "reduce_gradients"),
+        2: ("all_reduce", "reduce_gradients"),
+        3: (None, "load_batch"),
+    },
+    "frozen": {
+        0: ("all_reduce", "reduce_gradients"),
+        1: (None, "forward_backward"),
+        2: ("all_reduce", "reduce_gradients"),
+        3: ("all_reduce", "reduce_gradients"),
+    },
     "network_loss": {r: ("all_reduce", "reduce_gradients") for r in range(4)},
 }
 
@@ -84,9 +107,15 @@ def test_recorded_fixture_keeps_only_integer_peer_and_tag_locals(scenario):
 
 
 # (scenario, rank) -> the peer argument kept on the innermost torch.distributed frame
-PEERS = {("mtp_cp_pp", 0): ("dst", 2), ("p2p_count", 0): ("dst", 2), ("p2p_count", 1): ("dst", 3),
-         ("p2p_count", 2): ("dst", 0), ("p2p_count", 3): ("dst", 1), ("tp_broadcast", 0): ("src", 0),
-         ("tp_broadcast", 2): ("src", 2)}
+PEERS = {
+    ("mtp_cp_pp", 0): ("dst", 2),
+    ("p2p_count", 0): ("dst", 2),
+    ("p2p_count", 1): ("dst", 3),
+    ("p2p_count", 2): ("dst", 0),
+    ("p2p_count", 3): ("dst", 1),
+    ("tp_broadcast", 0): ("src", 0),
+    ("tp_broadcast", 2): ("src", 2),
+}
 
 
 @pytest.mark.parametrize("scenario,rank", sorted(PEERS))
@@ -101,10 +130,22 @@ def test_scrub_locals_drops_values_outside_the_whitelist():
     threads = json.loads((CAPTURES / "p2p_count" / "rank0.json").read_text())
     send = threads[0]["frames"][0]
     assert {v["name"]: int(v["repr"]) for v in send["locals"]} == {"dst": 2, "group_dst": 2, "tag": 0}
-    dirty = [{**threads[0], "frames": [
-        {**send, "locals": [*send["locals"], {"name": "tensor", "repr": "<Tensor>"},
-                            {"name": "src", "repr": "secret"}]},
-        {**threads[0]["frames"][2], "locals": [{"name": "dst", "repr": "7"}]}]}]
+    dirty = [
+        {
+            **threads[0],
+            "frames": [
+                {
+                    **send,
+                    "locals": [
+                        *send["locals"],
+                        {"name": "tensor", "repr": "<Tensor>"},
+                        {"name": "src", "repr": "secret"},
+                    ],
+                },
+                {**threads[0]["frames"][2], "locals": [{"name": "dst", "repr": "7"}]},
+            ],
+        }
+    ]
     scrubbed = record.scrub_locals(dirty)
     assert [v["name"] for v in scrubbed[0]["frames"][0]["locals"]] == ["dst", "tag", "group_dst"]
     assert scrubbed[0]["frames"][1]["locals"] == []  # a user frame keeps nothing, even an integer dst
@@ -181,7 +222,12 @@ def _mtp_cp_dp(report: dict) -> None:
     assert report["findings"][0]["id"] == "mtp-cp-gated-reduce"
     root = next(m for m in report["mismatches"] if m["role"] == "root")
     assert (root["group"], root["members"], root["entered"], root["absent"], root["gate"]) == (
-        "dp_cp", [0, 1, 2, 3], [0, 2], [1, 3], {"cp": 0})
+        "dp_cp",
+        [0, 1, 2, 3],
+        [0, 2],
+        [1, 3],
+        {"cp": 0},
+    )
 
 
 def _tp_broadcast(report: dict) -> None:
@@ -216,8 +262,13 @@ def _frozen(report: dict) -> None:
 
 
 # What ``mtpdiag inspect`` must conclude, beyond every rank's op, where the scenario has a finding of its own.
-DIAGNOSES = {"mtp_cp_dp": _mtp_cp_dp, "tp_broadcast": _tp_broadcast, "p2p_count": _p2p_count,
-             "straggler": _straggler, "frozen": _frozen}
+DIAGNOSES = {
+    "mtp_cp_dp": _mtp_cp_dp,
+    "tp_broadcast": _tp_broadcast,
+    "p2p_count": _p2p_count,
+    "straggler": _straggler,
+    "frozen": _frozen,
+}
 
 
 def test_inspect_diagnoses_the_scenario(hung):
@@ -225,7 +276,8 @@ def test_inspect_diagnoses_the_scenario(hung):
     scenario, job, ranks, stopped = hung
     report = run_json("inspect", "--pid", str(job.pid))
     assert sorted(by_rank(report)) == sorted(EXPECTED[scenario])
-    assert {r: v["op"] for r, v in by_rank(report).items() if r not in stopped} == \
-        {r: op for r, (op, _) in EXPECTED[scenario].items() if r not in stopped}
+    assert {r: v["op"] for r, v in by_rank(report).items() if r not in stopped} == {
+        r: op for r, (op, _) in EXPECTED[scenario].items() if r not in stopped
+    }
     if scenario in DIAGNOSES:
         DIAGNOSES[scenario](report)

@@ -68,8 +68,12 @@ def test_the_canaries_are_really_in_the_job(job):
     for pid in pids.values():
         assert all(value.encode() in _raw_environ(pid) for value in SECRET_ENV.values())
         assert any(SECRET_FLAG in arg for arg in procfs.read_cmdline(pid))
-    raw = subprocess.run([find_pyspy(), "dump", "--locals", "--nonblocking", "--pid", str(pids[0])],
-                         capture_output=True, text=True, timeout=120)
+    raw = subprocess.run(
+        [find_pyspy(), "dump", "--locals", "--nonblocking", "--pid", str(pids[0])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert SECRET_LOCAL in raw.stdout, raw.stderr
 
 
@@ -78,8 +82,17 @@ def test_no_canary_reaches_any_output(job):
     out.mkdir()
     agent = str(hung.pid)
     a_worker = str(worker_pids(hung)[1])
-    files = {name: out / name for name in (
-        "inspect.html", "collect.mtpdiag.json", "by-worker", "watch.mtpdiag.json", "watch.html", "analyze.html")}
+    files = {
+        name: out / name
+        for name in (
+            "inspect.html",
+            "collect.mtpdiag.json",
+            "by-worker",
+            "watch.mtpdiag.json",
+            "watch.html",
+            "analyze.html",
+        )
+    }
     files["by-worker"].mkdir()
     runs = {  # name -> (arguments, expected exit code)
         "inspect": (["inspect", "--pid", agent], 1),
@@ -88,13 +101,30 @@ def test_no_canary_reaches_any_output(job):
         "inspect --html": (["inspect", "--pid", agent, "--html", str(files["inspect.html"])], 1),
         "collect": (["collect", "--pid", agent, "--out", str(files["collect.mtpdiag.json"])], 0),
         "collect a worker": (["collect", "--pid", a_worker, "--out", str(files["by-worker"])], 0),
-        "watch": (["watch", "--pid", agent, "--interval", "0.5", "--stall", "2", "--json",
-                   "--out", str(files["watch.mtpdiag.json"]), "--html", str(files["watch.html"])], 1),
+        "watch": (
+            [
+                "watch",
+                "--pid",
+                agent,
+                "--interval",
+                "0.5",
+                "--stall",
+                "2",
+                "--json",
+                "--out",
+                str(files["watch.mtpdiag.json"]),
+                "--html",
+                str(files["watch.html"]),
+            ],
+            1,
+        ),
         "verify --pid": (["verify", "--pid", agent, "--engine", "fixed", "--json"], 0),
         "analyze": (["analyze", str(files["collect.mtpdiag.json"])], 1),
         "analyze --json": (["analyze", str(files["collect.mtpdiag.json"]), "--json"], 1),
-        "analyze --markdown": (["analyze", str(files["collect.mtpdiag.json"]), "--markdown",
-                               "--html", str(files["analyze.html"])], 1),
+        "analyze --markdown": (
+            ["analyze", str(files["collect.mtpdiag.json"]), "--markdown", "--html", str(files["analyze.html"])],
+            1,
+        ),
         "analyze the watch bundle": (["analyze", str(files["watch.mtpdiag.json"]), "--json"], 1),
         "analyze the worker's bundle": (["analyze", str(files["by-worker"])], 1),
     }
@@ -121,8 +151,7 @@ def test_no_canary_reaches_any_output(job):
     assert json.loads(results["analyze the watch bundle"].stdout)["findings"][0]["id"] == "mtp-cp-gated-reduce"
     verify = json.loads(results["verify --pid"].stdout)
     assert verify["layout"]["cp"] == 2 and verify["layout"]["pp"] == 2  # read from the job's command line
-    for bundle in (files["collect.mtpdiag.json"], files["watch.mtpdiag.json"],
-                   *files["by-worker"].glob("*.json")):
+    for bundle in (files["collect.mtpdiag.json"], files["watch.mtpdiag.json"], *files["by-worker"].glob("*.json")):
         captures = json.loads(bundle.read_text())["captures"]
         assert captures and all(set(c["env"]) <= set(ENV_WHITELIST) for c in captures)
         assert all(c["threads"] for c in captures), bundle

@@ -26,8 +26,15 @@ def run_verify(*args: str, tmp: Path | None = None, timeout: float = 300) -> sub
     """The real CLI. With ``tmp``, verify's result directories (named on every worker's command
     line) go under it, so this test's workers can be told from those of other runs on the machine."""
     env = dict(os.environ, TMPDIR=str(tmp)) if tmp is not None else None
-    return subprocess.run([sys.executable, "-m", "mtpdiag", "verify", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "mtpdiag", "verify", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
 
 
 def surviving_workers(marker: str) -> list[int]:
@@ -98,16 +105,28 @@ def test_buggy_gate_with_context_parallelism_is_unsafe(run_dir):
     assert "UNSAFE" in proc.stdout
 
 
-@pytest.mark.parametrize("args, words", [
-    (("--tp", "4", "--cp", "4", "--pp", "2", "--engine", "both"), "at most 16"),
-    (("--cp", "2", "--dp", "16", "--engine", "fixed"), "--dp 1"),
-    (("--cp", "3", "--ep", "2", "--dp", "1", "--engine", "both"), "does not divide"),
-    (("--override", "a.b=1", "--engine", "both"), "--override needs --config"),
-    (("--engine", "nonsense"), "use one of"),
-    (("--engine", "/nonexistent/transformer_impl.py"), "no such file"),
-    (("--config", str(REPO / "tests/fixtures/configs/ppo_megatron_cp2_pp2.yaml"), "--cp", "4", "--engine", "both"),
-     "layout conflict: --cp 4"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--tp", "4", "--cp", "4", "--pp", "2", "--engine", "both"), "at most 16"),
+        (("--cp", "2", "--dp", "16", "--engine", "fixed"), "--dp 1"),
+        (("--cp", "3", "--ep", "2", "--dp", "1", "--engine", "both"), "does not divide"),
+        (("--override", "a.b=1", "--engine", "both"), "--override needs --config"),
+        (("--engine", "nonsense"), "use one of"),
+        (("--engine", "/nonexistent/transformer_impl.py"), "no such file"),
+        (
+            (
+                "--config",
+                str(REPO / "tests/fixtures/configs/ppo_megatron_cp2_pp2.yaml"),
+                "--cp",
+                "4",
+                "--engine",
+                "both",
+            ),
+            "layout conflict: --cp 4",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, words):
     proc = run_verify(*args, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -77,8 +77,9 @@ def _real_samples(tracker: StallTracker, pids: list[int], clock: list[float]) ->
     how slow the machine is today."""
     seen = []
     for now in clock:
-        tracker, _ = sample_once(tracker, pids, now,
-                                 lambda targets, busy: capture(targets, nonblocking=busy, timeout=30.0))
+        tracker, _ = sample_once(
+            tracker, pids, now, lambda targets, busy: capture(targets, nonblocking=busy, timeout=30.0)
+        )
         seen.append(tracker)
         time.sleep(1.0)
     return seen
@@ -113,8 +114,9 @@ class _QuietClock:
 @pytest.fixture(scope="class")
 def hang_job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("watch-hang")
-    job = start_torchrun(str(MTP_WORKER), ["--gate", "buggy", "--cp", "2", "--pp", "2"], nproc=4,
-                         log_path=str(tmp / "job.log"))
+    job = start_torchrun(
+        str(MTP_WORKER), ["--gate", "buggy", "--cp", "2", "--pp", "2"], nproc=4, log_path=str(tmp / "job.log")
+    )
     try:
         workers = job.wait_for_workers(timeout=120)
         yield job, workers
@@ -132,9 +134,11 @@ class TestHang:
             called = time.monotonic()
         finally:
             clock.stop()
-        print(f"\nwatch (defaults) ran {called - started:.1f} s; the job went quiet "
-              f"{clock.quiet_at - started:.1f} s in; hang called {called - clock.quiet_at:.1f} s after "
-              "the last main-thread tick (incl. diagnosis, bundle, interpreter exit)")
+        print(
+            f"\nwatch (defaults) ran {called - started:.1f} s; the job went quiet "
+            f"{clock.quiet_at - started:.1f} s in; hang called {called - clock.quiet_at:.1f} s after "
+            "the last main-thread tick (incl. diagnosis, bundle, interpreter exit)"
+        )
         assert result.returncode == 1, result.stderr[-2000:]
         report = json.loads(result.stdout)
         assert report["progress"]["hang"] is True
@@ -155,6 +159,7 @@ class TestHang:
         # (Not stat's 10 ms ticks: a pause's few microseconds can cross a tick boundary and look like 10 ms.)
         tracker = StallTracker.start(0.0)
         decisions = []
+
         def main_thread_cpus() -> dict[int, int]:
             return {p: main_thread_cpu_ns(p) for p in workers}
 
@@ -192,8 +197,18 @@ class TestHang:
         job, workers = hang_job
         job.wait_until_stuck(quiet_s=2.0, timeout=180)
         before = {p: main_thread_cpu_ns(p) for p in workers}
-        result = _watch("--pid", str(job.pid), "--nonblocking", "--interval", "0.5", "--stall", "2",
-                        "--json", "--out", str(tmp_path))
+        result = _watch(
+            "--pid",
+            str(job.pid),
+            "--nonblocking",
+            "--interval",
+            "0.5",
+            "--stall",
+            "2",
+            "--json",
+            "--out",
+            str(tmp_path),
+        )
         after = {p: main_thread_cpu_ns(p) for p in workers}
         assert result.returncode == 1, result.stderr[-2000:]
         report = json.loads(result.stdout)
@@ -270,8 +285,10 @@ class TestSlowJob:
         ticks_after = {p: procfs.main_thread_ticks(p) for p in workers}
         assert not any(t.is_hang(now, 5.0) for t, now in zip(seen, clock, strict=True))
         assert any(t.stack_samples_while_quiet for t in seen)  # the data-loader waits were sampled
-        print(f"\nslow job, 7 s: quiet_since per sample {[t.quiet_since for t in seen]}; main-thread "
-              f"ticks moved by {[ticks_after[p] - ticks_before[p] for p in workers]}")
+        print(
+            f"\nslow job, 7 s: quiet_since per sample {[t.quiet_since for t in seen]}; main-thread "
+            f"ticks moved by {[ticks_after[p] - ticks_before[p] for p in workers]}"
+        )
 
     def test_watch_follows_the_slow_job_to_its_end(self, slow_job, tmp_path):
         job, _, log = slow_job
@@ -290,8 +307,9 @@ class TestSlowJob:
 
 
 def test_watch_without_a_target_is_a_usage_error():
-    result = subprocess.run([sys.executable, "-m", "mtpdiag", "watch"], capture_output=True, text=True,
-                            timeout=60, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "mtpdiag", "watch"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert result.returncode == 2
     assert result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1 and "--pid" in result.stderr

@@ -31,8 +31,9 @@ def load_scenario(name: str, drop_ranks: tuple[int, ...] = ()) -> tuple[Snapshot
     """Snapshot, layout and scenario.json of a recorded scenario; ``drop_ranks`` leaves rank files out."""
     with open(os.path.join(scenario_dir(name), "scenario.json"), encoding="utf-8") as f:
         meta = json.load(f)
-    files = sorted(p for p in glob.glob(os.path.join(scenario_dir(name), "rank*"))
-                   if RANK_FILE.fullmatch(os.path.basename(p)))
+    files = sorted(
+        p for p in glob.glob(os.path.join(scenario_dir(name), "rank*")) if RANK_FILE.fullmatch(os.path.basename(p))
+    )
     keep = [p for p in files if int(RANK_FILE.fullmatch(os.path.basename(p))[1]) not in drop_ranks]
     snapshot = load_paths(keep)
     fr_dir = os.path.join(scenario_dir(name), "fr")
@@ -43,13 +44,13 @@ def load_scenario(name: str, drop_ranks: tuple[int, ...] = ()) -> tuple[Snapshot
     world = meta["world_size"]
     stopped = set(meta.get("stopped_ranks") or ())
     captures = tuple(
-        replace(c, env=Env(WORLD_SIZE=str(world)),
-                state=STATE_STOPPED if c.rank in stopped else STATE_SLEEPING)
+        replace(c, env=Env(WORLD_SIZE=str(world)), state=STATE_STOPPED if c.rank in stopped else STATE_SLEEPING)
         for c in snapshot.captures
     )
     sizes = meta["layout"]
-    layout = ParallelLayout.for_world(world, tp=sizes.get("tp", 1), cp=sizes.get("cp", 1),
-                                      pp=sizes.get("pp", 1), ep=sizes.get("ep", 1))
+    layout = ParallelLayout.for_world(
+        world, tp=sizes.get("tp", 1), cp=sizes.get("cp", 1), pp=sizes.get("pp", 1), ep=sizes.get("ep", 1)
+    )
     return replace(snapshot, captures=captures), layout, meta
 
 
@@ -72,9 +73,15 @@ def tile(snapshot: Snapshot, layout: ParallelLayout, big: ParallelLayout) -> Sna
         recorded = by_coords[key]
         thread = recorded.main_thread
         frames = tuple(_moved_peer(f, old_rank[key], rank, layout, big) for f in thread.frames)
-        captures.append(replace(recorded, rank=rank, pid=1_000_000 + rank,
-                                env=Env(WORLD_SIZE=str(big.world_size)),
-                                threads=(replace(thread, frames=frames, native_id=1_000_000 + rank),)))
+        captures.append(
+            replace(
+                recorded,
+                rank=rank,
+                pid=1_000_000 + rank,
+                env=Env(WORLD_SIZE=str(big.world_size)),
+                threads=(replace(thread, frames=frames, native_id=1_000_000 + rank),),
+            )
+        )
     return replace(snapshot, captures=tuple(captures))
 
 

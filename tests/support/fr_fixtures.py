@@ -25,14 +25,17 @@ def gloo_scenarios() -> list[Path]:
 def nccl_scenarios() -> list[Path]:
     """The NCCL-format dump directories recorded from the NCCL-behaviour reproducer, when present: ``fr/``
     holds the dumps written on the timeout, ``fr_live/`` those asked for later through the debug-info pipe."""
-    return sorted(p for pattern in ("*/fr", "*/fr_live") for p in CAPTURES.glob(pattern)
-                  if p.is_dir() and any(p.iterdir()))
+    return sorted(
+        p for pattern in ("*/fr", "*/fr_live") for p in CAPTURES.glob(pattern) if p.is_dir() and any(p.iterdir())
+    )
 
 
 def dump_files(directory: Path) -> list[Path]:
     """The per-rank pickle files of a fixture directory (not its json/ or scenario.json)."""
-    return sorted((p for p in directory.iterdir() if p.is_file() and p.name[-1:].isdigit()),
-                  key=lambda p: int("".join(ch for ch in p.name if ch.isdigit()) or 0))
+    return sorted(
+        (p for p in directory.iterdir() if p.is_file() and p.name[-1:].isdigit()),
+        key=lambda p: int("".join(ch for ch in p.name if ch.isdigit()) or 0),
+    )
 
 
 def raw(scenario: str, rank: int) -> dict:

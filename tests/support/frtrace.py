@@ -29,8 +29,10 @@ from pathlib import Path
 from mtpdiag.analysis.flight_recorder import Divergence, match_groups
 from mtpdiag.inputs.flight_recorder import load_fr_dumps
 
-_HEADER = re.compile(r"^(Not all ranks joining collective|Collective sequence number: \d+ has errors|"
-                     r"Input/output mismatch in the collective sequence number)(?:, sequence number)?:? ?(\d+)?")
+_HEADER = re.compile(
+    r"^(Not all ranks joining collective|Collective sequence number: \d+ has errors|"
+    r"Input/output mismatch in the collective sequence number)(?:, sequence number)?:? ?(\d+)?"
+)
 _CULPRIT = re.compile(r"Culprit rank (\d+); Error type: (\w+)")
 
 
@@ -101,8 +103,15 @@ def parse_torchfrtrace(text: str) -> list[FRTraceBlock]:
         if current is None or ": " not in line:
             continue
         key, _, value = line.partition(": ")
-        if key in ("internal record id", "group info", "collective", "missing ranks", "expected ranks",
-                   "error msg", "input sizes"):
+        if key in (
+            "internal record id",
+            "group info",
+            "collective",
+            "missing ranks",
+            "expected ranks",
+            "error msg",
+            "input sizes",
+        ):
             current[key] = value.strip()
     if current:
         blocks.append(_block(current))
@@ -118,11 +127,18 @@ def first_block_per_group(blocks: list[FRTraceBlock]) -> dict[str, FRTraceBlock]
 
 def _block(d: dict) -> FRTraceBlock:
     group, _, desc = d.get("group info", "").partition(":")
-    return FRTraceBlock(kind=d["kind"], seq=d["seq"], record_id=int(d.get("internal record id", -1)), group=group,
-                        desc=desc, profiling_name=d.get("collective", ""), missing=_set(d.get("missing ranks")),
-                        expected=_set(d.get("expected ranks")),
-                        culprits=tuple((int(r), t) for r, t in _CULPRIT.findall(d.get("error msg", ""))),
-                        input_sizes=d.get("input sizes", ""))
+    return FRTraceBlock(
+        kind=d["kind"],
+        seq=d["seq"],
+        record_id=int(d.get("internal record id", -1)),
+        group=group,
+        desc=desc,
+        profiling_name=d.get("collective", ""),
+        missing=_set(d.get("missing ranks")),
+        expected=_set(d.get("expected ranks")),
+        culprits=tuple((int(r), t) for r, t in _CULPRIT.findall(d.get("error msg", ""))),
+        input_sizes=d.get("input sizes", ""),
+    )
 
 
 def _set(text: str | None) -> frozenset[int]:
@@ -140,8 +156,11 @@ def assert_agreement(files) -> dict[str, Divergence]:
     """torchfrtrace and mtpdiag agree on the dumps ``files`` (``<prefix><rank>`` pickles); returns ours."""
     prefix = files[0].name.rstrip("0123456789")
     blocks, text = run_torchfrtrace(list(files), prefix)
-    theirs = {g: b for g, b in first_block_per_group(blocks).items()
-              if b.kind != "errors" or {t for _, t in b.culprits} - STATE_ONLY}
+    theirs = {
+        g: b
+        for g, b in first_block_per_group(blocks).items()
+        if b.kind != "errors" or {t for _, t in b.culprits} - STATE_ONLY
+    }
     analysis = match_groups(load_fr_dumps([str(f) for f in files]))
     ours = {g.name: g.divergence for g in analysis.groups if g.divergence is not None}
     assert theirs, f"torchfrtrace found nothing:\n{text[-3000:]}"
@@ -158,7 +177,10 @@ def _agree(block: FRTraceBlock, d: Divergence) -> None:
     if block.kind == "missing":
         assert block.missing == frozenset(d.missing) == frozenset(d.culprits)
         return
-    reference = [r.rank for r in d.ranks if r.call is not None and r.call.profiling_name == block.profiling_name
-                 and r.rank not in block.culprit_ranks]
+    reference = [
+        r.rank
+        for r in d.ranks
+        if r.call is not None and r.call.profiling_name == block.profiling_name and r.rank not in block.culprit_ranks
+    ]
     assert reference, f"no rank of ours issued torchfrtrace's reference {block.profiling_name}"
     assert frozenset(d.culprits_against(reference[0])) == block.culprit_ranks

@@ -18,11 +18,22 @@ MTP = Path(scenario_dir("mtp_cp_pp"))
 REPORT_STATES = {"collective", "waiting", "running", "stopped", "gone", "unreadable"}
 
 
-def mtpdiag(*args: str, prefix: tuple[str, ...] = (), python: str = sys.executable,
-            env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+def mtpdiag(
+    *args: str,
+    prefix: tuple[str, ...] = (),
+    python: str = sys.executable,
+    env: dict | None = None,
+    timeout: float = 180,
+) -> subprocess.CompletedProcess:
     """The real CLI in a fresh interpreter, optionally behind a wrapper such as ``setpriv``."""
-    return subprocess.run([*prefix, python, "-m", "mtpdiag", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env or dict(os.environ), cwd=REPO)
+    return subprocess.run(
+        [*prefix, python, "-m", "mtpdiag", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or dict(os.environ),
+        cwd=REPO,
+    )
 
 
 def one_error_line(done: subprocess.CompletedProcess, code: int, *words: str) -> str:

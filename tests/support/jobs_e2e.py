@@ -23,8 +23,14 @@ GATED_WORKER = os.path.join(ROOT, "examples", "gated_collectives", "worker.py")
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m mtpdiag ARGS`` as a user would run it."""
-    return subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "mtpdiag", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
 
 
 def run_cli_here(*args: str) -> subprocess.CompletedProcess:
@@ -126,7 +132,8 @@ def end_sessions(sessions: set[int], also: set[int] = frozenset()) -> list[int]:
                     pass
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(
-                (s := procfs.read_stat(p)) is not None and s.state != "Z" for p in pids):
+            (s := procfs.read_stat(p)) is not None and s.state != "Z" for p in pids
+        ):
             time.sleep(0.1)
     return session_members(sessions)
 
@@ -154,9 +161,12 @@ def wait_until_quiet(pids: list[int], quiet_s: float = 2.5, timeout: float = 120
 
 
 # Where each rank of examples/ray_verl's cp=2 pp=2 hang waits (see examples/mtp_cp_deadlock/README.md).
-RAY_VERL_WAITS = {0: ("send", "send_forward"), 1: ("all_gather", "ring_attention"),
-                  2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
-                  3: ("all_gather", "ring_attention")}
+RAY_VERL_WAITS = {
+    0: ("send", "send_forward"),
+    1: ("all_gather", "ring_attention"),
+    2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
+    3: ("all_gather", "ring_attention"),
+}
 
 
 def check_ray_verl_hang(report: dict) -> None:
@@ -204,7 +214,9 @@ def listening_ports(pid: int) -> set[int]:
     return ports
 
 
-def run_watching_ports(cmd: list[str], env: dict, cwd: str, timeout: float) -> tuple[subprocess.CompletedProcess, set[int]]:
+def run_watching_ports(
+    cmd: list[str], env: dict, cwd: str, timeout: float
+) -> tuple[subprocess.CompletedProcess, set[int]]:
     """Run ``cmd``; its result, and every TCP port it listened on while it ran (sampled every 50 ms)."""
     seen: set[int] = set()
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd) as proc:

@@ -17,8 +17,15 @@ from support.wheels import cache_dir as _cache_dir
 from support.wheels import unpacked
 
 # Each minor release's latest patch on PyPI.
-RELEASES = {"0.13": "0.13.1", "0.14": "0.14.0", "0.15": "0.15.3", "0.16": "0.16.1", "0.17": "0.17.1",
-            "0.18": "0.18.2", "0.19": "0.19.2"}
+RELEASES = {
+    "0.13": "0.13.1",
+    "0.14": "0.14.0",
+    "0.15": "0.15.3",
+    "0.16": "0.16.1",
+    "0.17": "0.17.1",
+    "0.18": "0.18.2",
+    "0.19": "0.19.2",
+}
 LAYOUT_MARK = ".mtpdiag-tree-v1"
 
 
@@ -29,8 +36,9 @@ def cache_dir() -> Path:
 def megatron_root(minor: str) -> Path:
     """The unpacked tree of a minor release's latest patch: ``<root>/megatron/core/...``."""
     version = RELEASES[minor]
-    return unpacked(cache_dir() / version, f"megatron-core=={version}", _python_source, LAYOUT_MARK,
-                    pythons=(None, "3.12"))
+    return unpacked(
+        cache_dir() / version, f"megatron-core=={version}", _python_source, LAYOUT_MARK, pythons=(None, "3.12")
+    )
 
 
 def _python_source(name: str) -> str | None:

@@ -28,24 +28,26 @@ def meta(scenario: str) -> dict:
 
 def files(scenario: str, form: str) -> list[Path]:
     """The recorded rank files of one form, in rank order (a stopped rank has no faulthandler file)."""
-    return sorted((PASTES / scenario).glob(f"rank*.{form}.txt"), key=lambda p: int(p.name[4:p.name.index(".")]))
+    return sorted((PASTES / scenario).glob(f"rank*.{form}.txt"), key=lambda p: int(p.name[4 : p.name.index(".")]))
 
 
 def rank_of(path: Path) -> int:
-    return int(path.name[4:path.name.index(".")])
+    return int(path.name[4 : path.name.index(".")])
 
 
 def layout(scenario: str) -> ParallelLayout:
     m = meta(scenario)
     sizes = m["layout"]
-    return ParallelLayout.for_world(m["world_size"], tp=sizes.get("tp", 1), cp=sizes.get("cp", 1),
-                                    pp=sizes.get("pp", 1), ep=sizes.get("ep", 1))
+    return ParallelLayout.for_world(
+        m["world_size"], tp=sizes.get("tp", 1), cp=sizes.get("cp", 1), pp=sizes.get("pp", 1), ep=sizes.get("ep", 1)
+    )
 
 
 def with_world_size(snapshot: Snapshot, size: int) -> Snapshot:
     """What ``analyze --world-size`` does for dumps that carry no WORLD_SIZE."""
-    return replace(snapshot, captures=tuple(replace(c, env=replace(c.env, WORLD_SIZE=str(size)))
-                                            for c in snapshot.captures))
+    return replace(
+        snapshot, captures=tuple(replace(c, env=replace(c.env, WORLD_SIZE=str(size))) for c in snapshot.captures)
+    )
 
 
 # ---------------------------------------------------------------- mangling, line by line
@@ -56,9 +58,11 @@ _LEAD = re.compile(r"^[ \t]+")
 def reindent(text: str, style: str) -> str:
     """Leading whitespace as a chat client or editor leaves it: ``tabs`` (4 spaces → one tab), ``two``
     (halved), ``none`` (stripped)."""
+
     def fix(m: re.Match) -> str:
         width = len(m.group().expandtabs(4))
         return {"tabs": "\t" * (width // 4) + " " * (width % 4), "two": " " * (width // 2), "none": ""}[style]
+
     return "\n".join(_LEAD.sub(fix, line) for line in text.split("\n"))
 
 
@@ -105,9 +109,8 @@ def grouped(paths: list[Path], prefix_rank: bool = True) -> str:
 def _main_thread(text: str) -> tuple[str, str]:
     lines = text.split("\n")
     start = next(i for i, line in enumerate(lines) if _THREAD.match(line) and '"MainThread"' in line)
-    end = next((i for i in range(start + 1, len(lines)) if _THREAD.match(lines[i]) or not lines[i].strip()),
-               len(lines))
-    return lines[start], "\n".join(lines[start + 1:end]) + "\n"
+    end = next((i for i in range(start + 1, len(lines)) if _THREAD.match(lines[i]) or not lines[i].strip()), len(lines))
+    return lines[start], "\n".join(lines[start + 1 : end]) + "\n"
 
 
 def written(tmp: Path, name: str, text: str) -> str:

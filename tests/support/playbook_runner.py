@@ -113,7 +113,7 @@ def parse_playbook(text: str, path: str = "<playbook>") -> list[Block]:
         end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
         if end is None:
             raise PlaybookError(f"{path}:{start}: unterminated code fence")
-        body = lines[i + 1:end]
+        body = lines[i + 1 : end]
         if info == EXECUTED:
             job, options = _directive(directive[0], path, directive[1]) if directive else (None, ())
             blocks.append(Block(path, start, True, "\n".join(body), job, options, _steps(body, start, path)))
@@ -122,8 +122,10 @@ def parse_playbook(text: str, path: str = "<playbook>") -> list[Block]:
                 raise PlaybookError(f"{path}:{directive[1]}: a run directive before a block that is not executed")
             blocks.append(Block(path, start, False, "\n".join(body)))
         else:
-            raise PlaybookError(f"{path}:{start}: code fence {info!r}: use ```{EXECUTED} (run by the tests) "
-                                f"or ```{NOT_EXECUTED} (needs a cluster or a GPU)")
+            raise PlaybookError(
+                f"{path}:{start}: code fence {info!r}: use ```{EXECUTED} (run by the tests) "
+                f"or ```{NOT_EXECUTED} (needs a cluster or a GPU)"
+            )
         directive, i = None, end + 1
     return blocks
 
@@ -195,7 +197,7 @@ def _segment(lines: Sequence[str], values: Mapping[str, str]) -> str:
     text = normalise("\n".join(lines))
     out, pos = [], 0
     for match in PLACEHOLDER.finditer(text):
-        out.append(re.escape(text[pos:match.start()]))
+        out.append(re.escape(text[pos : match.start()]))
         name = match.group(1)
         if name in PATTERNS:
             out.append(PATTERNS[name])
@@ -228,6 +230,7 @@ def output_problem(expected: Sequence[str], actual: str, values: Mapping[str, st
 
 def substitute(command: str, values: Mapping[str, str]) -> str:
     """A command with its placeholders replaced; a placeholder without a value is an error."""
+
     def value(match: re.Match) -> str:
         name = match.group(1)
         if name == "N" or name not in values:
@@ -237,8 +240,9 @@ def substitute(command: str, values: Mapping[str, str]) -> str:
     return PLACEHOLDER.sub(value, command)
 
 
-def run_block(block: Block, values: Mapping[str, str], env: Mapping[str, str], cwd: str,
-              timeout: float = 600) -> list[Outcome]:
+def run_block(
+    block: Block, values: Mapping[str, str], env: Mapping[str, str], cwd: str, timeout: float = 600
+) -> list[Outcome]:
     """Run each command of an executed block with bash and check it against the shown output."""
     outcomes: list[Outcome] = []
     last_code: int | None = None
@@ -249,8 +253,15 @@ def run_block(block: Block, values: Mapping[str, str], env: Mapping[str, str], c
             last_code = 0  # as in a shell: the exit code of echo
         else:
             command = substitute(step.command, values)
-            done = subprocess.run(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, env=dict(env), cwd=cwd, timeout=timeout)
+            done = subprocess.run(
+                ["bash", "-c", command],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=dict(env),
+                cwd=cwd,
+                timeout=timeout,
+            )
             code, output = done.returncode, done.stdout
             last_code = code
         problems = []
@@ -268,10 +279,12 @@ def run_block(block: Block, values: Mapping[str, str], env: Mapping[str, str], c
 def describe(block: Block, outcome: Outcome) -> str:
     """One failed step, for an assertion message."""
     shown = "\n".join(outcome.step.expected) or "(nothing)"
-    return (f"{block.path}:{outcome.step.line}: $ {outcome.step.command}\n  "
-            + "\n  ".join(outcome.problems)
-            + f"\n--- the playbook shows:\n{shown}\n--- the command printed (exit {outcome.code}):\n"
-            + outcome.output[-4000:])
+    return (
+        f"{block.path}:{outcome.step.line}: $ {outcome.step.command}\n  "
+        + "\n  ".join(outcome.problems)
+        + f"\n--- the playbook shows:\n{shown}\n--- the command printed (exit {outcome.code}):\n"
+        + outcome.output[-4000:]
+    )
 
 
 # ------------------------------------------------------------------------------------------ not executed

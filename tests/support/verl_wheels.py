@@ -32,8 +32,9 @@ def cache_dir() -> Path:
 def verl_root(version: str) -> Path:
     """The unpacked tree of one version: ``<root>/verl/...`` and ``<root>/verl-V.dist-info/METADATA``."""
     wanted = {ENGINE, MEGATRON_UTILS, MEGATRON_CONFIG, f"verl-{version}.dist-info/METADATA"}
-    return unpacked(cache_dir() / version, f"verl=={version}", lambda name: name if name in wanted else None,
-                    LAYOUT_MARK)
+    return unpacked(
+        cache_dir() / version, f"verl=={version}", lambda name: name if name in wanted else None, LAYOUT_MARK
+    )
 
 
 def verl_megatron_config(version: str) -> Path:

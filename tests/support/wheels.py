@@ -27,8 +27,13 @@ def cache_dir(env: str, name: str) -> Path:
     return Path(os.environ.get(env) or CACHE_ROOT / name)
 
 
-def unpacked(root: Path, requirement: str, select: Callable[[str], str | None], mark: str,
-             pythons: Sequence[str | None] = (None,)) -> Path:
+def unpacked(
+    root: Path,
+    requirement: str,
+    select: Callable[[str], str | None],
+    mark: str,
+    pythons: Sequence[str | None] = (None,),
+) -> Path:
     """``root`` holding the members of ``requirement``'s wheel that ``select`` maps to a relative path.
 
     ``pythons`` are the ``--python-version`` values to try in turn (None: this interpreter's), for a
@@ -61,8 +66,19 @@ def unpacked(root: Path, requirement: str, select: Callable[[str], str | None], 
 def _download(requirement: str, dest: Path, pythons: Sequence[str | None]) -> Path:
     last = "no attempt"
     for python in pythons:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-q", "-d", str(dest), requirement]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            str(dest),
+            requirement,
+        ]
         if python is not None:
             cmd += ["--python-version", python]
         try:

@@ -32,8 +32,9 @@ def temps(directory: Path) -> list[Path]:
 
 def start(*args: str) -> subprocess.Popen:
     env = {**os.environ, SLOW_WRITE_ENV: PAUSE_S}
-    return subprocess.Popen([sys.executable, "-m", "mtpdiag", "apply", *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mtpdiag", "apply", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def kill_at_random(proc: subprocess.Popen, directory: Path, backup: Path, aim: bool, rng: random.Random) -> bool:
@@ -78,8 +79,9 @@ def test_killed_apply_never_leaves_a_partial_file(tmp_path):
 
     # A run left alone finishes the job and sweeps up the temp files the killed runs left behind.
     target.write_bytes(original)
-    done = subprocess.run([sys.executable, "-m", "mtpdiag", "apply", "--path", str(target)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "mtpdiag", "apply", "--path", str(target)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert target.read_bytes() == fixed
     assert backup.read_bytes() == original
@@ -106,8 +108,13 @@ def test_bad_slow_write_value_is_one_line(tmp_path):
     target = tmp_path / "transformer_impl.py"
     shutil.copyfile(verl_engine_file("0.7.1"), target)
     before = target.read_bytes()
-    proc = subprocess.run([sys.executable, "-m", "mtpdiag", "apply", "--path", str(target)],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, SLOW_WRITE_ENV: "soon"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "mtpdiag", "apply", "--path", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, SLOW_WRITE_ENV: "soon"},
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and SLOW_WRITE_ENV in proc.stderr
     assert target.read_bytes() == before

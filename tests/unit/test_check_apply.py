@@ -28,8 +28,9 @@ BUGGY_TEST = "if self.model_config.mtp.enable and self.is_mp_src_rank_with_outpu
 def mtpdiag(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real CLI in a fresh interpreter (`python -m mtpdiag`)."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True,
-                          timeout=120, env=full_env)
+    return subprocess.run(
+        [sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True, timeout=120, env=full_env
+    )
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess) -> str:
@@ -57,6 +58,7 @@ def block_dump(text: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ check
 
+
 @pytest.mark.parametrize("version", sorted(EXPECTED))
 def test_check_classifies_each_release(version):
     result = check_engine(verl_engine_file(version))
@@ -68,7 +70,7 @@ def test_check_classifies_each_release(version):
         assert result.lines is None
     else:
         first, last = result.lines
-        block = verl_engine_file(version).read_text().splitlines()[first - 1:last]
+        block = verl_engine_file(version).read_text().splitlines()[first - 1 : last]
         assert block[0].lstrip().startswith("if self.model_config.mtp.enable and ")
         assert any("get_megatron_mtp_loss(n_micro_batch)" in line for line in block)
 
@@ -101,7 +103,8 @@ def test_check_finds_installed_verl_without_importing_it(tmp_path):
     shutil.copytree(verl_root("0.7.1"), site)
     marker = tmp_path / "verl-was-imported"
     (site / "verl" / "__init__.py").write_text(
-        f"open({str(marker)!r}, 'w').close()\nraise SystemExit('verl must not be imported')\n")
+        f"open({str(marker)!r}, 'w').close()\nraise SystemExit('verl must not be imported')\n"
+    )
     proc = mtpdiag("check", "--json", env={"PYTHONPATH": str(site)})
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1, proc.stderr
@@ -112,8 +115,12 @@ def test_check_finds_installed_verl_without_importing_it(tmp_path):
 
 
 def test_check_without_verl_installed_is_an_input_error(tmp_path):
-    probe = subprocess.run([sys.executable, "-c", "import importlib.util as u; print(u.find_spec('verl') is None)"],
-                           capture_output=True, text=True, cwd=tmp_path)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import importlib.util as u; print(u.find_spec('verl') is None)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     if probe.stdout.strip() != "True":
         pytest.skip("verl is installed in this Python")
     line = assert_one_line_error(mtpdiag("check"))
@@ -133,13 +140,15 @@ def test_check_bad_input_is_one_line(tmp_path, make):
 
 # ------------------------------------------------------------------------------------------------ apply
 
+
 def test_apply_gives_verl_080s_block_then_is_idempotent_and_reverts(engine_071):
     original = engine_071.read_bytes()
     proc = mtpdiag("apply", "--path", str(engine_071))
     assert proc.returncode == 0, proc.stderr
     assert f"-        {BUGGY_TEST}" in proc.stdout  # the unified diff
-    assert "+        if self.model_config.mtp.enable and mpu.is_pipeline_last_stage(ignore_virtual=True):" \
-        in proc.stdout
+    assert (
+        "+        if self.model_config.mtp.enable and mpu.is_pipeline_last_stage(ignore_virtual=True):" in proc.stdout
+    )
     fixed = engine_071.read_bytes()
     backup = engine_071.with_name(engine_071.name + ".mtpdiag.bak")
     assert backup.read_bytes() == original
@@ -150,10 +159,10 @@ def test_apply_gives_verl_080s_block_then_is_idempotent_and_reverts(engine_071):
     first, last = check_engine(verl_engine_file("0.7.1")).lines
     old_lines, new_lines = original.decode().splitlines(True), fixed.decode().splitlines(True)
     grown = len(new_lines) - len(old_lines)
-    assert new_lines[:first - 1] == old_lines[:first - 1]
-    assert new_lines[last + grown:] == old_lines[last:]
-    assert "# add mtp_losses" in "".join(new_lines[first - 1:last + grown])
-    assert "verl PR #5895" in "".join(new_lines[first - 1:last + grown])
+    assert new_lines[: first - 1] == old_lines[: first - 1]
+    assert new_lines[last + grown :] == old_lines[last:]
+    assert "# add mtp_losses" in "".join(new_lines[first - 1 : last + grown])
+    assert "verl PR #5895" in "".join(new_lines[first - 1 : last + grown])
 
     check = mtpdiag("check", "--path", str(engine_071), "--json")
     assert check.returncode == 0 and json.loads(check.stdout)["status"] == "fixed"
@@ -265,12 +274,15 @@ def test_apply_adds_the_mpu_import_when_missing(engine_071):
     assert fixed.index(MPU_IMPORT) < fixed.index("\nclass ")
 
 
-@pytest.mark.parametrize("gate", [
-    "if self.is_mp_src_rank_with_outputs():",
-    "if (self.is_mp_src_rank_with_outputs()):",
-    "if (\n            self.model_config.mtp.enable\n            and self.is_mp_src_rank_with_outputs()  # owner\n        ):",
-    "if self.is_mp_src_rank_with_outputs() and self.model_config.mtp.enable:",
-])
+@pytest.mark.parametrize(
+    "gate",
+    [
+        "if self.is_mp_src_rank_with_outputs():",
+        "if (self.is_mp_src_rank_with_outputs()):",
+        "if (\n            self.model_config.mtp.enable\n            and self.is_mp_src_rank_with_outputs()  # owner\n        ):",
+        "if self.is_mp_src_rank_with_outputs() and self.model_config.mtp.enable:",
+    ],
+)
 def test_apply_handles_other_spellings_of_the_buggy_gate(engine_071, gate):
     source = engine_071.read_text().replace(BUGGY_TEST, gate)
     assert check_engine_text(source) == "affected"
@@ -331,7 +343,8 @@ def test_check_and_apply_know_megatrons_mtp_helpers_by_their_new_names(engine_07
 def test_the_indexers_reduce_is_not_an_mtp_collection(engine_071):
     """DSAIndexerLossLoggingHelper.reduce_loss_in_tracker shares the MTP reduce's short name only."""
     text = engine_071.read_text().replace(
-        VERL_CALL, "DSAIndexerLossLoggingHelper.reduce_loss_in_tracker()\n            metrics = {}")
+        VERL_CALL, "DSAIndexerLossLoggingHelper.reduce_loss_in_tracker()\n            metrics = {}"
+    )
     verdict = classify_text(text)
     assert verdict.status == "not-applicable", verdict.reason
 
@@ -365,11 +378,13 @@ def test_check_apply_lint_never_import_torch_megatron_or_verl(engine_071, tmp_pa
         "    except SystemExit:\n"
         "        pass\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'verl'))\n"
-        "print('HEAVY', heavy)\n")
+        "print('HEAVY', heavy)\n"
+    )
     import mtpdiag  # the probe imports this mtpdiag, installed or not
 
     source_root = str(Path(mtpdiag.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, str(script), str(engine_071)], capture_output=True, text=True,
-                          timeout=120, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(engine_071)], capture_output=True, text=True, timeout=120, env=env
+    )
     assert "HEAVY []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -58,9 +58,18 @@ def test_a_sleeping_straggler_is_running_at_its_own_frame():
     assert rank_state(caps[0], classify_capture(caps[0])).state == "collective"
 
 
-@pytest.mark.parametrize("letter, state", [("T", "stopped"), ("t", "stopped"), ("D", "stopped"),
-                                           ("Z", "gone"), ("gone", "gone"), ("S", "collective"),
-                                           ("unknown", "collective")])
+@pytest.mark.parametrize(
+    "letter, state",
+    [
+        ("T", "stopped"),
+        ("t", "stopped"),
+        ("D", "stopped"),
+        ("Z", "gone"),
+        ("gone", "gone"),
+        ("S", "collective"),
+        ("unknown", "collective"),
+    ],
+)
 def test_process_states_map_to_report_states(letter, state):
     capture = _captures("frozen")[0]
     recorded = replace(capture, state=letter)
@@ -103,23 +112,33 @@ def test_kind_inference_prefers_the_smallest_consistent_group():
 
 def test_gate_only_counts_coordinates_that_vary_in_the_group():
     layout = ParallelLayout.for_world(4, cp=2, pp=2)
-    split = Mismatch(op="all_reduce", site=None, group="dp_cp", members=(2, 3), entered=(2,), absent=(3,),
-                     gate=None)
+    split = Mismatch(op="all_reduce", site=None, group="dp_cp", members=(2, 3), entered=(2,), absent=(3,), gate=None)
     assert gate_of([split], layout.coords) == {"cp": 0}  # pp is 1 for both: not a gate
     layout8 = ParallelLayout.for_world(8, tp=2, cp=2)  # tp2 cp2 dp2
     world = tuple(range(8))
-    conj = Mismatch(op="x", site=None, group="world", members=world, entered=(0, 4),
-                    absent=(1, 2, 3, 5, 6, 7), gate=None)
+    conj = Mismatch(
+        op="x", site=None, group="world", members=world, entered=(0, 4), absent=(1, 2, 3, 5, 6, 7), gate=None
+    )
     assert gate_of([conj], layout8.coords) == {"tp": 0, "cp": 0}
-    mixed = Mismatch(op="x", site=None, group="world", members=world, entered=(0, 3), absent=(1, 2, 4, 5, 6, 7),
-                     gate=None)
+    mixed = Mismatch(
+        op="x", site=None, group="world", members=world, entered=(0, 3), absent=(1, 2, 4, 5, 6, 7), gate=None
+    )
     assert gate_of([mixed], layout8.coords) is None
 
 
 def test_doing_words():
     caps = _captures("straggler")
-    view = RankView(rank=3, pid=1, host="h", state="running", coords=None, op=None,
-                    site=classify_capture(caps[3]).site, stack=None, wait=None)
+    view = RankView(
+        rank=3,
+        pid=1,
+        host="h",
+        state="running",
+        coords=None,
+        op=None,
+        site=classify_capture(caps[3]).site,
+        stack=None,
+        wait=None,
+    )
     assert doing(view) == "running in load_batch"
     assert doing(None) == "not captured"
     assert doing(replace(view, state="stopped")) == "stopped"

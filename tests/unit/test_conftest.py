@@ -14,8 +14,12 @@ from conftest import E2E, starts_a_job
 
 def test_a_test_outside_e2e_that_starts_py_spy_or_torchrun_fails_before_anything_runs(tmp_path):
     ran = tmp_path / "ran"
-    for argv in (["py-spy", "dump", "--pid", "1"], [sys.executable, "-m", "torch.distributed.run", "x.py"],
-                 ["torchrun", "--standalone", "x.py"], ["ray", "start"]):
+    for argv in (
+        ["py-spy", "dump", "--pid", "1"],
+        [sys.executable, "-m", "torch.distributed.run", "x.py"],
+        ["torchrun", "--standalone", "x.py"],
+        ["ray", "start"],
+    ):
         with pytest.raises(pytest.fail.Exception, match="move it to tests/e2e"):
             subprocess.run([*argv, f"--touch={ran}"], capture_output=True, timeout=30)
     assert not ran.exists()

@@ -15,20 +15,32 @@ from support.captures import load_scenario, scenario_dir, scenarios, tile
 
 ROOT_IDS = {"mtp-cp-gated-reduce", "gated-collective", "p2p-unmatched", "straggler", "frozen-rank"}
 # The finding each recorded hang must lead with; a newly recorded scenario has to say what it shows.
-FIRST_FINDING = {"mtp_cp_pp": "mtp-cp-gated-reduce", "mtp_cp_dp": "mtp-cp-gated-reduce",
-                 "tp_broadcast": "gated-collective", "p2p_count": "p2p-unmatched", "straggler": "straggler",
-                 "frozen": "frozen-rank", "network_loss": "all-waiting",
-                 # examples/nccl_behaviour: the stacks show host syncs only; the Flight Recorder names the split
-                 "nccl_mtp_cp_pp_spin": "mtp-cp-gated-reduce", "nccl_mtp_cp_pp_poll": "mtp-cp-gated-reduce",
-                 "nccl_mtp_cp_pp_futex": "mtp-cp-gated-reduce", "nccl_mtp_cp_dp_futex": "mtp-cp-gated-reduce",
-                 # examples/hangs
-                 "hang_comm_init": "gated-collective", "hang_data_loader": "straggler", "hang_lock_wait": "straggler",
-                 "hang_side_thread": "gated-collective", "hang_unreadable": "frozen-rank",
-                 # examples/lookalikes: tracker hangs on the pipeline group that are not the verl bug
-                 "lookalike_dsa_indexer_gloo": "gated-collective", "lookalike_dsa_indexer_nccl": "gated-collective",
-                 "lookalike_moe_lazy_tracker_gloo": "gated-collective",
-                 "lookalike_moe_lazy_tracker_nccl": "gated-collective",
-                 "lookalike_aux_loss_sizes_nccl": "size-mismatch"}
+FIRST_FINDING = {
+    "mtp_cp_pp": "mtp-cp-gated-reduce",
+    "mtp_cp_dp": "mtp-cp-gated-reduce",
+    "tp_broadcast": "gated-collective",
+    "p2p_count": "p2p-unmatched",
+    "straggler": "straggler",
+    "frozen": "frozen-rank",
+    "network_loss": "all-waiting",
+    # examples/nccl_behaviour: the stacks show host syncs only; the Flight Recorder names the split
+    "nccl_mtp_cp_pp_spin": "mtp-cp-gated-reduce",
+    "nccl_mtp_cp_pp_poll": "mtp-cp-gated-reduce",
+    "nccl_mtp_cp_pp_futex": "mtp-cp-gated-reduce",
+    "nccl_mtp_cp_dp_futex": "mtp-cp-gated-reduce",
+    # examples/hangs
+    "hang_comm_init": "gated-collective",
+    "hang_data_loader": "straggler",
+    "hang_lock_wait": "straggler",
+    "hang_side_thread": "gated-collective",
+    "hang_unreadable": "frozen-rank",
+    # examples/lookalikes: tracker hangs on the pipeline group that are not the verl bug
+    "lookalike_dsa_indexer_gloo": "gated-collective",
+    "lookalike_dsa_indexer_nccl": "gated-collective",
+    "lookalike_moe_lazy_tracker_gloo": "gated-collective",
+    "lookalike_moe_lazy_tracker_nccl": "gated-collective",
+    "lookalike_aux_loss_sizes_nccl": "size-mismatch",
+}
 
 
 def _report(name: str, **kwargs):
@@ -56,8 +68,7 @@ def test_mtp_cp_pp_names_the_gated_reduce_as_the_root():
     assert "ring_attention" in m.absent_doing[3]
     others = [x for x in report.mismatches if x is not m]
     assert others and all(x.role == "consequence" for x in others)
-    assert {(x.op, x.group, x.members) for x in others} == {("all_gather", "cp", (0, 1)),
-                                                            ("all_gather", "cp", (2, 3))}
+    assert {(x.op, x.group, x.members) for x in others} == {("all_gather", "cp", (0, 1)), ("all_gather", "cp", (2, 3))}
     coords = {v.rank: v.coords for v in report.ranks}
     assert coords[2] == {"tp": 0, "cp": 0, "ep": 0, "dp": 0, "pp": 1}
     assert coords[3] == {"tp": 0, "cp": 1, "ep": 0, "dp": 0, "pp": 1}
@@ -147,10 +158,12 @@ def test_every_recorded_hang_is_a_problem_and_serializes(name):
     # report/2: each distinct stack once, each rank naming its own
     assert len(data["stacks"]) == len({tuple(s) for s in report.stacks}) <= len(report.ranks)
     for view, row in zip(report.ranks, data["ranks"], strict=True):
-        assert row["stack"] == view.stack and report.stack_of(view) == \
-            (report.stacks[row["stack"]] if row["stack"] is not None else ())
-    assert sum(len(s.ranks) for s in report.sites) == len(report.ranks) - \
-        sum(1 for v in report.ranks if v.state in ("unreadable", "gone"))
+        assert row["stack"] == view.stack and report.stack_of(view) == (
+            report.stacks[row["stack"]] if row["stack"] is not None else ()
+        )
+    assert sum(len(s.ranks) for s in report.sites) == len(report.ranks) - sum(
+        1 for v in report.ranks if v.state in ("unreadable", "gone")
+    )
     recorded_fr = os.path.isdir(os.path.join(scenario_dir(name), "fr"))
     assert (report.flight_recorder is not None) == recorded_fr and report.watchdog is None
 
@@ -185,8 +198,9 @@ def test_every_rank_in_one_complete_collective_is_all_waiting():
     assert report.findings[0].ranks == (0, 1, 2, 3)
     assert "TORCH_FR_BUFFER_SIZE" in report.findings[0].remedy
     assert report.mismatches == ()
-    assert [(s.op, s.site.function, s.ranks) for s in report.sites] == [("all_reduce", "reduce_gradients",
-                                                                         (0, 1, 2, 3))]
+    assert [(s.op, s.site.function, s.ranks) for s in report.sites] == [
+        ("all_reduce", "reduce_gradients", (0, 1, 2, 3))
+    ]
     assert [f.id for f in diagnose(snapshot).findings] == ["all-waiting"]  # no layout needed for this
 
 
@@ -227,14 +241,17 @@ def test_conflicting_world_sizes_take_the_largest_with_a_note():
     assert any("disagree on WORLD_SIZE" in n for n in report.notes)
 
 
-@pytest.mark.parametrize("env, expected", [
-    ((("SLURM_NTASKS", "8"), ("WORLD_SIZE", "4")), 4),  # torch's own variable wins
-    ((("SLURM_NTASKS", "8"), ("WORLD_SIZE", "four")), 8),  # a WORLD_SIZE that is no number is passed over
-    ((("SLURM_NTASKS", "8"),), 8),
-    ((("SLURM_NTASKS", "²"), ("WORLD_SIZE", " 16 ")), 16),
-    ((("RANK", "3"), ("WORLD_SIZE", "1" * 10)), None),  # longer than any real world
-    ((), None),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ((("SLURM_NTASKS", "8"), ("WORLD_SIZE", "4")), 4),  # torch's own variable wins
+        ((("SLURM_NTASKS", "8"), ("WORLD_SIZE", "four")), 8),  # a WORLD_SIZE that is no number is passed over
+        ((("SLURM_NTASKS", "8"),), 8),
+        ((("SLURM_NTASKS", "²"), ("WORLD_SIZE", " 16 ")), 16),
+        ((("RANK", "3"), ("WORLD_SIZE", "1" * 10)), None),  # longer than any real world
+        ((), None),
+    ],
+)
 def test_world_size_comes_from_world_size_then_slurm_ntasks(env, expected):
     snapshot, _, _ = load_scenario("mtp_cp_pp")
     assert replace(snapshot.captures[0], env=Env.of(dict(env))).world_size == expected

@@ -9,8 +9,18 @@ from mtpdiag.vocabulary.states import FindingId, Verdict
 from support.captures import load_scenario
 
 # The stable ids of docs/design.md, as users script against them.
-DOCUMENTED = {"mtp-cp-gated-reduce", "gated-collective", "p2p-unmatched", "straggler", "frozen-rank", "missing-rank",
-              "all-waiting", "size-mismatch", "dtype-mismatch", "unexplained-wait"}
+DOCUMENTED = {
+    "mtp-cp-gated-reduce",
+    "gated-collective",
+    "p2p-unmatched",
+    "straggler",
+    "frozen-rank",
+    "missing-rank",
+    "all-waiting",
+    "size-mismatch",
+    "dtype-mismatch",
+    "unexplained-wait",
+}
 
 
 def test_every_documented_id_has_exactly_one_rule():
@@ -23,12 +33,23 @@ def test_only_the_evidence_gap_is_incomplete():
 
 
 def test_causes_come_first_then_by_rank():
-    made = [Finding(id=i, ranks=(r,), summary="", remedy=None) for i, r in (("all-waiting", 0), ("gated-collective", 5),
-                                                              ("frozen-rank", 9), ("gated-collective", 1),
-                                                              ("mtp-cp-gated-reduce", 3))]
+    made = [
+        Finding(id=i, ranks=(r,), summary="", remedy=None)
+        for i, r in (
+            ("all-waiting", 0),
+            ("gated-collective", 5),
+            ("frozen-rank", 9),
+            ("gated-collective", 1),
+            ("mtp-cp-gated-reduce", 3),
+        )
+    ]
     assert [(f.id, f.ranks[0]) for f in ordered(made)] == [
-        ("mtp-cp-gated-reduce", 3), ("frozen-rank", 9), ("gated-collective", 1), ("gated-collective", 5),
-        ("all-waiting", 0)]
+        ("mtp-cp-gated-reduce", 3),
+        ("frozen-rank", 9),
+        ("gated-collective", 1),
+        ("gated-collective", 5),
+        ("all-waiting", 0),
+    ]
 
 
 def test_a_recorded_hang_is_found_through_the_rules():

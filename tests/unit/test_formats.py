@@ -41,10 +41,16 @@ def test_console_is_the_default():
     assert run_cli_here("analyze", BUNDLE).stdout.startswith("PROBLEM: MTP loss all_reduce")
 
 
-@pytest.mark.parametrize("command", [["inspect", "--pid", NO_SUCH_PID], ["watch", "--pid", NO_SUCH_PID],
-                                     ["analyze", BUNDLE]])
-@pytest.mark.parametrize("flags, says", [(["--json", "--markdown"], "choose one of --json and --markdown"),
-                                         (["--format", "html", "--json"], "--format html and --json ask for different")])
+@pytest.mark.parametrize(
+    "command", [["inspect", "--pid", NO_SUCH_PID], ["watch", "--pid", NO_SUCH_PID], ["analyze", BUNDLE]]
+)
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--json", "--markdown"], "choose one of --json and --markdown"),
+        (["--format", "html", "--json"], "--format html and --json ask for different"),
+    ],
+)
 def test_contradictory_formats_are_refused_before_anything_is_captured(command, flags, says):
     """The pid does not exist: a command that looked at it first would say so instead."""
     done = run_cli_here(*command, *flags)
@@ -53,8 +59,9 @@ def test_contradictory_formats_are_refused_before_anything_is_captured(command, 
 
 
 def test_watch_refuses_contradictory_formats_before_checking_where_to_write(tmp_path):
-    done = run_cli_here("watch", "--pid", NO_SUCH_PID, "--out", str(tmp_path / "no" / "dir" / "x.json"),
-                        "--json", "--markdown")
+    done = run_cli_here(
+        "watch", "--pid", NO_SUCH_PID, "--out", str(tmp_path / "no" / "dir" / "x.json"), "--json", "--markdown"
+    )
     assert done.returncode == 2 and "choose one of --json and --markdown" in done.stderr
 
 
@@ -70,11 +77,36 @@ NCCL = scenario_dir("nccl_mtp_cp_pp_futex")
 def test_every_format_shows_every_optional_section(fmt):
     """The Flight Recorder's account and the watchdog's timeouts reach each renderer (a section a format
     dropped silently was a bug: ``analyze --fr --html``)."""
-    done = run_cli_here("analyze", f"{NCCL}/bundle.json", "--fr", f"{NCCL}/fr", "--log", f"{NCCL}/fr/watchdog.log",
-                        "--cp", "2", "--pp", "2", "--format", fmt)
+    done = run_cli_here(
+        "analyze",
+        f"{NCCL}/bundle.json",
+        "--fr",
+        f"{NCCL}/fr",
+        "--log",
+        f"{NCCL}/fr/watchdog.log",
+        "--cp",
+        "2",
+        "--pp",
+        "2",
+        "--format",
+        fmt,
+    )
     assert done.returncode == 1, done.stderr
-    doc = json.loads(run_cli_here("analyze", f"{NCCL}/bundle.json", "--fr", f"{NCCL}/fr", "--log",
-                                  f"{NCCL}/fr/watchdog.log", "--cp", "2", "--pp", "2", "--json").stdout)
+    doc = json.loads(
+        run_cli_here(
+            "analyze",
+            f"{NCCL}/bundle.json",
+            "--fr",
+            f"{NCCL}/fr",
+            "--log",
+            f"{NCCL}/fr/watchdog.log",
+            "--cp",
+            "2",
+            "--pp",
+            "2",
+            "--json",
+        ).stdout
+    )
     fr_line, log_line = doc["flight_recorder"]["lines"][0], doc["watchdog"]["lines"][0]
     if fmt == "json":
         assert json.loads(done.stdout) == doc

@@ -27,8 +27,11 @@ from support.fr_fixtures import raw
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
-JSON = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=20)
+JSON = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
 FIXTURES = [raw(s, r) for s in ("gloo_mtp_cp_pp", "gloo_tp_broadcast") for r in range(4)]
 
 
@@ -42,8 +45,10 @@ def _load_or_error(tmp_path, data: bytes):
         return None
     analysis = match_groups(FRDump(source="fuzz", ranks=(dump,)))
     json.dumps(analysis.to_dict())
-    assert Records.from_dict(json.loads(json.dumps(FRDump(source="x", ranks=(dump,)).to_dict()))).ranks[0].entries \
+    assert (
+        Records.from_dict(json.loads(json.dumps(FRDump(source="x", ranks=(dump,)).to_dict()))).ranks[0].entries
         == dump.entries
+    )
     return dump
 
 
@@ -80,7 +85,7 @@ def _mutate(data: dict, path_choice: int, action: int, junk) -> dict:
     if action == 0 and isinstance(parent, dict):
         del parent[key]
     elif action == 1 and isinstance(parent[key], list):
-        del parent[key][len(parent[key]) // 2:]
+        del parent[key][len(parent[key]) // 2 :]
     else:
         parent[key] = junk
     return out
@@ -104,14 +109,20 @@ def test_bundled_dumps(value):
 
 
 _LINE = st.one_of(
-    st.builds("[rank{}]:[E] [PG ID {} PG GUID {}({}) Rank {}] Watchdog caught collective operation timeout: "
-              "WorkNCCL(SeqNum={}, OpType={}, NumelIn={}, NumelOut={}, Timeout(ms)={}) ran for {} milliseconds".format,
-              *[st.sampled_from(["0", "3", "-1", "x", "9" * 30, ""]) for _ in range(11)]),
-    st.builds(("[PG {} Rank {}] Timeout at NCCL work: {}, last enqueued NCCL work: {}, "
-               "last completed NCCL work: {}.").format,
-              *[st.sampled_from(["0", "7", "-1", "", "1" * 25]) for _ in range(5)]),
-    st.builds("[{}] joined but didn't finish collective #{}".format, st.text("0123456789, ", max_size=30),
-              st.sampled_from(["1", "", "9" * 40])),
+    st.builds(
+        "[rank{}]:[E] [PG ID {} PG GUID {}({}) Rank {}] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum={}, OpType={}, NumelIn={}, NumelOut={}, Timeout(ms)={}) ran for {} milliseconds".format,
+        *[st.sampled_from(["0", "3", "-1", "x", "9" * 30, ""]) for _ in range(11)],
+    ),
+    st.builds(
+        ("[PG {} Rank {}] Timeout at NCCL work: {}, last enqueued NCCL work: {}, last completed NCCL work: {}.").format,
+        *[st.sampled_from(["0", "7", "-1", "", "1" * 25]) for _ in range(5)],
+    ),
+    st.builds(
+        "[{}] joined but didn't finish collective #{}".format,
+        st.text("0123456789, ", max_size=30),
+        st.sampled_from(["1", "", "9" * 40]),
+    ),
     st.text(max_size=80),
 )
 
@@ -146,8 +157,9 @@ def test_a_bundled_dump_whose_group_holds_a_negative_rank_is_diagnosed_not_a_cra
 
     path = f"{ROOT}/tests/fixtures/captures/lookalike_aux_loss_sizes_nccl/bundle.json"
     data = json.loads(open(path).read())
-    (group,) = [g for g in data["flight_recorder"]["ranks"][0]["groups"]
-                if g["desc"] == "DATA_PARALLEL_GROUP_WITH_CP"]  # a Megatron group the layout is checked against
+    (group,) = [
+        g for g in data["flight_recorder"]["ranks"][0]["groups"] if g["desc"] == "DATA_PARALLEL_GROUP_WITH_CP"
+    ]  # a Megatron group the layout is checked against
     group["ranks"][0] = -1
     damaged = tmp_path / "bundle.json"
     damaged.write_text(json.dumps(data))

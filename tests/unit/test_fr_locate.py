@@ -9,12 +9,16 @@ from mtpdiag.capture.fr_locate import ENV_KEYS, dump_prefixes, pipe_prefix, requ
 
 
 def test_the_variables_torch_reads_and_its_defaults():
-    assert dump_prefixes({"TORCH_FR_DUMP_TEMP_FILE": "/x/fr_", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/y/"}, "/h") == \
-        ("/x/fr_",)
+    assert dump_prefixes({"TORCH_FR_DUMP_TEMP_FILE": "/x/fr_", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/y/"}, "/h") == (
+        "/x/fr_",
+    )
     assert dump_prefixes({"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/y/trace_"}, "/h") == ("/y/trace_",)
     assert dump_prefixes({}, "/home/u") == ("/home/u/.cache/torch/comm_lib_trace_rank_", "/tmp/nccl_trace_rank_")
-    assert dump_prefixes({"XDG_CACHE_HOME": "/c", "TORCH_FR_DUMP_TEMP_FILE": " "}, None) == \
-        ("/c/torch/comm_lib_trace_rank_", "/tmp/.cache/torch/comm_lib_trace_rank_", "/tmp/nccl_trace_rank_")
+    assert dump_prefixes({"XDG_CACHE_HOME": "/c", "TORCH_FR_DUMP_TEMP_FILE": " "}, None) == (
+        "/c/torch/comm_lib_trace_rank_",
+        "/tmp/.cache/torch/comm_lib_trace_rank_",
+        "/tmp/nccl_trace_rank_",
+    )
     assert pipe_prefix({"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/p/pipe_"}) == "/p/pipe_" and pipe_prefix({}) is None
     assert set(ENV_KEYS) >= {"TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"}
 

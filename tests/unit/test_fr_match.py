@@ -38,8 +38,13 @@ def test_mtp_gate_cp2_pp2_the_dp_cp_all_reduce_is_the_root():
     d = g.divergence
     assert (d.seq, d.problems, d.missing, d.culprits) == (1, ("missing_ranks",), (3,), (3,))
     [split] = d.calls
-    assert (split.op, split.site.function, split.entered, split.absent, split.role) == \
-        ("all_reduce", REDUCE, (2,), (3,), "root")
+    assert (split.op, split.site.function, split.entered, split.absent, split.role) == (
+        "all_reduce",
+        REDUCE,
+        (2,),
+        (3,),
+        "root",
+    )
     why = split.why[3]
     assert (why.verdict, why.rule) == ("skipped", "stack-order")
     assert "all_gather #2 in CONTEXT_PARALLEL_GROUP at ring_attention" in split.absent_doing[3]
@@ -62,8 +67,13 @@ def test_a_broadcast_only_tp_rank_0_makes():
     a = _analysis("gloo_tp_broadcast")
     tp = _group(a, TP, 0).divergence
     [split] = tp.calls
-    assert (split.op, split.site.function, split.entered, split.absent, split.role) == \
-        ("broadcast", "broadcast_vocab_stats", (0,), (1,), "root")
+    assert (split.op, split.site.function, split.entered, split.absent, split.role) == (
+        "broadcast",
+        "broadcast_vocab_stats",
+        (0,),
+        (1,),
+        "root",
+    )
     world = _group(a, "default_pg", 0).divergence
     [barrier] = world.calls
     assert (barrier.op, barrier.entered, barrier.absent, barrier.role) == ("barrier", (1, 3), (0, 2), "consequence")
@@ -104,10 +114,12 @@ def test_a_size_mismatch_inside_one_collective(tmp_path):
     """Megatron-LM #3400: every member enters the same all_gather with 14 vs 15 elements. ``input_sizes`` /
     ``output_sizes`` are the tensors' sizes at record time (FlightRecorderDetail.hpp read_sizes); rank 1's
     CP all_gather #1 is given 15 elements where rank 0 recorded 14."""
+
     def change(dumps):
         for rank, n in ((0, 14), (1, 15)):
             first = entries_of(dumps[rank], CP)[0]
             first.update(input_sizes=[[n]], output_sizes=[[2, n]])
+
     d = _group(_cp_dp(tmp_path, change), CP, 0).divergence
     assert (d.seq, d.problems, d.missing) == (1, ("sizes",), ())
     [split] = d.calls
@@ -119,9 +131,11 @@ def test_a_size_mismatch_inside_one_collective(tmp_path):
 def test_a_dtype_mismatch_and_the_first_divergence_wins(tmp_path):
     """``input_dtypes``/``output_dtypes`` are c10::toString of the tensors' dtypes: rank 1's CP all_gather #1
     is recorded as BFloat16. The same group also misses rank 0 at #2; the first divergence is #1."""
+
     def change(dumps):
         first = entries_of(dumps[1], CP)[0]
         first.update(input_dtypes=["BFloat16"], output_dtypes=["BFloat16"])
+
     g = _group(_cp_dp(tmp_path, change), CP, 0)
     assert (g.divergence.seq, g.divergence.problems) == (1, ("dtypes",))
 
@@ -137,23 +151,38 @@ def test_the_verl_bug_on_nccl_an_all_reduce_against_the_optimizers_all_gather(tm
     reduce2["profiling_name"] = "nccl:all_reduce"
     step = next(i for i, f in enumerate(reduce2["frames"]) if f["name"] == "train_step")
     optimizer = "/x/site-packages/megatron/core/optimizer/"
-    optimizer_frames = reduce2["frames"][:2] + [
-        {"name": "_dispatch_gather_model_params", "filename": optimizer + "distrib_optimizer.py", "line": 2300},
-        {"name": "step", "filename": optimizer + "optimizer.py", "line": 480},
-        dict(reduce2["frames"][step], line=reduce2["frames"][step]["line"] + 3),  # the optimizer step, after the loss
-    ] + reduce2["frames"][step + 1:]
+    optimizer_frames = (
+        reduce2["frames"][:2]
+        + [
+            {"name": "_dispatch_gather_model_params", "filename": optimizer + "distrib_optimizer.py", "line": 2300},
+            {"name": "step", "filename": optimizer + "optimizer.py", "line": 480},
+            dict(
+                reduce2["frames"][step], line=reduce2["frames"][step]["line"] + 3
+            ),  # the optimizer step, after the loss
+        ]
+        + reduce2["frames"][step + 1 :]
+    )
     gather = dict(reduce2, profiling_name="nccl:_all_gather_base", frames=optimizer_frames)
     dumps[2]["entries"].append(dict(gather, record_id=reduce2["record_id"] + 1, collective_seq_id=2))
     dumps[3]["entries"].append(dict(gather, record_id=len(dumps[3]["entries"]), collective_seq_id=1))
     d = _group(match_groups(load_fr_dumps(write_set(tmp_path, dumps))), DP_CP, 2).divergence
     assert (d.seq, d.problems) == (1, ("op_type",))
     reduce, gathered = d.calls
-    assert (reduce.op, reduce.site.function, reduce.entered, reduce.absent, reduce.role) == \
-        ("all_reduce", REDUCE, (2,), (3,), "root")
+    assert (reduce.op, reduce.site.function, reduce.entered, reduce.absent, reduce.role) == (
+        "all_reduce",
+        REDUCE,
+        (2,),
+        (3,),
+        "root",
+    )
     assert reduce.absent_doing[3].startswith("all_gather_into_tensor #1 at _dispatch_gather_model_params")
     assert (reduce.why[3].verdict, reduce.why[3].rule) == ("skipped", "same-group")
-    assert (gathered.op, gathered.entered, gathered.absent, gathered.role) == \
-        ("all_gather_into_tensor", (3,), (2,), "consequence")
+    assert (gathered.op, gathered.entered, gathered.absent, gathered.role) == (
+        "all_gather_into_tensor",
+        (3,),
+        (2,),
+        "consequence",
+    )
     assert gathered.why[2].verdict == "shifted" and "#2" in gathered.why[2].reason
     assert (d.culprits_against(2), d.culprits_against(3)) == ((3,), (2,))
 
@@ -163,8 +192,10 @@ def test_call_sites_skip_torch_and_typing_extensions_wrappers(tmp_path):
     plumbing: the site is still the caller (classify's rule). Frames are inserted into a real stack."""
     data = raw("gloo_mtp_cp_pp", 2)
     entry = entries_of(data, DP_CP)[0]
-    entry["frames"][2:2] = [{"name": "wrapper", "filename": "/x/site-packages/typing_extensions.py", "line": 2853},
-                            {"name": "wrapped", "filename": "/usr/lib/python3.11/functools.py", "line": 40}]
+    entry["frames"][2:2] = [
+        {"name": "wrapper", "filename": "/x/site-packages/typing_extensions.py", "line": 2853},
+        {"name": "wrapped", "filename": "/usr/lib/python3.11/functools.py", "line": 40},
+    ]
     dump = load_fr_dumps(write_set(tmp_path, {2: data})).rank(2)
     [e] = [e for e in dump.entries if e.group_desc == DP_CP]
     assert e.site.function == REDUCE and e.frames[2].file == "typing_extensions.py"
@@ -184,6 +215,7 @@ def test_a_send_whose_peer_never_posted_its_recv(tmp_path):
 def test_program_order_of_two_stacks():
     def stack(*lines):
         return tuple(Site("train.py", n, f) for f, n in lines)
+
     step = ("main", 10)
     assert program_order(stack(step, ("train_step", 114)), stack(step, ("train_step", 117))) == "before"
     assert program_order(stack(step, ("train_step", 117)), stack(step, ("train_step", 114))) == "after"

@@ -74,10 +74,20 @@ def test_the_watchdog_log_and_the_dumps_tell_the_same_timeouts(recorded):
     for t in log.timeouts:
         dump = fr.rank(t.rank)
         p2p = t.op_type in ("COALESCED", "SEND", "RECV")  # a p2p work carries its p2p sequence number
-        [entry] = [e for e in dump.entries if e.group == t.group.name and e.is_p2p == p2p and not e.in_batch
-                   and (e.p2p_seq_id if p2p else e.collective_seq_id) == t.seq]
-        assert (entry.op, entry.input_numel, entry.output_numel, entry.timeout_ms) == \
-            (t.op, t.numel_in, t.numel_out, t.timeout_ms)
+        [entry] = [
+            e
+            for e in dump.entries
+            if e.group == t.group.name
+            and e.is_p2p == p2p
+            and not e.in_batch
+            and (e.p2p_seq_id if p2p else e.collective_seq_id) == t.seq
+        ]
+        assert (entry.op, entry.input_numel, entry.output_numel, entry.timeout_ms) == (
+            t.op,
+            t.numel_in,
+            t.numel_out,
+            t.timeout_ms,
+        )
         assert not entry.done and t.last_enqueued is not None
         if not any(e.is_p2p for e in dump.entries if e.group == t.group.name):
             # A group that carries p2p too (a pipeline group) counts its p2p works in pg_status as well.
@@ -85,8 +95,9 @@ def test_the_watchdog_log_and_the_dumps_tell_the_same_timeouts(recorded):
         assert dump.group(t.group.name).desc == t.group.desc
 
 
-@pytest.mark.parametrize("scenario", sorted({p.parent for p in SCENARIOS if (p.parent / "fr_live").is_dir()}),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "scenario", sorted({p.parent for p in SCENARIOS if (p.parent / "fr_live").is_dir()}), ids=lambda p: p.name
+)
 def test_a_timeout_dump_holds_the_failed_work_unretired_and_a_later_dump_retired_not_completed(scenario):
     """NCCL's watchdog dumps while the failed work is still in its list (retired: False); a dump taken later
     through the pipe, once the watchdog retired it without its end event, reads retired and not completed:
@@ -97,5 +108,7 @@ def test_a_timeout_dump_holds_the_failed_work_unretired_and_a_later_dump_retired
         pending = {e.record_id: e for e in before.entries if not e.done and not e.in_batch}
         assert pending and all(not e.retired and not e.timed_out for e in pending.values())
         after = {e.record_id: e for e in later.rank(before.rank).entries}
-        assert all(after[r].retired and after[r].timed_out and not after[r].done and after[r].state != "completed"
-                   for r in pending)
+        assert all(
+            after[r].retired and after[r].timed_out and not after[r].done and after[r].state != "completed"
+            for r in pending
+        )

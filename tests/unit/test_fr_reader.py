@@ -54,11 +54,15 @@ def test_a_real_dump_reads_every_field_torch_writes(pp):
 def test_call_sites_are_named_as_the_stack_analysis_names_them(pp):
     [pending] = [e for e in pp.rank(2).entries if e.group_desc == DP_CP]
     # first frame outside torch (c10d_logger's wrapper included), site-packages-relative, qualified from source
-    assert pending.site == Site("megatron/core/transformer/multi_token_prediction.py", 359,
-                                "MTPLossLoggingHelper.reduce_loss_in_tracker")
+    assert pending.site == Site(
+        "megatron/core/transformer/multi_token_prediction.py", 359, "MTPLossLoggingHelper.reduce_loss_in_tracker"
+    )
     assert pending.frames[0].file == "torch/distributed/distributed_c10d.py"
-    assert [f.function for f in pending.frames[:3]] == ["all_reduce", "_exception_logger.<locals>.wrapper",
-                                                        "MTPLossLoggingHelper.reduce_loss_in_tracker"]
+    assert [f.function for f in pending.frames[:3]] == [
+        "all_reduce",
+        "_exception_logger.<locals>.wrapper",
+        "MTPLossLoggingHelper.reduce_loss_in_tracker",
+    ]
     plain = load_fr_dumps(str(PP / "rank_"), qualify=False)
     [raw_pending] = [e for e in plain.rank(2).entries if e.group_desc == DP_CP]
     assert raw_pending.site.function == "reduce_loss_in_tracker"
@@ -79,12 +83,15 @@ def test_torchs_json_form_reads_the_same_as_its_pickle(pp):
     js = load_fr_dumps(str(PP / "json" / "rank_"))
     assert {d.format for d in js.ranks} == {"json"}
     for a, b in zip(pp.ranks, js.ranks, strict=True):
-        keys = lambda d: [(e.record_id, e.group, e.op, e.seq, e.input_sizes, e.input_dtypes, e.state, e.retired,
-                           e.timeout_ms) for e in d.entries]
+        keys = lambda d: [
+            (e.record_id, e.group, e.op, e.seq, e.input_sizes, e.input_dtypes, e.state, e.retired, e.timeout_ms)
+            for e in d.entries
+        ]
         assert keys(a) == keys(b)
         # JSON writes pg_status counters as strings and no stacks (FlightRecorderDetail.hpp dump_json)
-        assert [(s.pg_id, s.last_enqueued, s.last_completed) for s in a.status] == \
-            [(s.pg_id, s.last_enqueued, s.last_completed) for s in b.status]
+        assert [(s.pg_id, s.last_enqueued, s.last_completed) for s in a.status] == [
+            (s.pg_id, s.last_enqueued, s.last_completed) for s in b.status
+        ]
         assert all(e.frames == () and e.site is None for e in b.entries)
     raw_json = json.loads((PP / "json" / "rank_3").read_text())
     assert isinstance(next(iter(raw_json["pg_status"].values()))["last_enqueued_collective"], str)
@@ -110,8 +117,10 @@ def test_a_partial_set_names_the_missing_ranks(tmp_path):
 # ---------------------------------------------------------------- versions (FlightRecorder.hpp version_val)
 
 
-@pytest.mark.parametrize("version, note", [("2.10", None), ("2.2", None), ("2.11", "newer than 2.10"),
-                                           ("1.5", "predates"), ("banana", "unrecognised")])
+@pytest.mark.parametrize(
+    "version, note",
+    [("2.10", None), ("2.2", None), ("2.11", "newer than 2.10"), ("1.5", "predates"), ("banana", "unrecognised")],
+)
 def test_known_and_unknown_versions(tmp_path, version, note):
     data = raw("gloo_mtp_cp_pp", 2)
     data["version"] = version
@@ -131,15 +140,25 @@ def test_a_newer_major_version_is_one_line_asking_to_upgrade(tmp_path):
 # ---------------------------------------------------------------- NCCL's names and fields (derived)
 
 
-@pytest.mark.parametrize("name, op", [
-    ("nccl:all_reduce", "all_reduce"), ("nccl:_all_gather_base", "all_gather_into_tensor"),
-    ("nccl:_reduce_scatter_base", "reduce_scatter_tensor"), ("nccl:all_reduce_barrier", "barrier"),
-    ("nccl:allreduce_coalesced", "all_reduce_coalesced"),
-    ("nccl:all_gather_into_tensor_coalesced", "all_gather_into_tensor_coalesced"),
-    ("nccl:reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced"), ("nccl:_broadcast_oop", "broadcast"),
-    ("nccl:all_to_all", "all_to_all"), ("nccl:send 1->0", "send"), ("nccl:recv 0<-1", "recv"),
-    ("gloo:all_gather", "all_gather"), ("gloo:_allgather_base", "all_gather_into_tensor"), ("gloo:barrier", "barrier"),
-])
+@pytest.mark.parametrize(
+    "name, op",
+    [
+        ("nccl:all_reduce", "all_reduce"),
+        ("nccl:_all_gather_base", "all_gather_into_tensor"),
+        ("nccl:_reduce_scatter_base", "reduce_scatter_tensor"),
+        ("nccl:all_reduce_barrier", "barrier"),
+        ("nccl:allreduce_coalesced", "all_reduce_coalesced"),
+        ("nccl:all_gather_into_tensor_coalesced", "all_gather_into_tensor_coalesced"),
+        ("nccl:reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced"),
+        ("nccl:_broadcast_oop", "broadcast"),
+        ("nccl:all_to_all", "all_to_all"),
+        ("nccl:send 1->0", "send"),
+        ("nccl:recv 0<-1", "recv"),
+        ("gloo:all_gather", "all_gather"),
+        ("gloo:_allgather_base", "all_gather_into_tensor"),
+        ("gloo:barrier", "barrier"),
+    ],
+)
 def test_profiling_names(name, op):
     assert op_name(name) == op
 
@@ -159,11 +178,26 @@ def _as_nccl_p2p(tmp_path, sender_state: str):
     test_batched_send_recv shows that layout)."""
     data = raw("gloo_mtp_cp_pp", 3)
     entry = entries_of(data, "CONTEXT_PARALLEL_GROUP")[-1]
-    entry.update(profiling_name="nccl:send 1->0", collective_seq_id=0, p2p_seq_id=1, is_p2p=True,
-                 state="scheduled", retired=False)
-    closer = dict(entry, record_id=entry["record_id"] + 1, profiling_name="nccl:coalesced", input_sizes=[],
-                  output_sizes=[], input_dtypes=[], output_dtypes=[], state=sender_state,
-                  retired=sender_state == "completed", time_discovered_completed_ns=None)
+    entry.update(
+        profiling_name="nccl:send 1->0",
+        collective_seq_id=0,
+        p2p_seq_id=1,
+        is_p2p=True,
+        state="scheduled",
+        retired=False,
+    )
+    closer = dict(
+        entry,
+        record_id=entry["record_id"] + 1,
+        profiling_name="nccl:coalesced",
+        input_sizes=[],
+        output_sizes=[],
+        input_dtypes=[],
+        output_dtypes=[],
+        state=sender_state,
+        retired=sender_state == "completed",
+        time_discovered_completed_ns=None,
+    )
     data["entries"].append(closer)
     return load_fr_dumps(write_set(tmp_path, {3: data})).rank(3), entry["process_group"][0]
 
@@ -209,8 +243,12 @@ def test_to_dict_round_trips_and_keeps_nothing_else(pp):
 
 def test_hostile_and_broken_files_are_one_line_input_errors(tmp_path):
     deep = b"(" * 100_000 + b"."  # MARK opcodes deep enough to exhaust the unpickler
-    cases = {"rank_0": pickle.dumps({"version": "2.10", "entries": [{"process_group": 5}]}),
-             "rank_1": b"{not json", "rank_2": deep, "rank_3": json.dumps([1, 2]).encode()}
+    cases = {
+        "rank_0": pickle.dumps({"version": "2.10", "entries": [{"process_group": 5}]}),
+        "rank_1": b"{not json",
+        "rank_2": deep,
+        "rank_3": json.dumps([1, 2]).encode(),
+    }
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
         with pytest.raises(InputError) as err:
@@ -240,8 +278,10 @@ def _error_of(path: str) -> str:
 
 def test_qualified_names_come_from_source_and_only_when_the_name_agrees(tmp_path):
     src = tmp_path / "mod.py"
-    src.write_text("class Outer:\n    class Inner:\n        def step(self):\n            return 1\n\n"
-                   "def train():\n    def helper():\n        return [x for x in ()]\n    return helper\n")
+    src.write_text(
+        "class Outer:\n    class Inner:\n        def step(self):\n            return 1\n\n"
+        "def train():\n    def helper():\n        return [x for x in ()]\n    return helper\n"
+    )
     index = SourceIndex(roots=())
     path = str(src)
     assert index.qualify(path, 4, "step") == "Outer.Inner.step"

@@ -18,8 +18,9 @@ from support.fr_fixtures import FR_FIXTURES, dump_files, entries_of, gloo_scenar
 from support.frtrace import assert_agreement
 
 
-@pytest.mark.parametrize("directory", gloo_scenarios() + nccl_scenarios(),
-                         ids=lambda p: p.parent.name if p.name == "fr" else p.name)
+@pytest.mark.parametrize(
+    "directory", gloo_scenarios() + nccl_scenarios(), ids=lambda p: p.parent.name if p.name == "fr" else p.name
+)
 def test_every_fixture(directory):
     files = dump_files(directory)
     assert len(files) >= 2

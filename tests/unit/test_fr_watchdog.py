@@ -67,27 +67,56 @@ def test_torch_2_13_timeouts_with_their_groups_and_progress():
     log = parse_watchdog_log(LOG_2_13)
     assert len(log.timeouts) == 2  # the exception repeats rank 2's timeout twice: it is reported once
     reduce, gather = log.timeouts
-    assert (reduce.rank, reduce.seq, reduce.op_type, reduce.op, reduce.numel_in, reduce.numel_out) == \
-        (2, 2, "ALLREDUCE", "all_reduce", 1, 1)
+    assert (reduce.rank, reduce.seq, reduce.op_type, reduce.op, reduce.numel_in, reduce.numel_out) == (
+        2,
+        2,
+        "ALLREDUCE",
+        "all_reduce",
+        1,
+        1,
+    )
     assert (reduce.timeout_ms, reduce.ran_for_ms, reduce.blocking_wait, reduce.line) == (600000, 600012, False, 1)
-    assert (reduce.group.pg_id, reduce.group.name, reduce.group.desc, reduce.group.rank) == \
-        (2, "3", "DATA_PARALLEL_GROUP_WITH_CP", 0)
+    assert (reduce.group.pg_id, reduce.group.name, reduce.group.desc, reduce.group.rank) == (
+        2,
+        "3",
+        "DATA_PARALLEL_GROUP_WITH_CP",
+        0,
+    )
     assert (reduce.last_enqueued, reduce.last_completed) == (3, 1)
-    assert (gather.rank, gather.op, gather.numel_out, gather.last_enqueued, gather.group.desc) == \
-        (3, "all_gather_into_tensor", 2048, 2, "DATA_PARALLEL_GROUP_WITH_CP")
+    assert (gather.rank, gather.op, gather.numel_out, gather.last_enqueued, gather.group.desc) == (
+        3,
+        "all_gather_into_tensor",
+        2048,
+        2,
+        "DATA_PARALLEL_GROUP_WITH_CP",
+    )
     signal = next(s for s in log.statuses if s.signal_from)
-    assert (signal.rank, signal.signal_from, signal.last_enqueued, signal.last_completed, signal.group.desc) == \
-        (0, "rank 2", 7, 7, "default_pg")
+    assert (signal.rank, signal.signal_from, signal.last_enqueued, signal.last_completed, signal.group.desc) == (
+        0,
+        "rank 2",
+        7,
+        7,
+        "default_pg",
+    )
 
 
 def test_torch_2_3_and_2_4_formats_and_blocking_wait():
     log = parse_watchdog_log(LOG_2_4)
     broadcast, send = log.timeouts
     assert (broadcast.rank, broadcast.seq, broadcast.op, broadcast.timeout_ms) == (1, 6463, "broadcast", 1800000)
-    assert (broadcast.group.name, broadcast.group.desc, broadcast.last_enqueued, broadcast.last_completed) == \
-        ("0", "default_pg", 6463, 6462)
-    assert (send.op, send.blocking_wait, send.ran_for_ms, send.group.name, send.last_completed) == \
-        ("send", True, None, "5", 8)
+    assert (broadcast.group.name, broadcast.group.desc, broadcast.last_enqueued, broadcast.last_completed) == (
+        "0",
+        "default_pg",
+        6463,
+        6462,
+    )
+    assert (send.op, send.blocking_wait, send.ran_for_ms, send.group.name, send.last_completed) == (
+        "send",
+        True,
+        None,
+        "5",
+        8,
+    )
     assert [s.failed_seq for s in log.statuses] == [6463, 6463, 9]
 
 

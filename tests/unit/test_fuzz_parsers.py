@@ -42,8 +42,11 @@ FEW = settings(max_examples=60, deadline=None, suppress_health_check=list(Health
 
 # JSON values of every type, nested a few levels.
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
-JSON = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=20)
+JSON = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
 
 # Text that looks like py-spy output in places: its line shapes with hostile fields in between.
 _NUMBER = st.sampled_from(["0", "7", "8824", "0x7F3A", "²", "٣", "-1", "9" * 5000, "", " 12", "1e3"])
@@ -51,10 +54,8 @@ _WORD = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=1
 _LINE = st.one_of(
     st.builds("Process {}: {}".format, _NUMBER, _WORD),
     st.builds("Parent Process {}: {}".format, _NUMBER, _WORD),
-    st.builds('Thread {} ({}): "{}"'.format, _NUMBER, st.sampled_from(["idle", "active", "active+gil", "x"]),
-              _WORD),
-    st.builds("    {} ({}:{})".format, _WORD, st.sampled_from(["torch/distributed/c10d.py", "a.py", "(", ""]),
-              _NUMBER),
+    st.builds('Thread {} ({}): "{}"'.format, _NUMBER, st.sampled_from(["idle", "active", "active+gil", "x"]), _WORD),
+    st.builds("    {} ({}:{})".format, _WORD, st.sampled_from(["torch/distributed/c10d.py", "a.py", "(", ""]), _NUMBER),
     st.builds("            {}: {}".format, st.sampled_from(["dst", "src", "tag", "x"]), _NUMBER | _WORD),
     st.builds("{}={}".format, st.sampled_from(["RANK", "WORLD_SIZE", "export RANK"]), _NUMBER),
     _WORD,
@@ -66,35 +67,82 @@ _HEX = st.sampled_from(["0x00007f68893e4b80", "0x0", "0x" + "F" * 40, "0xZZ", "1
 _PASTE_LINE = st.one_of(
     _LINE,
     st.builds("{} {} (most recent call first):".format, st.sampled_from(["Thread", "Current thread", "Stack"]), _HEX),
-    st.builds('  File "{}", line {} in {}'.format, st.sampled_from(["/x/torch/distributed/c10d.py", "a.py", '"', ""]),
-              _NUMBER, _WORD),
-    st.builds("Traceback for thread {} ({}) [{}] (most recent call last):".format, _NUMBER, _WORD,
-              st.sampled_from(["", "Has the GIL", "]", "Garbage collecting"])),
-    st.builds('    (Python) File "{}", line {}, in {}'.format, st.sampled_from(["/t/torch/distributed/x.py", "b.py"]),
-              _NUMBER, _WORD),
-    st.builds('    (C) File "{}", line {}, in {} ({})'.format, st.sampled_from(["???", "x.c"]), _NUMBER, _WORD,
-              st.sampled_from(["libc.so.6", "(", ""])),
+    st.builds(
+        '  File "{}", line {} in {}'.format,
+        st.sampled_from(["/x/torch/distributed/c10d.py", "a.py", '"', ""]),
+        _NUMBER,
+        _WORD,
+    ),
+    st.builds(
+        "Traceback for thread {} ({}) [{}] (most recent call last):".format,
+        _NUMBER,
+        _WORD,
+        st.sampled_from(["", "Has the GIL", "]", "Garbage collecting"]),
+    ),
+    st.builds(
+        '    (Python) File "{}", line {}, in {}'.format,
+        st.sampled_from(["/t/torch/distributed/x.py", "b.py"]),
+        _NUMBER,
+        _WORD,
+    ),
+    st.builds(
+        '    (C) File "{}", line {}, in {} ({})'.format,
+        st.sampled_from(["???", "x.c"]),
+        _NUMBER,
+        _WORD,
+        st.sampled_from(["libc.so.6", "(", ""]),
+    ),
     st.builds("The frame stack for thread {} is empty".format, _NUMBER),
-    st.builds("{}{}".format, st.sampled_from(["[rank3]: ", "rank1: ", "[2026-01-29 13:12:37 TP1] ", "[default0]:",
-                                             "(WorkerDict pid=12, ip=1.2.3.4) ", "[", "\x1b[1;32m"]), _WORD),
-    st.builds("{} {}".format, st.sampled_from(["$ py-spy dump --pid", "root@n:~# pystack remote", "$ sudo py-spy dump -p",
-                                              "==>"]), _NUMBER),
-    st.sampled_from(["Error: Failed to get stack traces", "Caused by:", "    0: Failed to suspend process",
-                     "\U0001F480 Engine error: Operation not permitted \U0001F480", "Permission Denied: x",
-                     "Arguments:", "Locals:", "Timeout (0:00:05)!", "Fatal Python error: Aborted", "", "\r",
-                     "Python v3.11.7 (/usr/bin/python3)", "--------", "Thread 12 (idle): \"MainThread\""]),
+    st.builds(
+        "{}{}".format,
+        st.sampled_from(
+            [
+                "[rank3]: ",
+                "rank1: ",
+                "[2026-01-29 13:12:37 TP1] ",
+                "[default0]:",
+                "(WorkerDict pid=12, ip=1.2.3.4) ",
+                "[",
+                "\x1b[1;32m",
+            ]
+        ),
+        _WORD,
+    ),
+    st.builds(
+        "{} {}".format,
+        st.sampled_from(["$ py-spy dump --pid", "root@n:~# pystack remote", "$ sudo py-spy dump -p", "==>"]),
+        _NUMBER,
+    ),
+    st.sampled_from(
+        [
+            "Error: Failed to get stack traces",
+            "Caused by:",
+            "    0: Failed to suspend process",
+            "\U0001f480 Engine error: Operation not permitted \U0001f480",
+            "Permission Denied: x",
+            "Arguments:",
+            "Locals:",
+            "Timeout (0:00:05)!",
+            "Fatal Python error: Aborted",
+            "",
+            "\r",
+            "Python v3.11.7 (/usr/bin/python3)",
+            "--------",
+            'Thread 12 (idle): "MainThread"',
+        ]
+    ),
 )
 PASTE_TEXT = st.lists(_PASTE_LINE, max_size=30).map("\n".join)
 
 
 def _fixture_files(suffix: str) -> list[Path]:
-    return sorted(p for name in scenarios() for p in (Path(CAPTURES) / name).glob(f"*{suffix}")
-                  if p.name != "scenario.json")
+    return sorted(
+        p for name in scenarios() for p in (Path(CAPTURES) / name).glob(f"*{suffix}") if p.name != "scenario.json"
+    )
 
 
 BUNDLES = {p: json.loads(p.read_text()) for p in _fixture_files("bundle.json")}
-RAW_JSON = {p: json.loads(p.read_text()) for p in _fixture_files(".json")
-            if p.name.startswith("rank")}
+RAW_JSON = {p: json.loads(p.read_text()) for p in _fixture_files(".json") if p.name.startswith("rank")}
 RAW_TEXT = {p: p.read_text() for p in _fixture_files(".txt")}
 PASTES = Path(__file__).resolve().parent.parent / "fixtures" / "pastes"
 RAW_PASTES = {p: p.read_text() for p in sorted(PASTES.glob("*/*.txt"))}
@@ -154,8 +202,9 @@ def _at(doc, path):
 
 # A fresh copy of each value: a later mutation of the same example may write into a drawn [] or {}, and
 # a shared one would change what the strategy hands out (hypothesis then fails with FlakyStrategyDefinition).
-WRONG_TYPES = st.sampled_from([None, True, -1, 2**70, 1.5, float("inf"), "", "x", "7", [], {}, [1], {"a": 1}]
-                              ).map(copy.deepcopy)
+WRONG_TYPES = st.sampled_from([None, True, -1, 2**70, 1.5, float("inf"), "", "x", "7", [], {}, [1], {"a": 1}]).map(
+    copy.deepcopy
+)
 
 
 def _mutate(data, doc):
@@ -173,7 +222,7 @@ def _mutate(data, doc):
         elif action == "wrong":
             parent[key] = data.draw(WRONG_TYPES | JSON)
         elif isinstance(parent[key], list):
-            del parent[key][data.draw(st.integers(0, len(parent[key]))):]
+            del parent[key][data.draw(st.integers(0, len(parent[key]))) :]
     return doc
 
 
@@ -305,11 +354,15 @@ def test_recorded_text_dumps_cut_and_spliced_parse(scratch, data):
 
 
 @FUZZ
-@given(text=PASTE_TEXT, name=st.sampled_from(["rank2.txt", "paste.log", "rank0.dump"]),
-       rank_from=st.none() | st.sampled_from([r"rank(\d+)", r"TP(\d+)", r"(\d+)", r"(x)?"]))
+@given(
+    text=PASTE_TEXT,
+    name=st.sampled_from(["rank2.txt", "paste.log", "rank0.dump"]),
+    rank_from=st.none() | st.sampled_from([r"rank(\d+)", r"TP(\d+)", r"(\d+)", r"(x)?"]),
+)
 def test_paste_shaped_text_of_every_form_loads_or_fails_cleanly(scratch, text, name, rank_from):
-    snapshot = _result_or_clean_error(lambda p: load_paths([p], rank_from=rank_from),
-                                      _write(scratch, name, text.encode()))
+    snapshot = _result_or_clean_error(
+        lambda p: load_paths([p], rank_from=rank_from), _write(scratch, name, text.encode())
+    )
     if snapshot is not None:
         assert all(c.threads or (c.state == "unreadable" and c.error) for c in snapshot.captures)
         _diagnoses_and_renders(snapshot)
@@ -337,8 +390,9 @@ def test_every_reader_reads_what_it_sniffs_or_says_why(text):
 def test_recorded_pastes_cut_spliced_and_mangled_load_or_fail_cleanly(scratch, data):
     """Real faulthandler, pystack and py-spy pastes with lines dropped, doubled, cut, reindented or noised."""
     source = data.draw(st.sampled_from(sorted(RAW_PASTES)))
-    lines = _spliced(data, RAW_PASTES[source].splitlines(), _PASTE_LINE,
-                     ["drop", "dup", "noise", "cut", "strip", "prefix"], 5)
+    lines = _spliced(
+        data, RAW_PASTES[source].splitlines(), _PASTE_LINE, ["drop", "dup", "noise", "cut", "strip", "prefix"], 5
+    )
     text = data.draw(st.sampled_from(["\n", "\r\n"])).join(lines)
     snapshot = _result_or_clean_error(load_paths, [_write(scratch, source.name, text.encode())])
     if snapshot is not None:
@@ -348,12 +402,14 @@ def test_recorded_pastes_cut_spliced_and_mangled_load_or_fail_cleanly(scratch, d
 
 def test_hostile_text_numbers_are_not_read_as_numbers(scratch):
     """A superscript or 5000-digit line number, pid or local is kept as text, never passed to int()."""
-    text = ("Process 12: python x.py --tp " + "9" * 5000 + " --cp ٣ --pp 2\n"
-            'Thread 12 (idle): "MainThread"\n'
-            "    send (torch/distributed/distributed_c10d.py:²)\n"
-            "            dst: " + "9" * 5000 + "\n"
-            "    f (a.py:" + "9" * 5000 + ")\n"
-            "    g (b.py:٣)\n")
+    text = (
+        "Process 12: python x.py --tp " + "9" * 5000 + " --cp ٣ --pp 2\n"
+        'Thread 12 (idle): "MainThread"\n'
+        "    send (torch/distributed/distributed_c10d.py:²)\n"
+        "            dst: " + "9" * 5000 + "\n"
+        "    f (a.py:" + "9" * 5000 + ")\n"
+        "    g (b.py:٣)\n"
+    )
     (proc,) = parse_text_dump(text)
     frames = proc.threads[0].frames
     assert [f.line for f in frames] == [0, 0, 0] and frames[0].args is None
@@ -382,13 +438,37 @@ def test_a_fifo_in_a_directory_is_skipped_not_read(tmp_path):
 
 _OVERRIDE = st.one_of(
     st.text(max_size=40),
-    st.builds("{}={}".format, st.sampled_from([
-        "actor_rollout_ref.actor.megatron.context_parallel_size",
-        "+actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
-        "++engine.tensor_model_parallel_size", "trainer.nnodes", "actor_rollout_ref", "a.b.c", "x.0.y",
-        "+engine@engine", "actor_rollout_ref.actor.megatron"]),
-        st.text(max_size=20) | st.sampled_from(["2", "null", "&a [*a]", "[" * 2000, "${oc.env:HOME}", "${x}",
-                                                "1e400", "true", "!!python/object:os.system x", "{a: 1}"])),
+    st.builds(
+        "{}={}".format,
+        st.sampled_from(
+            [
+                "actor_rollout_ref.actor.megatron.context_parallel_size",
+                "+actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
+                "++engine.tensor_model_parallel_size",
+                "trainer.nnodes",
+                "actor_rollout_ref",
+                "a.b.c",
+                "x.0.y",
+                "+engine@engine",
+                "actor_rollout_ref.actor.megatron",
+            ]
+        ),
+        st.text(max_size=20)
+        | st.sampled_from(
+            [
+                "2",
+                "null",
+                "&a [*a]",
+                "[" * 2000,
+                "${oc.env:HOME}",
+                "${x}",
+                "1e400",
+                "true",
+                "!!python/object:os.system x",
+                "{a: 1}",
+            ]
+        ),
+    ),
     st.builds("~{}".format, st.sampled_from(["actor_rollout_ref.actor.megatron", "engine", "a..b", ""])),
 )
 
@@ -408,8 +488,11 @@ def test_recorded_verl_configs_with_mutations_and_overrides(scratch, data, overr
     for _ in range(data.draw(st.integers(0, 3))):
         if lines:
             i = data.draw(st.integers(0, len(lines) - 1))
-            lines[i] = data.draw(st.sampled_from(["", "  x: [", "\t", lines[i] + ": 1", lines[i][: len(lines[i]) // 2],
-                                                  "- 1", "&a b: *a", "{"]))
+            lines[i] = data.draw(
+                st.sampled_from(
+                    ["", "  x: [", "\t", lines[i] + ": 1", lines[i][: len(lines[i]) // 2], "- 1", "&a b: *a", "{"]
+                )
+            )
     path = _write(scratch, "mutated.yaml", "\n".join(lines).encode())
     sizes = _result_or_clean_error(read_verl_config, path, overrides)
     assert sizes is None or all(isinstance(v, int) and v >= 1 for v in sizes.values())
@@ -429,8 +512,11 @@ def test_deep_yaml_and_self_referencing_override_are_input_errors(scratch):
 
 _FR_VALUE = st.recursive(
     JSON_SCALARS | st.binary(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
-    | st.dictionaries(st.text(max_size=8) | st.integers(), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=8) | st.integers(), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -455,8 +541,13 @@ def recorded_fr(tmp_path_factory) -> dict:
     pytest.importorskip("torch")
     path = tmp_path_factory.mktemp("fr") / "rank_0"
     env = dict(os.environ, TORCH_FR_BUFFER_SIZE="100", MASTER_ADDR="127.0.0.1")
-    done = subprocess.run([sys.executable, "-c", RECORD_FR, str(path), str(REPO / "examples" / "flight_recorder")],
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", RECORD_FR, str(path), str(REPO / "examples" / "flight_recorder")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     with open(path, "rb") as f:
         dump = pickle.load(f)
@@ -504,15 +595,25 @@ def test_mutated_real_fr_dump_loads_or_fails_cleanly(scratch, recorded_fr, recor
 
 
 def _entry(**fields) -> dict:
-    return {"process_group": ("0", "default_pg"), "record_id": 0, "collective_seq_id": 1, "p2p_seq_id": 0,
-            "profiling_name": "gloo:all_reduce", "state": "completed", **fields}
+    return {
+        "process_group": ("0", "default_pg"),
+        "record_id": 0,
+        "collective_seq_id": 1,
+        "p2p_seq_id": 0,
+        "profiling_name": "gloo:all_reduce",
+        "state": "completed",
+        **fields,
+    }
 
 
-@pytest.mark.parametrize("dump", [
-    pytest.param({"entries": [_entry(process_group=[])]}, id="empty-process-group"),
-    pytest.param({"entries": [], "pg_config": {"0": {"ranks": [float("inf")]}}}, id="infinite-rank"),
-    pytest.param({"entries": [_entry(input_sizes=[[float("inf")]])]}, id="infinite-size"),
-    pytest.param({"entries": [_entry(process_group=("²", "d"))]}, id="unicode-digit-group-name"),
-])
+@pytest.mark.parametrize(
+    "dump",
+    [
+        pytest.param({"entries": [_entry(process_group=[])]}, id="empty-process-group"),
+        pytest.param({"entries": [], "pg_config": {"0": {"ranks": [float("inf")]}}}, id="infinite-rank"),
+        pytest.param({"entries": [_entry(input_sizes=[[float("inf")]])]}, id="infinite-size"),
+        pytest.param({"entries": [_entry(process_group=("²", "d"))]}, id="unicode-digit-group-name"),
+    ],
+)
 def test_fr_dumps_that_once_crashed_fail_cleanly(scratch, recorded_report, dump):
     _load_and_correlate(_fr_dir(scratch, "fr_known", pickle.dumps(dump)), recorded_report)

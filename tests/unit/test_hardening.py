@@ -36,8 +36,9 @@ def test_truncated_json_dump(tmp_path):
 
 def test_truncated_json_among_good_dumps_keeps_the_others(tmp_path):
     cut = _truncated(tmp_path, MTP / "rank0.json", "rank0.json")
-    done = mtpdiag("analyze", str(cut), *(str(MTP / f"rank{r}.json") for r in (1, 2, 3)), "--json",
-                   "--cp", "2", "--pp", "2")
+    done = mtpdiag(
+        "analyze", str(cut), *(str(MTP / f"rank{r}.json") for r in (1, 2, 3)), "--json", "--cp", "2", "--pp", "2"
+    )
     report = partial_report(done, "1 input(s) skipped", "rank0.json", "truncated JSON")
     states = {r["rank"]: r["state"] for r in report["ranks"]}
     assert sorted(r for r, s in states.items() if s != "gone") == [1, 2, 3]
@@ -77,8 +78,13 @@ def test_unreadable_file(tmp_path):
     shutil.copyfile(MTP / "rank0.json", dump)
     os.chown(dump, 65534, 65534)
     dump.chmod(0o600)
-    one_error_line(mtpdiag("analyze", str(dump), prefix=without_cap("dac_override", "dac_read_search")), 2,
-                   str(dump), "cannot read", "Permission denied")
+    one_error_line(
+        mtpdiag("analyze", str(dump), prefix=without_cap("dac_override", "dac_read_search")),
+        2,
+        str(dump),
+        "cannot read",
+        "Permission denied",
+    )
 
 
 def _bundle_with(tmp_path: Path, name: str, world_size: str) -> Path:
@@ -109,8 +115,13 @@ def test_bundle_of_a_newer_schema(tmp_path):
 
 def test_bundles_whose_world_sizes_conflict(tmp_path):
     other = _bundle_with(tmp_path, "other-host.mtpdiag.json", "8")
-    one_error_line(mtpdiag("analyze", str(MTP / "bundle.json"), str(other)), 2, "world sizes differ",
-                   str(MTP / "bundle.json"), str(other))
+    one_error_line(
+        mtpdiag("analyze", str(MTP / "bundle.json"), str(other)),
+        2,
+        "world sizes differ",
+        str(MTP / "bundle.json"),
+        str(other),
+    )
 
 
 def test_world_size_beyond_what_mtpdiag_handles(tmp_path):
@@ -119,14 +130,18 @@ def test_world_size_beyond_what_mtpdiag_handles(tmp_path):
 
 
 def test_duplicate_ranks():
-    one_error_line(mtpdiag("analyze", str(MTP / "rank0.json"), str(MTP / "rank0.txt")), 2,
-                   "rank 0 is in two files", "rank0.json", "rank0.txt")
+    one_error_line(
+        mtpdiag("analyze", str(MTP / "rank0.json"), str(MTP / "rank0.txt")),
+        2,
+        "rank 0 is in two files",
+        "rank0.json",
+        "rank0.txt",
+    )
 
 
 def test_layout_that_does_not_divide_the_world_size():
     dumps = [str(MTP / f"rank{r}.json") for r in range(4)]  # raw JSON dumps carry no layout hints
-    one_error_line(mtpdiag("analyze", *dumps, "--cp", "3", "--world-size", "4"), 2,
-                   "does not divide the world size 4")
+    one_error_line(mtpdiag("analyze", *dumps, "--cp", "3", "--world-size", "4"), 2, "does not divide the world size 4")
 
 
 def test_a_layout_without_a_world_size_assumes_the_smallest_world_and_says_so():
@@ -137,13 +152,19 @@ def test_a_layout_without_a_world_size_assumes_the_smallest_world_and_says_so():
     report = json.loads(done.stdout)
     assert report["world_size"] == 6 and report["layout"]["cp"] == 3
     assert "6 assumed" in report["layout_source"] and "--world-size" in report["layout_source"]
-    assert any("4 of 6 ranks captured" in n for n in report["notes"]) or \
-        any(f["id"] == "missing-rank" and f["ranks"] == [4, 5] for f in report["findings"])
+    assert any("4 of 6 ranks captured" in n for n in report["notes"]) or any(
+        f["id"] == "missing-rank" and f["ranks"] == [4, 5] for f in report["findings"]
+    )
 
 
 def test_layout_flag_that_contradicts_the_targets_command_line():
-    one_error_line(mtpdiag("analyze", str(MTP / "bundle.json"), "--cp", "3"), 2, "layout conflict", "--cp 3",
-                   "--context-parallel-size 2")
+    one_error_line(
+        mtpdiag("analyze", str(MTP / "bundle.json"), "--cp", "3"),
+        2,
+        "layout conflict",
+        "--cp 3",
+        "--context-parallel-size 2",
+    )
 
 
 def test_control_characters_from_a_file_never_reach_the_terminal(tmp_path):
@@ -186,8 +207,11 @@ def test_apply_refuses_an_unknown_code_shape(engine_071):
     """The MTP gate split into two nested ifs: affected, but not a shape apply rewrites."""
     text = engine_071.read_text()
     assert text.count(GATE) == 1
-    engine_071.write_text(text.replace(GATE, "        if self.model_config.mtp.enable:\n"
-                                             "          if self.is_mp_src_rank_with_outputs():\n"))
+    engine_071.write_text(
+        text.replace(
+            GATE, "        if self.model_config.mtp.enable:\n          if self.is_mp_src_rank_with_outputs():\n"
+        )
+    )
     mangled = engine_071.read_bytes()
     one_error_line(mtpdiag("apply", "--path", str(engine_071)), 2, "left unchanged", "fix it by hand")
     assert engine_071.read_bytes() == mangled
@@ -201,8 +225,7 @@ def test_apply_refuses_an_immutable_file(engine_071):
     if subprocess.run(["chattr", "+i", str(engine_071)], capture_output=True).returncode != 0:
         pytest.skip("this filesystem does not support chattr +i")
     try:
-        one_error_line(mtpdiag("apply", "--path", str(engine_071)), 2, str(engine_071), "read-only",
-                       "not changed")
+        one_error_line(mtpdiag("apply", "--path", str(engine_071)), 2, str(engine_071), "read-only", "not changed")
     finally:
         subprocess.run(["chattr", "-i", str(engine_071)], check=True)
     assert engine_071.read_bytes() == original
@@ -215,8 +238,11 @@ def test_apply_refuses_an_unreadable_file(engine_071):
     original = engine_071.read_bytes()
     os.chown(engine_071, 65534, 65534)
     engine_071.chmod(0o600)
-    one_error_line(mtpdiag("apply", "--path", str(engine_071),
-                           prefix=without_cap("dac_override", "dac_read_search")), 2, "not readable")
+    one_error_line(
+        mtpdiag("apply", "--path", str(engine_071), prefix=without_cap("dac_override", "dac_read_search")),
+        2,
+        "not readable",
+    )
     assert engine_071.read_bytes() == original
     assert [p.name for p in engine_071.parent.iterdir()] == [engine_071.name]
 

@@ -28,9 +28,17 @@ from mtpdiag.report import html as html_report
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "captures" / "mtp_cp_pp"
 SITE_FUNCTION = "MTPLossLoggingHelper.reduce_loss_in_tracker"
 HOSTILE = '<script>alert(1)</script><b id=pwned title="x">pwn</b>'
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+)
 
 
 # ---------------------------------------------------------------- building reports from the recording
@@ -48,9 +56,12 @@ def recorded_layout(world_size: int | None = None) -> ParallelLayout:
 
 def with_function_renamed(snapshot: Snapshot, rank: int, old: str, new: str) -> Snapshot:
     """The snapshot with one rank's frames named ``old`` renamed to ``new`` (a hostile target)."""
+
     def rename(capture):
-        threads = tuple(replace(t, frames=tuple(replace(f, function=new) if f.function == old else f
-                                                for f in t.frames)) for t in capture.threads)
+        threads = tuple(
+            replace(t, frames=tuple(replace(f, function=new) if f.function == old else f for f in t.frames))
+            for t in capture.threads
+        )
         return replace(capture, threads=threads)
 
     return replace(snapshot, captures=tuple(rename(c) if c.rank == rank else c for c in snapshot.captures))
@@ -64,8 +75,11 @@ def replicated_snapshot(snapshot: Snapshot, dp: int) -> Snapshot:
     captures = []
     for rank in range(world):
         source = by_rank[(rank % 2) + 2 * (rank // (2 * dp))]  # cp is the fastest digit, pp the slowest
-        env = replace(source.env, RANK=str(rank), WORLD_SIZE=str(world)) if source.env.RANK else \
-            replace(source.env, WORLD_SIZE=str(world))
+        env = (
+            replace(source.env, RANK=str(rank), WORLD_SIZE=str(world))
+            if source.env.RANK
+            else replace(source.env, WORLD_SIZE=str(world))
+        )
         captures.append(replace(source, rank=rank, pid=100000 + rank, env=env))
     return replace(snapshot, captures=tuple(captures))
 
@@ -144,8 +158,13 @@ def chromium() -> str:
 def run_chromium(chromium: str, tmp_path: Path, url: str, *args: str) -> str:
     profile = tmp_path / "profile"
     profile.mkdir(exist_ok=True)
-    result = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
-                            capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
@@ -264,8 +283,11 @@ class ParsedPage(HTMLParser):
         return [e for e in self.elements if e.attrs.get("data-testid") == testid]
 
     def text_of(self, element: Element) -> str:
-        return "".join(p if isinstance(p, str) else self.text_of(p) for p in element.parts
-                       if isinstance(p, str) or p.tag not in ("script", "style"))
+        return "".join(
+            p if isinstance(p, str) else self.text_of(p)
+            for p in element.parts
+            if isinstance(p, str) or p.tag not in ("script", "style")
+        )
 
     @staticmethod
     def children_of(element: Element, tag: str) -> list[Element]:
@@ -283,8 +305,8 @@ def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, idat = 8, bytearray()
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
         pos += 12 + length
         if kind == b"IHDR":
             width, height, depth, colour_type, _, _, interlace = struct.unpack(">IIBBBBB", body)
@@ -298,9 +320,9 @@ def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
     pixels: list[bytes] = []
     for y in range(height):
         start = y * (stride + 1)
-        kind, line = raw[start], bytearray(raw[start + 1:start + 1 + stride])
+        kind, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
         unfilter(kind, line, previous, channels)
-        pixels += [bytes(line[x:x + 3]) for x in range(0, stride, channels)]
+        pixels += [bytes(line[x : x + 3]) for x in range(0, stride, channels)]
         previous = line
     return width, height, pixels
 

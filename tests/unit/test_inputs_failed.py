@@ -146,8 +146,9 @@ def test_a_file_whose_frames_all_fail_to_parse_is_an_unreadable_rank(tmp_path, f
 
 def _mtpdiag(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=env
+    )
 
 
 def test_the_cli_never_calls_broken_dumps_healthy(tmp_path):
@@ -183,8 +184,7 @@ def test_a_loop_over_pids_pasted_whole_keeps_the_failed_pid(tmp_path):
         parts.append(f"$ py-spy dump --pid {meta['pids'][str(P.rank_of(p))]}\n{p.read_text()}")
     snapshot = load_paths([P.written(tmp_path, "loop.txt", "\n".join(parts))])
     gone = [c for c in snapshot.captures if c.pid == 4242]
-    assert len(gone) == 1 and gone[0].state == "unreadable" and "Failed to get process executable name" in \
-        gone[0].error
+    assert len(gone) == 1 and gone[0].state == "unreadable" and "Failed to get process executable name" in gone[0].error
     assert sorted(c.pid for c in snapshot.captures if c.threads) == sorted(meta["pids"].values())
 
 

@@ -109,8 +109,9 @@ def test_two_processes_of_one_file_naming_one_rank_are_an_input_error(tmp_path):
 
 def _mtpdiag(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=env
+    )
 
 
 def test_analyze_rank_from_on_the_command_line(tmp_path):
@@ -124,7 +125,9 @@ def test_analyze_rank_from_on_the_command_line(tmp_path):
     assert done.returncode == 1, done.stderr
     assert '"mtp-cp-gated-reduce"' in done.stdout
     bad = _mtpdiag("analyze", *paths, "--rank-from", "(")
-    assert bad.returncode == 2 and bad.stderr.startswith("mtpdiag: error: --rank-from") and "Traceback" not in bad.stderr
+    assert (
+        bad.returncode == 2 and bad.stderr.startswith("mtpdiag: error: --rank-from") and "Traceback" not in bad.stderr
+    )
 
 
 # ---------------------------------------------------------------- world size
@@ -146,7 +149,8 @@ def test_a_paste_of_several_processes_shares_its_world_size_and_refuses_two(tmp_
     snapshot = load_paths([one])
     assert [c.world_size for c in snapshot.captures] == [4, 4, 4, 4]
     assert [c.rank for c in snapshot.captures] == [0, 1, 2, 3]
-    two = P.written(tmp_path, "two.txt", "WORLD_SIZE=4\n" + P.joined(paths[:2]) + "\nWORLD_SIZE=8\n"
-                    + P.joined(paths[2:]))
+    two = P.written(
+        tmp_path, "two.txt", "WORLD_SIZE=4\n" + P.joined(paths[:2]) + "\nWORLD_SIZE=8\n" + P.joined(paths[2:])
+    )
     with pytest.raises(InputError, match="world sizes differ"):
         load_paths([two])

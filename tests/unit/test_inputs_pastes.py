@@ -46,7 +46,7 @@ def test_each_recorded_form_reads_every_rank_with_frames(scenario, form):
     meta = P.meta(scenario)
     snapshot = load_paths(P.names(paths))
     assert [c.rank for c in snapshot.captures] == [P.rank_of(p) for p in paths]
-    failed = {int(name[4:name.index(".")]) for name in meta.get("failed_captures", {}) if f".{form}." in name}
+    failed = {int(name[4 : name.index(".")]) for name in meta.get("failed_captures", {}) if f".{form}." in name}
     for c in snapshot.captures:
         if c.rank in failed:  # a real failed capture (py-spy --native on the SIGSTOPped rank)
             assert c.state == "unreadable" and c.error and not c.threads
@@ -68,11 +68,14 @@ def test_the_forms_agree_on_the_python_frames(scenario):
         for c in load_paths(P.names(P.files(scenario, form))).captures:
             if not c.threads:
                 continue  # a failed capture: test_each_recorded_form_reads_every_rank_with_frames
-            assert [line for _, line in _python_frames(c)] == [line for _, line in _python_frames(plain[c.rank])], \
-                (form, c.rank)
+            assert [line for _, line in _python_frames(c)] == [line for _, line in _python_frames(plain[c.rank])], (
+                form,
+                c.rank,
+            )
             # pystack and faulthandler print bare names where py-spy prints qualified ones
-            assert [f.split(".")[-1] for f, _ in _python_frames(c)] == \
-                   [f.split(".")[-1] for f, _ in _python_frames(plain[c.rank])], (form, c.rank)
+            assert [f.split(".")[-1] for f, _ in _python_frames(c)] == [
+                f.split(".")[-1] for f, _ in _python_frames(plain[c.rank])
+            ], (form, c.rank)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -96,8 +99,9 @@ def test_the_send_peer_is_read_from_locals_and_kept_when_merged_with_the_native_
     assert capture.rank == 0 and any(f.native for f in capture.main_thread.frames)
     send = next(f for f in capture.main_thread.frames if f.function == "send")
     assert send.arg("dst") == 2
-    assert len(inputs.notes) == 1 and "native" in inputs.notes[0] and str(P.meta(scenario)["pids"]["0"]) in \
-        inputs.notes[0]
+    assert (
+        len(inputs.notes) == 1 and "native" in inputs.notes[0] and str(P.meta(scenario)["pids"]["0"]) in inputs.notes[0]
+    )
     alone = load_paths([str(native)]).captures[0]
     assert [f for f in capture.main_thread.frames if f.native] == [f for f in alone.main_thread.frames if f.native]
 
@@ -116,14 +120,19 @@ def test_the_agents_subprocess_dump_gives_the_workers_not_the_agent(scenario):
 
 # ---------------------------------------------------------------- mangled variants, one file per rank
 
+
 def _command(path) -> str:
     """The command that printed a recorded file, as its prompt line shows it (the real pid)."""
     form = path.name.split(".")[1]
     pid = P.meta(path.parent.name)["pids"][str(P.rank_of(path))]
-    return {"pyspy": f"py-spy dump --pid {pid}", "locals": f"py-spy dump --locals --pid {pid}",
-            "native": f"sudo py-spy dump --native -p {pid}", "pystack": f"pystack remote {pid}",
-            "pystack-native": f"pystack remote --native {pid}",
-            "faulthandler": f"kill -USR1 {pid}; cat /tmp/faulthandler-{pid}.txt"}[form]
+    return {
+        "pyspy": f"py-spy dump --pid {pid}",
+        "locals": f"py-spy dump --locals --pid {pid}",
+        "native": f"sudo py-spy dump --native -p {pid}",
+        "pystack": f"pystack remote {pid}",
+        "pystack-native": f"pystack remote --native {pid}",
+        "faulthandler": f"kill -USR1 {pid}; cat /tmp/faulthandler-{pid}.txt",
+    }[form]
 
 
 LINEWISE = {
@@ -181,8 +190,9 @@ def test_grouped_stacks_give_one_capture_per_header_with_the_stack(tmp_path, sce
     assert {c.rank: (c.pid, c.main_thread.frames) for c in grouped.captures} == main
     assert _findings(grouped, scenario) == _findings(original, scenario)
     unnamed = load_paths([P.written(tmp_path, "grouped-no-ranks.txt", P.grouped(paths, prefix_rank=False))])
-    assert sorted(((c.pid, c.main_thread.frames) for c in unnamed.captures), key=lambda v: v[0]) == \
-        sorted(main.values(), key=lambda v: v[0])
+    assert sorted(((c.pid, c.main_thread.frames) for c in unnamed.captures), key=lambda v: v[0]) == sorted(
+        main.values(), key=lambda v: v[0]
+    )
 
 
 # ---------------------------------------------------------------- bare frame lines
@@ -195,16 +205,21 @@ def _frame_lines(text: str, pattern: str) -> list[str]:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_top_frames_pasted_without_a_header_are_read(tmp_path, scenario):
     """The first frames of a recorded dump, alone, in each shape people copy them."""
-    for form, pattern, keep in (("pyspy", r"^\s+\S.* \(.*:\d+\)$", lambda lines: lines[:3]),
-                                ("faulthandler", r'^\s+File ".*", line \d+ in ', lambda lines: lines[:3]),
-                                ("pystack", r'\(Python\) File ', lambda lines: lines[-3:])):
+    for form, pattern, keep in (
+        ("pyspy", r"^\s+\S.* \(.*:\d+\)$", lambda lines: lines[:3]),
+        ("faulthandler", r'^\s+File ".*", line \d+ in ', lambda lines: lines[:3]),
+        ("pystack", r"\(Python\) File ", lambda lines: lines[-3:]),
+    ):
         plain = {c.rank: c for c in load_paths(P.names(P.files(scenario, form))).captures}
         for path in P.files(scenario, form):
             lines = keep(_frame_lines(path.read_text(), pattern))
             if form == "pystack":  # a traceback's shape: innermost last, 'File "f.py", line 12, in f'
                 lines = [line.replace("(Python) ", "") for line in lines]
-            snippet = P.written(tmp_path, f"rank{P.rank_of(path)}-{form}.txt",
-                                f"top frames of rank {P.rank_of(path)}:\n" + "\n".join(lines) + "\n")
+            snippet = P.written(
+                tmp_path,
+                f"rank{P.rank_of(path)}-{form}.txt",
+                f"top frames of rank {P.rank_of(path)}:\n" + "\n".join(lines) + "\n",
+            )
             (capture,) = load_paths([snippet]).captures
             whole = [f for f in plain[P.rank_of(path)].main_thread.frames if not f.native]
             assert capture.rank == P.rank_of(path) and capture.main_thread.frames == tuple(whole[:3]), (form, path)

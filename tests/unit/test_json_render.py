@@ -15,7 +15,7 @@ from mtpdiag.model import Frame, Report, ThreadStack, replace
 from mtpdiag.report import json_report
 from support.captures import load_scenario, scenarios, tile
 
-HOSTILE = "nöde-é—中\x1b[31m\x00\x7f\u2028\"\\\n%s%%"  # non-ASCII, controls, escapes
+HOSTILE = 'nöde-é—中\x1b[31m\x00\x7f\u2028"\\\n%s%%'  # non-ASCII, controls, escapes
 SURROGATE = "rank\udcff.json"  # what os.fsdecode makes of a file name that is not UTF-8
 
 
@@ -29,8 +29,9 @@ def _big(name: str) -> Report:
     snapshot, layout, meta = load_scenario(name)
     sizes = meta["layout"]
     world = (json_report.INDENT_MAX_RANKS // layout.world_size + 1) * layout.world_size
-    big = ParallelLayout.for_world(world, tp=sizes.get("tp", 1), cp=sizes.get("cp", 1),
-                                   pp=sizes.get("pp", 1), ep=sizes.get("ep", 1))
+    big = ParallelLayout.for_world(
+        world, tp=sizes.get("tp", 1), cp=sizes.get("cp", 1), pp=sizes.get("pp", 1), ep=sizes.get("ep", 1)
+    )
     return diagnose(tile(snapshot, layout, big), big, "flags")
 
 
@@ -52,8 +53,7 @@ def test_big_reports_are_one_compact_line_listing_each_stack_once(name):
     assert document == report.to_dict()
     assert len({json.dumps(s) for s in document["stacks"]}) == len(document["stacks"])  # each one once
     # A handful of stacks serve every rank; only a send's or recv's own peer (its ``dst``) tells two apart.
-    assert len({json.dumps([{k: v for k, v in f.items() if k != "args"} for f in s])
-                for s in document["stacks"]}) <= 8
+    assert len({json.dumps([{k: v for k, v in f.items() if k != "args"} for f in s]) for s in document["stacks"]}) <= 8
     assert len(document["stacks"]) <= len(document["ranks"]) // 3
     for row in document["ranks"]:
         assert row["stack"] is None or 0 <= row["stack"] < len(document["stacks"])
@@ -76,7 +76,8 @@ def test_a_lone_surrogate_is_replaced_rather_than_failing_the_report(size):
         back = json.loads(printed)
         assert back["notes"][-1] == "not captured: rank\ufffd.json: not a text file"
         assert back == json.loads(json_report.document(replace(report, notes=report.notes[:-1]))) | {
-            "notes": back["notes"]}
+            "notes": back["notes"]
+        }
 
 
 def test_native_frames_round_trip():

@@ -54,8 +54,10 @@ def test_the_indexer_reduce_is_never_the_mtp_one(mtp_site, function):
     assert signature_of(dsa) == "dsa-indexer" and not is_mtp_site(dsa)
     row = lookup(dsa)
     assert row.kinds == ("pp", "dp")
-    assert [(c.op, c.kinds, c.reduce) for c in row.collectives] == [("all_reduce", ("pp",), "SUM"),
-                                                                     ("all_reduce", ("dp",), "AVG")]
+    assert [(c.op, c.kinds, c.reduce) for c in row.collectives] == [
+        ("all_reduce", ("pp",), "SUM"),
+        ("all_reduce", ("dp",), "AVG"),
+    ]
     assert "#4745" in row.skip and "0.18" in row.versions
 
 
@@ -84,41 +86,55 @@ def test_the_renamed_mtp_reduce_and_verls_callers(mtp_site):
     assert is_mtp_site(renamed)
     row = lookup(renamed)
     assert "0.19" in row.versions and "main" in row.versions
-    assert [(c.reduce, c.elements, c.kinds) for c in row.collectives] == [("AVG", "L", ("dp_cp",)),
-                                                                          ("SUM", "L", ("dp_cp",)),
-                                                                          ("SUM", "L", ("dp_cp",))]
+    assert [(c.reduce, c.elements, c.kinds) for c in row.collectives] == [
+        ("AVG", "L", ("dp_cp",)),
+        ("SUM", "L", ("dp_cp",)),
+        ("SUM", "L", ("dp_cp",)),
+    ]
     dev = next(r for r in TRACKER_ROWS if r.function == row.function and "dev" in r.versions)
     assert [(c.reduce, c.elements) for c in dev.collectives][-1] == ("SUM", "2L")
     verl = replace(mtp_site, file="/site/verl/utils/megatron_utils.py", function="get_megatron_mtp_loss")
     assert is_mtp_site(verl) and lookup(verl).kinds == ("dp_cp",)
     # The engine's own token-count all_reduce is no MTP reduce, though the engine collects the MTP loss.
-    engine_site = replace(mtp_site, file="/site/verl/workers/engine/megatron/transformer_impl.py",
-                          function="MegatronEngine.forward_backward_batch")
+    engine_site = replace(
+        mtp_site,
+        file="/site/verl/workers/engine/megatron/transformer_impl.py",
+        function="MegatronEngine.forward_backward_batch",
+    )
     assert signature_of(engine_site) is None and lookup(engine_site).kinds == ("dp",)
 
 
 def test_moe_aux_loss_rows_start_on_the_pipeline_group(mtp_site):
-    moe = replace(mtp_site, file="megatron/core/transformer/moe/moe_utils.py",
-                  function="reduce_aux_losses_tracker_across_ranks")
+    moe = replace(
+        mtp_site, file="megatron/core/transformer/moe/moe_utils.py", function="reduce_aux_losses_tracker_across_ranks"
+    )
     assert signature_of(moe) == "moe-aux-loss" and lookup(moe).kinds[0] == "pp"
     assert "#1444" in skip_of(moe) and "NeMo-RL #3419" in skip_of(moe)
 
 
 def test_source_calls_resolve_by_qualified_name_only():
-    assert {r.signature for r in rows_named("megatron.core.transformer.multi_token_prediction."
-                                            "MTPLossLoggingHelper.reduce_metrics_in_tracker")} == {"mtp"}
+    assert {
+        r.signature
+        for r in rows_named(
+            "megatron.core.transformer.multi_token_prediction.MTPLossLoggingHelper.reduce_metrics_in_tracker"
+        )
+    } == {"mtp"}
     assert {r.signature for r in rows_named("DSAIndexerLossLoggingHelper.reduce_loss_in_tracker")} == {"dsa-indexer"}
     assert rows_named("reduce_loss_in_tracker") == ()
     assert rows_named("helper.reduce_loss_in_tracker") == ()
-    assert [r.function for r in rows_named("verl.utils.megatron_utils.get_megatron_mtp_loss")] == \
-        ["get_megatron_mtp_loss"]
+    assert [r.function for r in rows_named("verl.utils.megatron_utils.get_megatron_mtp_loss")] == [
+        "get_megatron_mtp_loss"
+    ]
 
 
 def test_check_and_lint_read_one_list_of_mtp_functions():
     assert engine.MTP_COLLECTIONS == frozenset(collection_rows("mtp"))
-    assert set(MTP_COLLECTIONS) == {"MTPLossLoggingHelper.reduce_loss_in_tracker",
-                                    "MTPLossLoggingHelper.reduce_metrics_in_tracker",
-                                    "MTPLossLoggingHelper.track_mtp_metrics", "get_megatron_mtp_loss"}
+    assert set(MTP_COLLECTIONS) == {
+        "MTPLossLoggingHelper.reduce_loss_in_tracker",
+        "MTPLossLoggingHelper.reduce_metrics_in_tracker",
+        "MTPLossLoggingHelper.track_mtp_metrics",
+        "get_megatron_mtp_loss",
+    }
     assert engine.ENGINE_FUNCTION == "forward_backward_batch" == engine_row().short_name
     assert "/".join(engine.ENGINE_PARTS) == engine_row().file_suffix
 

@@ -31,13 +31,28 @@ VERL_ROWS = [row for row in TRACKER_ROWS if row.package == "verl"]
 # Signatures whose tracker slots are traced to the code that saves into the tracker. The MoE routers
 # pass their groups through several calls (router -> attach_and_log -> save), beyond this tracer.
 TRACED = {"mtp": "MTPLossLoggingHelper", "dsa-indexer": "DSAIndexerLossLoggingHelper"}
-_TOKENS = {"tp": "tp", "tensor": "tp", "dp": "dp", "data": "dp", "cp": "cp", "context": "cp",
-           "pp": "pp", "pipeline": "pp", "ep": "ep", "expert": "ep"}
-_GETTERS = {"get_pipeline_model_parallel_group": "pp", "get_context_parallel_group": "cp",
-            "get_tensor_model_parallel_group": "tp", "get_tensor_and_context_parallel_group": "tp_cp"}
+_TOKENS = {
+    "tp": "tp",
+    "tensor": "tp",
+    "dp": "dp",
+    "data": "dp",
+    "cp": "cp",
+    "context": "cp",
+    "pp": "pp",
+    "pipeline": "pp",
+    "ep": "ep",
+    "expert": "ep",
+}
+_GETTERS = {
+    "get_pipeline_model_parallel_group": "pp",
+    "get_context_parallel_group": "cp",
+    "get_tensor_model_parallel_group": "tp",
+    "get_tensor_and_context_parallel_group": "tp_cp",
+}
 
 
 # ------------------------------------------------------------------------------------- reading source
+
 
 @cache
 def parsed(path: Path) -> ast.Module:
@@ -125,11 +140,20 @@ def spelled_as(group: ast.expr | None, spelling: str) -> bool:
         return False
     if "(" in spelling:
         want = ast.parse(spelling, mode="eval").body
-        return (isinstance(group, ast.Call) and (lint.dotted_name(group.func) or "").endswith(lint.dotted_name(want.func))
-                and all(any(k.arg == w.arg and ast.dump(k.value) == ast.dump(w.value) for k in group.keywords)
-                        for w in want.keywords))
-    return any((isinstance(n, ast.Constant) and n.value == spelling) or (isinstance(n, ast.Attribute) and
-               n.attr == spelling) or (isinstance(n, ast.Name) and n.id == spelling) for n in ast.walk(group))
+        return (
+            isinstance(group, ast.Call)
+            and (lint.dotted_name(group.func) or "").endswith(lint.dotted_name(want.func))
+            and all(
+                any(k.arg == w.arg and ast.dump(k.value) == ast.dump(w.value) for k in group.keywords)
+                for w in want.keywords
+            )
+        )
+    return any(
+        (isinstance(n, ast.Constant) and n.value == spelling)
+        or (isinstance(n, ast.Attribute) and n.attr == spelling)
+        or (isinstance(n, ast.Name) and n.id == spelling)
+        for n in ast.walk(group)
+    )
 
 
 def kinds_of_expr(expr: ast.expr | None, fn: ast.FunctionDef | None, depth: int = 0) -> set[str]:
@@ -143,8 +167,10 @@ def kinds_of_expr(expr: ast.expr | None, fn: ast.FunctionDef | None, depth: int 
     if isinstance(expr, ast.Call):
         name = lint.call_name(expr)
         if name == "get_data_parallel_group":
-            with_cp = any(k.arg == "with_context_parallel" and isinstance(k.value, ast.Constant) and k.value.value
-                          for k in expr.keywords)
+            with_cp = any(
+                k.arg == "with_context_parallel" and isinstance(k.value, ast.Constant) and k.value.value
+                for k in expr.keywords
+            )
             return {"dp_cp" if with_cp else "dp"}
         if name in _GETTERS:
             return {_GETTERS[name]}
@@ -155,8 +181,13 @@ def kinds_of_expr(expr: ast.expr | None, fn: ast.FunctionDef | None, depth: int 
     if isinstance(expr, ast.Attribute):
         return _kind_of_name(expr.attr)
     if isinstance(expr, ast.Name) and fn is not None:
-        values = [node.value for node in ast.walk(fn) if isinstance(node, ast.Assign)
-                  for target in node.targets if isinstance(target, ast.Name) and target.id == expr.id]
+        values = [
+            node.value
+            for node in ast.walk(fn)
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name) and target.id == expr.id
+        ]
         if values:
             return set().union(*(kinds_of_expr(v, fn, depth + 1) for v in values))
         return _kind_of_name(expr.id)
@@ -171,6 +202,7 @@ def _kind_of_name(name: str) -> set[str]:
 
 
 # ----------------------------------------------------------------------------------------- savers
+
 
 @cache
 def saver_calls(root: Path, helper: str) -> tuple[tuple[ast.Call, ast.FunctionDef | None], ...]:
@@ -205,6 +237,7 @@ def slot_kinds(root: Path, helper: str, slot: str) -> set[str]:
 
 
 # -------------------------------------------------------------------------------------------- forms
+
 
 def form_mismatches(root: Path, row: KnownSite, fn: ast.FunctionDef | None) -> list[str]:
     """Why the source does not have the row's form (empty: it has)."""
@@ -242,8 +275,13 @@ def _calls(root: Path, fn: ast.FunctionDef, callee: str, own: str) -> bool:
 
 
 def _class_of_local(root: Path, fn: ast.FunctionDef, name: str) -> str | None:
-    values = [node.value for node in ast.walk(fn) if isinstance(node, ast.Assign)
-              for target in node.targets if isinstance(target, ast.Name) and target.id == name]
+    values = [
+        node.value
+        for node in ast.walk(fn)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name) and target.id == name
+    ]
     factories = {lint.call_name(v) for v in values if isinstance(v, ast.Call)}
     classes = {returns_of(root, f) for f in factories if f}
     return classes.pop() if len(classes) == 1 else None
@@ -267,22 +305,36 @@ def _unfilled_slot(root: Path, helper: str, group: ast.expr | None) -> bool:
     return slot is not None and not slot_kinds(root, helper, slot)
 
 
-def _group_mismatches(root: Path, row: KnownSite, fn: ast.FunctionDef, collective: Collective,
-                      group: ast.expr | None, line: int, helper: str | None) -> list[str]:
+def _group_mismatches(
+    root: Path,
+    row: KnownSite,
+    fn: ast.FunctionDef,
+    collective: Collective,
+    group: ast.expr | None,
+    line: int,
+    helper: str | None,
+) -> list[str]:
     where = f"{row.function} line {line}"
     if not spelled_as(group, collective.group):
         return [f"{where}: group {ast.unparse(group) if group is not None else None} is not {collective.group}"]
-    if collective.group.isidentifier() and not any(isinstance(n, ast.Name) and n.id == collective.group
-                                                  for n in ast.walk(group)):
+    if collective.group.isidentifier() and not any(
+        isinstance(n, ast.Name) and n.id == collective.group for n in ast.walk(group)
+    ):
         if helper is None:
             return []  # a tracker slot of a signature whose savers are not traced
         kinds = slot_kinds(root, helper, collective.group)
-        wrong = [] if kinds == set(collective.kinds) else \
-            [f"{where}: the savers put {sorted(kinds)} in {collective.group}, not {list(collective.kinds)}"]
+        wrong = (
+            []
+            if kinds == set(collective.kinds)
+            else [f"{where}: the savers put {sorted(kinds)} in {collective.group}, not {list(collective.kinds)}"]
+        )
         return wrong + _element_mismatches(root, row, collective, helper)
     kinds = kinds_of_expr(group, fn)
-    wrong = [] if kinds == set(collective.kinds) else \
-        [f"{where}: group {ast.unparse(group)} is {sorted(kinds)}, not {list(collective.kinds)}"]
+    wrong = (
+        []
+        if kinds == set(collective.kinds)
+        else [f"{where}: group {ast.unparse(group)} is {sorted(kinds)}, not {list(collective.kinds)}"]
+    )
     return wrong + (_element_mismatches(root, row, collective, helper) if helper else [])
 
 
@@ -296,8 +348,10 @@ def _element_mismatches(root: Path, row: KnownSite, collective: Collective, help
         text = ast.unparse(size) if size is not None else ""
         mtp = "mtp_num_layers" in text
         if "num_layers" not in text or mtp != (collective.elements == "L"):
-            wrong.append(f"{row.function}: a saver at line {call.lineno} sizes the tracker by {text or None}, "
-                         f"not {collective.elements}")
+            wrong.append(
+                f"{row.function}: a saver at line {call.lineno} sizes the tracker by {text or None}, "
+                f"not {collective.elements}"
+            )
     return wrong
 
 
@@ -309,8 +363,10 @@ def skip_mismatches(root: Path, row: KnownSite, fn: ast.FunctionDef) -> list[str
         return [f"{row.function} runs no collective itself"]
     first = calls[0]
     text = (root / row.file_suffix).read_text(encoding="utf-8")
-    on_empty = any(g.kind == "early-exit" and any(t.why == lint.TRACKER_WHY for t in lint.rank_tests(g.test, text))
-                   for g in first.guards)
+    on_empty = any(
+        g.kind == "early-exit" and any(t.why == lint.TRACKER_WHY for t in lint.rank_tests(g.test, text))
+        for g in first.guards
+    )
     looped = any(isinstance(n, ast.For) and any(c is first.call for c in ast.walk(n)) for n in ast.walk(fn))
     if row.signature == "dsa-indexer" and not on_empty:
         return [f"{row.function}: no early exit on an empty tracker before line {first.call.lineno}"]
@@ -320,6 +376,7 @@ def skip_mismatches(root: Path, row: KnownSite, fn: ast.FunctionDef) -> list[str
 
 
 # -------------------------------------------------------------------------------------------- tests
+
 
 @pytest.mark.parametrize("minor", sorted(RELEASES))
 def test_rows_claiming_a_megatron_release_have_their_form_there(minor):

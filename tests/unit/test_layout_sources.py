@@ -28,6 +28,7 @@ NO_FLAGS: dict = {}
 
 # ---- read_verl_config -----------------------------------------------------------------------------------
 
+
 def test_reads_the_actor_section_and_leaves_nulls_out():
     assert read_verl_config(CP2_PP2) == {"tp": 1, "cp": 2, "pp": 2, "ep": 1}
 
@@ -54,14 +55,16 @@ def test_override_changes_a_size():
 
 
 def test_override_adds_a_key_missing_from_a_partial_config():
-    sizes = read_verl_config(USER, [f"{ACTOR}.pipeline_model_parallel_size=2",
-                                    f"+{ACTOR}.tensor_model_parallel_size=2"])
+    sizes = read_verl_config(
+        USER, [f"{ACTOR}.pipeline_model_parallel_size=2", f"+{ACTOR}.tensor_model_parallel_size=2"]
+    )
     assert sizes == {"cp": 2, "pp": 2, "tp": 2}
 
 
 def test_force_add_and_null_overrides():
-    sizes = read_verl_config(MOE, [f"++{ACTOR}.expert_tensor_parallel_size=null",
-                                   f"{ACTOR}.virtual_pipeline_model_parallel_size=null"])
+    sizes = read_verl_config(
+        MOE, [f"++{ACTOR}.expert_tensor_parallel_size=null", f"{ACTOR}.virtual_pipeline_model_parallel_size=null"]
+    )
     assert "etp" not in sizes and "vpp" not in sizes and sizes["ep"] == 4
 
 
@@ -90,11 +93,14 @@ def test_config_group_choices_are_skipped():
     assert read_verl_config(SFT, overrides) == {"tp": 2, "cp": 2, "pp": 2, "ep": 1}
 
 
-@pytest.mark.parametrize("path, fragment", [
-    (str(CONFIGS / "does_not_exist.yaml"), "cannot read config"),
-    (FSDP, "no megatron section"),
-    (BAD_INTERPOLATION, "cannot resolve actor_rollout_ref.actor.megatron.context_parallel_size"),
-])
+@pytest.mark.parametrize(
+    "path, fragment",
+    [
+        (str(CONFIGS / "does_not_exist.yaml"), "cannot read config"),
+        (FSDP, "no megatron section"),
+        (BAD_INTERPOLATION, "cannot resolve actor_rollout_ref.actor.megatron.context_parallel_size"),
+    ],
+)
 def test_bad_configs_are_one_line_input_errors(path, fragment):
     with pytest.raises(InputError) as info:
         read_verl_config(path)
@@ -123,8 +129,7 @@ def test_directory_is_not_a_config(tmp_path):
         read_verl_config(str(tmp_path))
 
 
-@pytest.mark.parametrize("override", ["context_parallel_size", "=2", "a..b=1",
-                                      f"{ACTOR}.context_parallel_size=[1"])
+@pytest.mark.parametrize("override", ["context_parallel_size", "=2", "a..b=1", f"{ACTOR}.context_parallel_size=[1"])
 def test_bad_override_names_the_file(override):
     with pytest.raises(InputError) as info:
         read_verl_config(CP2_PP2, [override])
@@ -138,6 +143,7 @@ def test_non_positive_or_non_integer_sizes_are_rejected(value):
 
 
 # ---- resolve_layout ------------------------------------------------------------------------------------
+
 
 def test_no_source_gives_no_layout():
     assert resolve_layout(4, flags={"tp": None, "cp": None, "order": None}) == (None, None)
@@ -163,8 +169,9 @@ def test_config_alone():
 
 
 def test_config_with_overrides_says_so():
-    layout, source = resolve_layout(8, flags=NO_FLAGS, config=CP2_PP2,
-                                    overrides=[f"{ACTOR}.tensor_model_parallel_size=2"])
+    layout, source = resolve_layout(
+        8, flags=NO_FLAGS, config=CP2_PP2, overrides=[f"{ACTOR}.tensor_model_parallel_size=2"]
+    )
     assert (layout.tp, layout.cp, layout.pp, layout.dp) == (2, 2, 2, 1)
     assert source == f"verl config {CP2_PP2} with 1 override(s)"
 
@@ -201,15 +208,16 @@ def test_agreeing_sources_are_fine():
 def test_flags_conflicting_with_config():
     with pytest.raises(InputError) as info:
         resolve_layout(8, flags={"cp": 4}, config=CP2_PP2)
-    assert str(info.value) == (f"layout conflict: --cp 4 (flags) but context_parallel_size=2 "
-                               f"(config {CP2_PP2})")
+    assert str(info.value) == (f"layout conflict: --cp 4 (flags) but context_parallel_size=2 (config {CP2_PP2})")
 
 
 def test_config_conflicting_with_hints():
     with pytest.raises(InputError) as info:
         resolve_layout(4, flags=NO_FLAGS, config=CP2_PP2, hints=[{"pp": 4}])
-    assert str(info.value) == (f"layout conflict: pipeline_model_parallel_size=2 (config {CP2_PP2}) but "
-                               f"--pipeline-model-parallel-size 4 (command line of the target processes)")
+    assert str(info.value) == (
+        f"layout conflict: pipeline_model_parallel_size=2 (config {CP2_PP2}) but "
+        f"--pipeline-model-parallel-size 4 (command line of the target processes)"
+    )
 
 
 def test_flags_conflicting_with_hints():
@@ -235,14 +243,17 @@ def test_given_world_size_wins_over_the_config():
     assert layout.world_size == 8 and layout.dp == 2 and "world size" not in source
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    (dict(world_size=6, flags={"cp": 4}), "does not divide the world size 6"),
-    (dict(world_size=4, flags={"vpp": 2}), "vpp needs pp > 1"),
-    (dict(world_size=4, flags={"cp": 2, "pp": 2, "order": "tp-cp-ep-pp-dp"}), "does not end in pp"),
-    (dict(world_size=4, flags={"order": "tp-xx"}), "invalid order"),
-    (dict(world_size=4, flags={"cp": 0}), "cp must be a positive integer"),
-    (dict(world_size=6, flags=NO_FLAGS, config=CP2_PP2), "does not divide the world size 6"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(world_size=6, flags={"cp": 4}), "does not divide the world size 6"),
+        (dict(world_size=4, flags={"vpp": 2}), "vpp needs pp > 1"),
+        (dict(world_size=4, flags={"cp": 2, "pp": 2, "order": "tp-cp-ep-pp-dp"}), "does not end in pp"),
+        (dict(world_size=4, flags={"order": "tp-xx"}), "invalid order"),
+        (dict(world_size=4, flags={"cp": 0}), "cp must be a positive integer"),
+        (dict(world_size=6, flags=NO_FLAGS, config=CP2_PP2), "does not divide the world size 6"),
+    ],
+)
 def test_impossible_layouts_are_input_errors(kwargs, fragment):
     with pytest.raises(InputError) as info:
         resolve_layout(kwargs.pop("world_size"), **kwargs)
@@ -266,11 +277,16 @@ def test_unknown_keys_are_a_programming_error():
 
 # ---- the real verl config tree -------------------------------------------------------------------------
 
+
 @pytest.mark.verl
 def test_verl_generated_megatron_config_with_the_jobs_overrides():
     path = verl_megatron_config("0.8.0")  # the real config tree from the PyPI wheel
-    overrides = [f"{ACTOR}.context_parallel_size=2", f"{ACTOR}.pipeline_model_parallel_size=2",
-                 "trainer.n_gpus_per_node=4", "trainer.nnodes=1"]
+    overrides = [
+        f"{ACTOR}.context_parallel_size=2",
+        f"{ACTOR}.pipeline_model_parallel_size=2",
+        "trainer.n_gpus_per_node=4",
+        "trainer.nnodes=1",
+    ]
     assert read_verl_config(str(path), overrides) == {"tp": 1, "cp": 2, "pp": 2, "ep": 1}
     layout, source = resolve_layout(None, flags=NO_FLAGS, config=str(path), overrides=overrides)
     assert layout == ParallelLayout.for_world(4, tp=1, cp=2, pp=2, ep=1)

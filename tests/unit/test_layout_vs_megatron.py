@@ -33,8 +33,9 @@ from mtpdiag.layout import DEFAULT_ORDER, GROUP_KINDS, LayoutError, ParallelLayo
 
 with warnings.catch_warnings():  # megatron warns about missing Transformer Engine / Apex on import
     warnings.simplefilter("ignore")
-    parallel_state = pytest.importorskip("megatron.core.parallel_state",
-                                         reason="needs megatron-core (pip install -e .[verify])")
+    parallel_state = pytest.importorskip(
+        "megatron.core.parallel_state", reason="needs megatron-core (pip install -e .[verify])"
+    )
 
 RankGenerator = parallel_state.RankGenerator
 
@@ -79,8 +80,9 @@ class Case:
     order: str = DEFAULT_ORDER
 
     def layout(self) -> ParallelLayout:
-        return ParallelLayout.for_world(self.world, tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep,
-                                        etp=self.etp, order=self.order)
+        return ParallelLayout.for_world(
+            self.world, tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep, etp=self.etp, order=self.order
+        )
 
 
 @lru_cache(maxsize=4096)
@@ -180,8 +182,7 @@ def orders_for(case: Case):
     etp = case.etp or case.tp
     world_dp = case.world // (case.tp * case.cp * case.pp)
     expert_dp = case.world // (etp * case.ep * case.pp)
-    sizes = {"tp": max(case.tp, etp), "cp": case.cp, "ep": case.ep, "dp": max(world_dp, expert_dp),
-             "pp": case.pp}
+    sizes = {"tp": max(case.tp, etp), "cp": case.cp, "ep": case.ep, "dp": max(world_dp, expert_dp), "pp": case.pp}
     active = [t for t in TOKENS if sizes[t] > 1]
     idle = [t for t in TOKENS if sizes[t] == 1]
     for index, perm in enumerate(itertools.permutations(active)):
@@ -221,8 +222,7 @@ def test_every_order_up_to_16_ranks():
     checked = accepted = 0
     for case in size_cases(16):
         for order in orders_for(case):
-            accepted += check_against_megatron(Case(case.world, case.tp, case.cp, case.pp, case.ep,
-                                                    case.etp, order))
+            accepted += check_against_megatron(Case(case.world, case.tp, case.cp, case.pp, case.ep, case.etp, order))
             checked += 1
     assert checked > 3000 and 0 < accepted < checked
 
@@ -255,15 +255,18 @@ def test_random_layouts_any_order_up_to_64_ranks(case):
     check_against_megatron(case)
 
 
-@pytest.mark.parametrize("case", [
-    Case(4, cp=2, pp=2, order="tp-cp-ep-pp-dp"),     # pp not last, edp 2 != dp 1
-    Case(8, tp=2, pp=2, ep=2, etp=1, order="tp-pp-ep-cp-dp"),  # pp groups differ between generators
-    Case(4, cp=2, pp=2, order="TP-CP-EP-DP-PP"),     # megatron's pp-last test is case-sensitive
-    Case(4, pp=2, order="tp-cp-ep-dp"),              # pp > 1 missing from the order
-    Case(4, ep=2, order="tp-cp-dp-pp"),              # ep > 1 missing from the order
-    Case(4, tp=3),                                   # tp does not divide the world
-    Case(4, tp=2, ep=4),                             # etp*ep*pp does not divide the world
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(4, cp=2, pp=2, order="tp-cp-ep-pp-dp"),  # pp not last, edp 2 != dp 1
+        Case(8, tp=2, pp=2, ep=2, etp=1, order="tp-pp-ep-cp-dp"),  # pp groups differ between generators
+        Case(4, cp=2, pp=2, order="TP-CP-EP-DP-PP"),  # megatron's pp-last test is case-sensitive
+        Case(4, pp=2, order="tp-cp-ep-dp"),  # pp > 1 missing from the order
+        Case(4, ep=2, order="tp-cp-dp-pp"),  # ep > 1 missing from the order
+        Case(4, tp=3),  # tp does not divide the world
+        Case(4, tp=2, ep=4),  # etp*ep*pp does not divide the world
+    ],
+)
 def test_layouts_megatron_refuses_are_refused(case):
     assert megatron_groups(case) is None
     with pytest.raises(LayoutError):
@@ -271,8 +274,9 @@ def test_layouts_megatron_refuses_are_refused(case):
 
 
 def test_layout_module_does_not_import_megatron_or_torch():
-    code = ("import sys, mtpdiag.layout; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')))")
+    code = (
+        "import sys, mtpdiag.layout; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -283,34 +287,70 @@ def test_layout_module_does_not_import_megatron_or_torch():
 REAL_CASES = {
     4: [
         ("cp2-pp2", dict(context_parallel_size=2, pipeline_model_parallel_size=2)),
-        ("tp2-pp2-ep2-etp1", dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
-                                  expert_model_parallel_size=2, expert_tensor_parallel_size=1)),
+        (
+            "tp2-pp2-ep2-etp1",
+            dict(
+                tensor_model_parallel_size=2,
+                pipeline_model_parallel_size=2,
+                expert_model_parallel_size=2,
+                expert_tensor_parallel_size=1,
+            ),
+        ),
         ("cp2-ep2-dp2", dict(context_parallel_size=2, expert_model_parallel_size=2)),
         ("pp2-dp2-pp-before-dp", dict(pipeline_model_parallel_size=2, order=PP_LAST_FREE_ORDER)),
-        ("cp2-pp2-pp-before-dp", dict(context_parallel_size=2, pipeline_model_parallel_size=2,
-                                      order=PP_LAST_FREE_ORDER)),  # refused: edp 2 != dp 1
+        (
+            "cp2-pp2-pp-before-dp",
+            dict(context_parallel_size=2, pipeline_model_parallel_size=2, order=PP_LAST_FREE_ORDER),
+        ),  # refused: edp 2 != dp 1
     ],
     8: [
-        ("tp2-cp2-pp2", dict(tensor_model_parallel_size=2, context_parallel_size=2,
-                             pipeline_model_parallel_size=2)),
-        ("cp2-pp2-ep4-etp1", dict(context_parallel_size=2, pipeline_model_parallel_size=2,
-                                  expert_model_parallel_size=4, expert_tensor_parallel_size=1)),
-        ("tp2-cp2-pp2-ep2-pp-before-dp", dict(tensor_model_parallel_size=2, context_parallel_size=2,
-                                              pipeline_model_parallel_size=2, expert_model_parallel_size=2,
-                                              order=PP_LAST_FREE_ORDER)),
-        ("cp2-pp2-ep2-pp-first", dict(context_parallel_size=2, pipeline_model_parallel_size=2,
-                                      expert_model_parallel_size=2, order="pp-tp-cp-ep-dp")),
-        ("pp2-ep2-pp-first", dict(pipeline_model_parallel_size=2, expert_model_parallel_size=2,
-                                  order="pp-tp-cp-ep-dp")),  # refused: edp 2 != dp 4
+        ("tp2-cp2-pp2", dict(tensor_model_parallel_size=2, context_parallel_size=2, pipeline_model_parallel_size=2)),
+        (
+            "cp2-pp2-ep4-etp1",
+            dict(
+                context_parallel_size=2,
+                pipeline_model_parallel_size=2,
+                expert_model_parallel_size=4,
+                expert_tensor_parallel_size=1,
+            ),
+        ),
+        (
+            "tp2-cp2-pp2-ep2-pp-before-dp",
+            dict(
+                tensor_model_parallel_size=2,
+                context_parallel_size=2,
+                pipeline_model_parallel_size=2,
+                expert_model_parallel_size=2,
+                order=PP_LAST_FREE_ORDER,
+            ),
+        ),
+        (
+            "cp2-pp2-ep2-pp-first",
+            dict(
+                context_parallel_size=2,
+                pipeline_model_parallel_size=2,
+                expert_model_parallel_size=2,
+                order="pp-tp-cp-ep-dp",
+            ),
+        ),
+        (
+            "pp2-ep2-pp-first",
+            dict(pipeline_model_parallel_size=2, expert_model_parallel_size=2, order="pp-tp-cp-ep-dp"),
+        ),  # refused: edp 2 != dp 4
     ],
 }
 
 
 def _case_of(world: int, kwargs: dict) -> Case:
-    return Case(world, tp=kwargs.get("tensor_model_parallel_size", 1),
-                cp=kwargs.get("context_parallel_size", 1), pp=kwargs.get("pipeline_model_parallel_size", 1),
-                ep=kwargs.get("expert_model_parallel_size", 1), etp=kwargs.get("expert_tensor_parallel_size"),
-                order=kwargs.get("order", DEFAULT_ORDER))
+    return Case(
+        world,
+        tp=kwargs.get("tensor_model_parallel_size", 1),
+        cp=kwargs.get("context_parallel_size", 1),
+        pp=kwargs.get("pipeline_model_parallel_size", 1),
+        ep=kwargs.get("expert_model_parallel_size", 1),
+        etp=kwargs.get("expert_tensor_parallel_size"),
+        order=kwargs.get("order", DEFAULT_ORDER),
+    )
 
 
 def _report_rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
@@ -347,9 +387,13 @@ def _report_rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
             continue
         report[name] = {
             "groups": {kind: dist.get_process_group_ranks(get()) for kind, get in getters.items()},
-            "coords": {"tp": mpu.get_tensor_model_parallel_rank(), "cp": mpu.get_context_parallel_rank(),
-                       "ep": mpu.get_expert_model_parallel_rank(), "dp": mpu.get_data_parallel_rank(),
-                       "pp": mpu.get_pipeline_model_parallel_rank()},
+            "coords": {
+                "tp": mpu.get_tensor_model_parallel_rank(),
+                "cp": mpu.get_context_parallel_rank(),
+                "ep": mpu.get_expert_model_parallel_rank(),
+                "dp": mpu.get_data_parallel_rank(),
+                "pp": mpu.get_pipeline_model_parallel_rank(),
+            },
         }
         dist.barrier()
         mpu.destroy_model_parallel()
@@ -361,8 +405,10 @@ def _report_rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
 def _run_world(world: int, tmp_path) -> dict[int, dict]:
     """Fork ``world`` gloo ranks (fork: they share this process's megatron import) and collect reports."""
     context = multiprocessing.get_context("fork")
-    procs = [context.Process(target=_report_rank, args=(r, world, str(tmp_path / "store"), str(tmp_path)))
-             for r in range(world)]
+    procs = [
+        context.Process(target=_report_rank, args=(r, world, str(tmp_path / "store"), str(tmp_path)))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     try:

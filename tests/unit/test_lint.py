@@ -24,8 +24,9 @@ WORKER = REPO / "examples" / "mtp_cp_deadlock" / "worker.py"
 
 def mtpdiag(*args: str) -> subprocess.CompletedProcess:
     """Run the real CLI in a fresh interpreter (`python -m mtpdiag`)."""
-    return subprocess.run([sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "mtpdiag", *args], capture_output=True, text=True, timeout=120, env=dict(os.environ)
+    )
 
 
 def findings_in(source: str) -> list[tuple[int, str, str]]:
@@ -33,6 +34,7 @@ def findings_in(source: str) -> list[tuple[int, str, str]]:
 
 
 # -------------------------------------------------------------------------------------- real verl files
+
 
 @pytest.mark.verl
 def test_verl_071_is_flagged_at_the_mtp_block():
@@ -80,8 +82,11 @@ def _pp_all_reduce_line(path: Path) -> int:
     tree = ast.parse(path.read_text())
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "DSAIndexerLossLoggingHelper")
     reduce = next(n for n in fn.body if isinstance(n, ast.FunctionDef) and n.name == "reduce_loss_in_tracker")
-    return next(n.lineno for n in ast.walk(reduce) if isinstance(n, ast.Call)
-                and "get_pipeline_model_parallel_group" in ast.unparse(n))
+    return next(
+        n.lineno
+        for n in ast.walk(reduce)
+        if isinstance(n, ast.Call) and "get_pipeline_model_parallel_group" in ast.unparse(n)
+    )
 
 
 @pytest.mark.verl
@@ -114,12 +119,15 @@ def test_megatron_019_trains_loop_calls_the_renamed_helper_ungated():
 
 # ------------------------------------------------------------------------------------------- reproducer
 
+
 def _collect_mtp_loss_calls() -> list[int]:
     tree = ast.parse(WORKER.read_text())
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "collect_mtp_loss")
-    return sorted(n.lineno for n in ast.walk(fn)
-                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                  and n.func.attr == "reduce_loss_in_tracker")
+    return sorted(
+        n.lineno
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "reduce_loss_in_tracker"
+    )
 
 
 def test_reproducer_buggy_gate_flagged_fixed_branch_not():
@@ -142,6 +150,7 @@ def test_console_output_names_file_line_and_condition():
 
 
 # ----------------------------------------------------------------------------------------- rule cases
+
 
 def test_rank_test_around_world_barrier_is_flagged():
     assert findings_in("""
@@ -196,8 +205,12 @@ def test_early_return_ternary_while_and_short_circuit_gates():
             rank == 0 and ar(t)
     """
     found = findings_in(src)
-    assert [(line, op) for line, op, _ in found] == [(8, "reduce_loss_in_tracker"), (10, "all_reduce"),
-                                                      (13, "barrier"), (15, "all_reduce")]
+    assert [(line, op) for line, op, _ in found] == [
+        (8, "reduce_loss_in_tracker"),
+        (10, "all_reduce"),
+        (13, "barrier"),
+        (15, "all_reduce"),
+    ]
     assert found[0][2] == "self.is_mp_src_rank_with_outputs() [after the early exit at line 6]"
 
 
@@ -253,12 +266,18 @@ RENAMED_ENGINE = """\
 
 
 def test_renamed_mtp_helper_under_a_cp_gate_is_flagged_and_a_stage_gate_is_not():
-    found = {line: (op, cond, reason) for line, op, cond, reason in
-             [(f.line, f.collective, f.condition, f.reason)
-              for f in lint_source(textwrap.dedent(RENAMED_ENGINE), "engine.py")]}
+    found = {
+        line: (op, cond, reason)
+        for line, op, cond, reason in [
+            (f.line, f.collective, f.condition, f.reason)
+            for f in lint_source(textwrap.dedent(RENAMED_ENGINE), "engine.py")
+        ]
+    }
     op, cond, reason = found.pop(9)
-    assert (op, cond) == ("reduce_metrics_in_tracker",
-                          "self.model_config.mtp.enable and mpu.get_context_parallel_rank() == 0")
+    assert (op, cond) == (
+        "reduce_metrics_in_tracker",
+        "self.model_config.mtp.enable and mpu.get_context_parallel_rank() == 0",
+    )
     assert "dp_cp" in reason and "MTPLossLoggingHelper.reduce_metrics_in_tracker" in reason
     # The indexer's reduce starts on the pipeline group: a stage gate splits it, unlike the MTP one above.
     op, cond, reason = found.pop(14)
@@ -271,10 +290,12 @@ def test_renamed_mtp_helper_under_a_cp_gate_is_flagged_and_a_stage_gate_is_not()
 
 # ------------------------------------------------------------------------------------------------ CLI
 
+
 def test_lint_walks_directories_and_skips_unparsable_files(tmp_path):
     (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "bad.py").write_text("import torch.distributed as dist\nif dist.get_rank() == 0:\n"
-                                              "    dist.barrier()\n")
+    (tmp_path / "pkg" / "bad.py").write_text(
+        "import torch.distributed as dist\nif dist.get_rank() == 0:\n    dist.barrier()\n"
+    )
     (tmp_path / "pkg" / "good.py").write_text("import torch.distributed as dist\ndist.barrier()\n")
     (tmp_path / "pkg" / "py2.py").write_text("print 'hello'\n")
     (tmp_path / "notes.txt").write_text("if rank == 0: dist.barrier()\n")

@@ -27,8 +27,11 @@ def job(tmp_path):
     pipe = tmp_path / "pipe_0.pipe"
     os.mkfifo(pipe)
     fd = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
-    env = Env(RANK="0", TORCH_FR_DUMP_TEMP_FILE=str(tmp_path / "rank_"),
-              TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(tmp_path / "pipe_"))
+    env = Env(
+        RANK="0",
+        TORCH_FR_DUMP_TEMP_FILE=str(tmp_path / "rank_"),
+        TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(tmp_path / "pipe_"),
+    )
     capture = RankCapture(pid=os.getpid(), rank=0, state="S", env=env)
 
     class Job:

@@ -43,8 +43,9 @@ def test_json_and_text_forms_agree_on_ranks_functions_and_lines():
     assert _stacks(from_json) == _stacks(from_text)
     assert [c.pid for c in from_json.captures] == [c.pid for c in from_text.captures]
     for j, t in zip(from_json.captures, from_text.captures, strict=True):
-        assert [os.path.basename(f.file) for f in j.main_thread.frames] == \
-               [os.path.basename(f.file) for f in t.main_thread.frames]
+        assert [os.path.basename(f.file) for f in j.main_thread.frames] == [
+            os.path.basename(f.file) for f in t.main_thread.frames
+        ]
 
 
 def test_innermost_frames_of_the_recorded_hang():
@@ -139,9 +140,18 @@ def test_recorded_collect_bundles_match_the_raw_dumps(scenario):
     assert all(c.nonblocking for c in bundle.captures if c.rank in stopped)
 
 
-@pytest.mark.parametrize("name,rank", [("rank3.json", 3), ("rank-3.txt", 3), ("node1_rank_12.json", 12),
-                                       ("r5.txt", 5), ("dump-r7.log", 7), ("worker3.txt", None),
-                                       ("pid3084.json", None)])
+@pytest.mark.parametrize(
+    "name,rank",
+    [
+        ("rank3.json", 3),
+        ("rank-3.txt", 3),
+        ("node1_rank_12.json", 12),
+        ("r5.txt", 5),
+        ("dump-r7.log", 7),
+        ("worker3.txt", None),
+        ("pid3084.json", None),
+    ],
+)
 def test_rank_from_file_name(name, rank):
     assert rank_from_name(f"/some/dir/{name}") == rank
 
@@ -164,10 +174,13 @@ def test_truncated_text_is_partial_but_kept(tmp_path):
     lines = (SCENARIO / "rank2.txt").read_text().splitlines(keepends=True)
     first_frame = next(i for i, line in enumerate(lines) if line.startswith("    "))
     cut = tmp_path / "rank2.txt"
-    cut.write_text("".join(lines[:first_frame + 3]) + lines[first_frame + 3][:9])
+    cut.write_text("".join(lines[: first_frame + 3]) + lines[first_frame + 3][:9])
     capture = load_paths([str(cut)]).captures[0]
-    assert [f.function for f in capture.main_thread.frames] == \
-           ["all_reduce", "_exception_logger.<locals>.wrapper", "MTPLossLoggingHelper.reduce_loss_in_tracker"]
+    assert [f.function for f in capture.main_thread.frames] == [
+        "all_reduce",
+        "_exception_logger.<locals>.wrapper",
+        "MTPLossLoggingHelper.reduce_loss_in_tracker",
+    ]
 
 
 # ---------------------------------------------------------------- bad input
@@ -247,10 +260,12 @@ def test_conflicting_world_sizes_name_both_bundles(tmp_path):
     def sized(capture, size):
         return replace(capture, env=Env(RANK=str(capture.rank), WORLD_SIZE=str(size)))
 
-    a = save_bundle(replace(snapshot, captures=tuple(sized(c, 4) for c in snapshot.captures[:2])),
-                    str(tmp_path / "a.mtpdiag.json"))
-    b = save_bundle(replace(snapshot, captures=tuple(sized(c, 8) for c in snapshot.captures[2:])),
-                    str(tmp_path / "b.mtpdiag.json"))
+    a = save_bundle(
+        replace(snapshot, captures=tuple(sized(c, 4) for c in snapshot.captures[:2])), str(tmp_path / "a.mtpdiag.json")
+    )
+    b = save_bundle(
+        replace(snapshot, captures=tuple(sized(c, 8) for c in snapshot.captures[2:])), str(tmp_path / "b.mtpdiag.json")
+    )
     with pytest.raises(InputError) as exc:
         load_paths([a, b])
     message = _one_line(exc)

@@ -38,12 +38,15 @@ def _roots(report):
     return [m for m in report.mismatches if m.role == "root"]
 
 
-@pytest.mark.parametrize("name,site", [
-    ("lookalike_dsa_indexer_gloo", "DSAIndexerLossLoggingHelper.reduce_loss_in_tracker"),
-    ("lookalike_moe_lazy_tracker_gloo", "reduce_aux_losses_tracker_across_ranks"),
-    ("lookalike_dsa_indexer_nccl", "DSAIndexerLossLoggingHelper.reduce_loss_in_tracker"),
-    ("lookalike_moe_lazy_tracker_nccl", "reduce_aux_losses_tracker_across_ranks"),
-])
+@pytest.mark.parametrize(
+    "name,site",
+    [
+        ("lookalike_dsa_indexer_gloo", "DSAIndexerLossLoggingHelper.reduce_loss_in_tracker"),
+        ("lookalike_moe_lazy_tracker_gloo", "reduce_aux_losses_tracker_across_ranks"),
+        ("lookalike_dsa_indexer_nccl", "DSAIndexerLossLoggingHelper.reduce_loss_in_tracker"),
+        ("lookalike_moe_lazy_tracker_nccl", "reduce_aux_losses_tracker_across_ranks"),
+    ],
+)
 def test_a_tracker_skipped_on_a_pipeline_stage_is_a_pp_split_never_the_mtp_deadlock(name, site):
     report = _report(name)
     ids = [f.id for f in report.findings]
@@ -99,7 +102,8 @@ def test_the_mtp_bug_on_nccl_leads_with_the_mtp_reduce_and_marks_what_follows_as
     assert [f.id for f in report.findings] == ["mtp-cp-gated-reduce"]
     (root,) = _roots(report)
     assert (root.group, root.entered, root.absent, root.gate) == ("dp_cp", (2,), (3,), {"cp": 0})
-    consequences = {(m.op, m.site.function.rsplit(".", 1)[-1], m.entered)
-                    for m in report.mismatches if m.role == "consequence"}
+    consequences = {
+        (m.op, m.site.function.rsplit(".", 1)[-1], m.entered) for m in report.mismatches if m.role == "consequence"
+    }
     assert ("reduce_scatter_tensor", "finish_grad_sync", (3,)) in consequences
     assert ("all_reduce", "_unscale_main_grads_and_check_for_nan", (0, 1, 3)) in consequences

@@ -16,26 +16,35 @@ from support.captures import load_scenario, scenarios
 
 
 def _bundle(*frames: dict) -> dict:
-    return {"schema": "mtpdiag.bundle/1", "captures": [
-        {"rank": 0, "state": "S", "threads": [{"thread_id": 1, "name": "MainThread", "frames": list(frames)}]}]}
+    return {
+        "schema": "mtpdiag.bundle/1",
+        "captures": [
+            {"rank": 0, "state": "S", "threads": [{"thread_id": 1, "name": "MainThread", "frames": list(frames)}]}
+        ],
+    }
 
 
 def _frame(**extra) -> dict:
     return {"function": "send", "file": "torch/distributed/distributed_c10d.py", "line": 10, **extra}
 
 
-@pytest.mark.parametrize("good, bad", [
-    ({"args": {"dst": 1}}, {"args": {"dst": True}}),
-    ({"args": {"dst": 0}}, {"args": {"dst": False}}),
-    ({"native": False}, {"native": 0}),
-    ({"line": 1}, {"line": True}),
-])
+@pytest.mark.parametrize(
+    "good, bad",
+    [
+        ({"args": {"dst": 1}}, {"args": {"dst": True}}),
+        ({"args": {"dst": 0}}, {"args": {"dst": False}}),
+        ({"native": False}, {"native": 0}),
+        ({"line": 1}, {"line": True}),
+    ],
+)
 def test_a_bad_frame_is_refused_with_the_place_it_is_at(good, bad):
     """``True == 1`` in Python: the decoder must still refuse a boolean where the type says int, and back."""
     assert snapshot_from_data(_bundle(_frame(**good)), "good.json").captures[0].threads[0].frames
     for document in (_bundle(_frame(**bad)), _bundle(_frame(function="f", line=2), _frame(**good), _frame(**bad))):
-        for read in (lambda d: snapshot_from_data(d, "bad.json"),
-                     lambda d: snapshot_from_json(json.dumps(d).encode(), "bad.json")):
+        for read in (
+            lambda d: snapshot_from_data(d, "bad.json"),
+            lambda d: snapshot_from_json(json.dumps(d).encode(), "bad.json"),
+        ):
             with pytest.raises(InputError) as exc:
                 read(document)
             message = str(exc.value)
@@ -48,8 +57,13 @@ def test_every_recorded_scenario_round_trips_through_a_bundle(name):
     snapshot, _, _ = load_scenario(name)
     again = snapshot_from_json(bundle_text(snapshot).encode(), "again.json")
     assert again.captures == snapshot.captures
-    assert again.flight_recorder == (replace(snapshot.flight_recorder, ranks=tuple(
-        replace(r, format="bundle") for r in snapshot.flight_recorder.ranks)) if snapshot.flight_recorder else None)
+    assert again.flight_recorder == (
+        replace(
+            snapshot.flight_recorder, ranks=tuple(replace(r, format="bundle") for r in snapshot.flight_recorder.ranks)
+        )
+        if snapshot.flight_recorder
+        else None
+    )
 
 
 def test_text_from_outside_is_made_printable_wherever_it_sits():
@@ -57,7 +71,10 @@ def test_text_from_outside_is_made_printable_wherever_it_sits():
     document = _bundle(_frame(function=hostile))
     document["host"] = document["captures"][0]["host"] = hostile
     document["captures"][0]["error"] = hostile
-    for snapshot in (snapshot_from_data(document, "x.json"), snapshot_from_json(json.dumps(document).encode(), "x.json")):
+    for snapshot in (
+        snapshot_from_data(document, "x.json"),
+        snapshot_from_json(json.dumps(document).encode(), "x.json"),
+    ):
         capture = snapshot.captures[0]
         for text in (snapshot.host, capture.host, capture.error, capture.threads[0].frames[0].function):
             assert text.isprintable() and "owned" in text
@@ -90,8 +107,13 @@ def test_frames_are_values():
 def test_a_bundle_keeps_no_locals_hash_and_the_recorders_stacks_once():
     snapshot, _, _ = load_scenario("nccl_mtp_cp_pp_futex")
     capture = snapshot.captures[0]
-    live = replace(snapshot, captures=(replace(capture, threads=tuple(
-        replace(t, locals_key=123) for t in capture.threads)), *snapshot.captures[1:]))
+    live = replace(
+        snapshot,
+        captures=(
+            replace(capture, threads=tuple(replace(t, locals_key=123) for t in capture.threads)),
+            *snapshot.captures[1:],
+        ),
+    )
     document = json.loads(bundle_text(live))
     assert "locals_key" not in json.dumps(document)
     rank = document["flight_recorder"]["ranks"][0]

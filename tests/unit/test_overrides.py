@@ -16,27 +16,55 @@ from mtpdiag.layout.sources import read_verl_config
 CONFIGS = "tests/fixtures/configs"
 
 
-@pytest.mark.parametrize("token, op, key, value", [
-    ("actor_rollout_ref.actor.megatron.context_parallel_size=2", "", "actor_rollout_ref.actor.megatron.context_parallel_size", "2"),
-    ("+trainer.n_gpus_per_node=8", "+", "trainer.n_gpus_per_node", "8"),
-    ("++trainer.nnodes=2", "++", "trainer.nnodes", "2"),
-    ("~actor_rollout_ref.actor.megatron.context_parallel_size", "~", "actor_rollout_ref.actor.megatron.context_parallel_size", None),
-    ("~trainer.nnodes=2", "~", "trainer.nnodes", "2"),
-    ("engine=megatron", "", "engine", "megatron"),
-    ("+engine@engine=megatron", "+", "engine@engine", "megatron"),
-    ("hydra/launcher=basic", "", "hydra/launcher", "basic"),
-    ("data.files.0.path=/x=y", "", "data.files.0.path", "/x=y"),
-    ("my-run.megatron.tensor_model_parallel_size=4", "", "my-run.megatron.tensor_model_parallel_size", "4"),
-    ("trainer.nnodes=", "", "trainer.nnodes", ""),
-    ("trainer.nnodes= 2", "", "trainer.nnodes", " 2"),
-])
+@pytest.mark.parametrize(
+    "token, op, key, value",
+    [
+        (
+            "actor_rollout_ref.actor.megatron.context_parallel_size=2",
+            "",
+            "actor_rollout_ref.actor.megatron.context_parallel_size",
+            "2",
+        ),
+        ("+trainer.n_gpus_per_node=8", "+", "trainer.n_gpus_per_node", "8"),
+        ("++trainer.nnodes=2", "++", "trainer.nnodes", "2"),
+        (
+            "~actor_rollout_ref.actor.megatron.context_parallel_size",
+            "~",
+            "actor_rollout_ref.actor.megatron.context_parallel_size",
+            None,
+        ),
+        ("~trainer.nnodes=2", "~", "trainer.nnodes", "2"),
+        ("engine=megatron", "", "engine", "megatron"),
+        ("+engine@engine=megatron", "+", "engine@engine", "megatron"),
+        ("hydra/launcher=basic", "", "hydra/launcher", "basic"),
+        ("data.files.0.path=/x=y", "", "data.files.0.path", "/x=y"),
+        ("my-run.megatron.tensor_model_parallel_size=4", "", "my-run.megatron.tensor_model_parallel_size", "4"),
+        ("trainer.nnodes=", "", "trainer.nnodes", ""),
+        ("trainer.nnodes= 2", "", "trainer.nnodes", " 2"),
+    ],
+)
 def test_what_hydra_reads_as_an_override(token, op, key, value):
     parsed = parse_override(token)
     assert parsed is not None and (parsed.op, parsed.key, parsed.value) == (op, key, value)
 
 
-@pytest.mark.parametrize("token", ["--tp", "--tp=2", "1abc=2", "a..b=2", "a.=2", "=2", "trainer.nnodes", "+~a=1",
-                                   "a/b.c=1", "ä=1", "+++a=1", "a b=1"])
+@pytest.mark.parametrize(
+    "token",
+    [
+        "--tp",
+        "--tp=2",
+        "1abc=2",
+        "a..b=2",
+        "a.=2",
+        "=2",
+        "trainer.nnodes",
+        "+~a=1",
+        "a/b.c=1",
+        "ä=1",
+        "+++a=1",
+        "a b=1",
+    ],
+)
 def test_what_is_no_override(token):
     assert parse_override(token) is None
 
@@ -52,5 +80,13 @@ def test_the_hints_and_the_config_reader_take_the_same_overrides(tmp_path):
 
 
 def test_a_deletion_or_a_group_choice_is_no_size_hint():
-    assert layout_hints(["~actor_rollout_ref.actor.megatron.context_parallel_size",
-                         "+engine@engine=megatron", "hydra/launcher=basic"]) == {}
+    assert (
+        layout_hints(
+            [
+                "~actor_rollout_ref.actor.megatron.context_parallel_size",
+                "+engine@engine=megatron",
+                "hydra/launcher=basic",
+            ]
+        )
+        == {}
+    )

@@ -13,14 +13,14 @@ from mtpdiag.capture.ray_cluster import last_line, missing_mtpdiag
 
 def _python_stderr(*argv: str, cwd) -> str:
     """What a Python without mtpdiag on its path (isolated, no site-packages) prints for ``argv``."""
-    done = subprocess.run([sys.executable, "-I", "-S", *argv], capture_output=True, text=True, cwd=cwd,
-                          timeout=60)
+    done = subprocess.run([sys.executable, "-I", "-S", *argv], capture_output=True, text=True, cwd=cwd, timeout=60)
     assert done.returncode != 0, done
     return done.stderr
 
 
-@pytest.mark.parametrize("argv", [("-m", "mtpdiag.capture.ray_job", "{}"), ("-m", "mtpdiag"),
-                                  ("-c", "import mtpdiag.capture.ray_node")])
+@pytest.mark.parametrize(
+    "argv", [("-m", "mtpdiag.capture.ray_job", "{}"), ("-m", "mtpdiag"), ("-c", "import mtpdiag.capture.ray_node")]
+)
 def test_a_python_without_mtpdiag_is_said_as_what_to_install(argv, tmp_path):
     stderr = _python_stderr(*argv, cwd=tmp_path)
     assert missing_mtpdiag(stderr) is not None and missing_mtpdiag(stderr).startswith("mtpdiag"), stderr

@@ -15,8 +15,9 @@ def _report(renamed: str | None = None):
     report = diagnose(snapshot, layout, "flags")
     if renamed is None:
         return report
-    sites = tuple(replace(g, site=Site(g.site.file, g.site.line, renamed)) if g.op == "all_gather" else g
-                  for g in report.sites)
+    sites = tuple(
+        replace(g, site=Site(g.site.file, g.site.line, renamed)) if g.op == "all_gather" else g for g in report.sites
+    )
     return replace(report, sites=sites)
 
 

@@ -20,8 +20,9 @@ CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures"
 
 
 def _analyze(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mtpdiag", "analyze", *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mtpdiag", "analyze", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_one_gate_reads_the_same_whatever_order_it_was_built_in():

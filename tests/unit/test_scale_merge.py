@@ -33,7 +33,7 @@ def host_bundles(tmp_path_factory):
     paths = []
     for node in range(WORLD // PER_HOST):
         host = f"node-{node}"
-        chunk = tiled.captures[node * PER_HOST:(node + 1) * PER_HOST]
+        chunk = tiled.captures[node * PER_HOST : (node + 1) * PER_HOST]
         bundle = Snapshot(captures=tuple(replace(c, host=host, source=None) for c in chunk), host=host)
         paths.append(save_bundle(bundle, str(directory)))
     return directory, paths, big
@@ -50,8 +50,7 @@ def test_host_bundles_merge_by_rank_and_keep_host_and_file(host_bundles):
     assert ids[0] == "mtp-cp-gated-reduce" and "missing-rank" not in ids
 
 
-def test_a_rank_in_two_host_bundles_and_a_host_of_another_world_are_refused_naming_the_files(host_bundles,
-                                                                                            tmp_path):
+def test_a_rank_in_two_host_bundles_and_a_host_of_another_world_are_refused_naming_the_files(host_bundles, tmp_path):
     _, paths, _ = host_bundles
     merged = load_paths(paths)
     assert merged.world_sizes == [WORLD] and merged.host == ",".join(f"node-{n}" for n in range(WORLD // PER_HOST))

@@ -67,7 +67,9 @@ def test_views_ordered_by_rank_alone_are_ordered_and_indexed_as_by_the_general_p
     views = StackReader(big).views(tile(snapshot, layout, big).captures)
     shuffled = random.Random(13).sample(views, len(views))
     cases = {
-        "in rank order": views, "shuffled": shuffled, "empty": [],
+        "in rank order": views,
+        "shuffled": shuffled,
+        "empty": [],
         "a rank twice": [*shuffled, replace(views[5], pid=1)],
         "an unranked view": [*shuffled, replace(views[5], rank=None)],
         "a rank outside the world": [*shuffled, replace(views[5], rank=64)],
@@ -98,8 +100,9 @@ def test_coords_of_is_each_views_coordinates_and_the_layouts_for_any_other_rank(
 
 def _layouts():
     orders = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-pp-dp-cp-ep", "pp-dp-tp-cp-ep", "cp-tp-ep-dp-pp")
-    for world, tp, cp, pp, ep, etp, order in itertools.product((8, 12, 24), (1, 2, 3), (1, 2), (1, 2, 4), (1, 2),
-                                                              (None, 2), orders):
+    for world, tp, cp, pp, ep, etp, order in itertools.product(
+        (8, 12, 24), (1, 2, 3), (1, 2), (1, 2, 4), (1, 2), (None, 2), orders
+    ):
         try:
             yield ParallelLayout.for_world(world, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, order=order)
         except LayoutError:
@@ -112,8 +115,10 @@ def test_instances_said_alike_vary_in_the_same_coordinates():
         for kind in GROUP_KINDS:
             if not layout.coordinates_alike(kind):
                 continue
-            patterns = {tuple(name for name in COORDINATES if len({layout.coords(r)[name] for r in group}) > 1)
-                        for group in layout.groups(kind)}
+            patterns = {
+                tuple(name for name in COORDINATES if len({layout.coords(r)[name] for r in group}) > 1)
+                for group in layout.groups(kind)
+            }
             assert len(patterns) == 1, (layout, kind, patterns)
             checked += 1
     assert checked > 1000
@@ -122,8 +127,9 @@ def test_instances_said_alike_vary_in_the_same_coordinates():
 def test_coords_each_is_each_ranks_place_in_its_groups_and_none_outside_the_world():
     for layout in _layouts():
         world = layout.world_size
-        places = [{c: sorted(layout.group_of(c, r)).index(r) for c in ("tp", "cp", "ep", "dp", "pp")}
-                  for r in range(world)]  # megatron's get_*_rank(): the index in the sorted group
+        places = [
+            {c: sorted(layout.group_of(c, r)).index(r) for c in ("tp", "cp", "ep", "dp", "pp")} for r in range(world)
+        ]  # megatron's get_*_rank(): the index in the sorted group
         assert layout.coords_each([*range(world), None, -1, world, world + 5]) == [*places, None, None, None, None]
         assert layout.coords_each(iter(range(world - 1, -1, -1))) == places[::-1]
         assert [layout.coords(r) for r in range(world)] == places
@@ -195,9 +201,17 @@ def test_a_split_of_two_ranks_as_an_edge_keeps_every_split_in_its_component():
         for _ in range(rng.randint(1, 8)):
             members = rng.sample(range(n + 2), rng.randint(2, 4))  # n, n+1: ranks nobody captured
             cut = rng.randint(1, len(members) - 1)
-            splits.append(Mismatch(op="all_reduce", site=None, group="dp", members=tuple(sorted(members)),
-                                   entered=tuple(sorted(members[:cut])), absent=tuple(sorted(members[cut:])),
-                                   gate=None))
+            splits.append(
+                Mismatch(
+                    op="all_reduce",
+                    site=None,
+                    group="dp",
+                    members=tuple(sorted(members)),
+                    entered=tuple(sorted(members[:cut])),
+                    absent=tuple(sorted(members[cut:])),
+                    gate=None,
+                )
+            )
         edges = [(rng.randrange(n), rng.randrange(n + 2)) for _ in range(rng.randint(0, 4))]  # p2p waits
         full, short = _Graph(range(n)), _Graph(range(n))
         nodes = [full.add_mismatch(m.entered, m.absent) for m in splits]
@@ -215,8 +229,9 @@ def test_a_split_of_two_ranks_as_an_edge_keeps_every_split_in_its_component():
         short.add_edges([a for a, _ in edges], [b for _, b in edges])
         comp, comp_short = full.components(), short.components()
         sizes, sizes_short = _sizes(comp), _sizes(comp_short)
-        made = _pair_components(comp_short, short, [splits[i].entered[0] for i in paired],
-                                [splits[i].absent[0] for i in paired], paired)
+        made = _pair_components(
+            comp_short, short, [splits[i].entered[0] for i in paired], [splits[i].absent[0] for i in paired], paired
+        )
         mcomp = [comp_short[k] if k is not None else made[paired.index(i)] for i, k in enumerate(kept)]
         for i, j in itertools.product(range(len(splits)), repeat=2):
             assert (comp[nodes[i]] == comp[nodes[j]]) == (mcomp[i] == mcomp[j])

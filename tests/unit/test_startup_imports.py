@@ -20,12 +20,17 @@ def _run(code: str) -> str:
 
 
 def test_the_live_capture_loads_no_file_reader_but_py_spys_and_no_analysis_or_report():
-    code = ("import sys, mtpdiag.capture\n"
-            "print(' '.join(sorted(m for m in sys.modules if m.startswith('mtpdiag.'))))")
+    code = "import sys, mtpdiag.capture\nprint(' '.join(sorted(m for m in sys.modules if m.startswith('mtpdiag.'))))"
     loaded = set(_run(code).split())
     assert "mtpdiag.inputs.pyspy_json" in loaded  # the control: py-spy's output is read by the JSON reader
-    assert not loaded & {"mtpdiag.inputs.registry", "mtpdiag.inputs.bundle", "mtpdiag.inputs.merge",
-                         "mtpdiag.inputs.pyspy_text", "mtpdiag.inputs.pystack", "mtpdiag.inputs.faulthandler"}
+    assert not loaded & {
+        "mtpdiag.inputs.registry",
+        "mtpdiag.inputs.bundle",
+        "mtpdiag.inputs.merge",
+        "mtpdiag.inputs.pyspy_text",
+        "mtpdiag.inputs.pystack",
+        "mtpdiag.inputs.faulthandler",
+    }
     assert not {m for m in loaded if m.split(".")[1] in ("analysis", "report", "pipeline", "commands")}
 
 
@@ -57,18 +62,28 @@ def test_import_ahead_imports_what_the_diagnosis_and_each_report_import():
 
 
 def test_reading_bundles_loads_no_other_reader_nor_the_rank_rules_of_file_names_nor_the_text_lines():
-    code = ("import sys\n"
-            "from mtpdiag.inputs import read_inputs\n"
-            f"snapshot = read_inputs([{str(BUNDLE)!r}]).snapshot\n"
-            "loaded = sorted(m for m in sys.modules if m.startswith('mtpdiag.inputs.'))\n"
-            "print(len(snapshot.captures), ' '.join(loaded))")
+    code = (
+        "import sys\n"
+        "from mtpdiag.inputs import read_inputs\n"
+        f"snapshot = read_inputs([{str(BUNDLE)!r}]).snapshot\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('mtpdiag.inputs.'))\n"
+        "print(len(snapshot.captures), ' '.join(loaded))"
+    )
     count, *loaded = _run(code).split()
     assert int(count) == 4 and "mtpdiag.inputs.bundle" in loaded  # the control: the bundle was read
-    assert not set(loaded) & {"mtpdiag.inputs.pyspy_json", "mtpdiag.inputs.identity", "mtpdiag.inputs.pyspy_text",
-                              "mtpdiag.inputs.pystack", "mtpdiag.inputs.faulthandler", "mtpdiag.inputs.failed",
-                              "mtpdiag.inputs.lines"}
-    code = ("import sys\n"
-            "from mtpdiag.inputs import read_inputs\n"
-            f"read_inputs([{str(BUNDLE)!r}], rank_from='node-(\\\\d+)')\n"
-            "print('mtpdiag.inputs.identity' in sys.modules)")
+    assert not set(loaded) & {
+        "mtpdiag.inputs.pyspy_json",
+        "mtpdiag.inputs.identity",
+        "mtpdiag.inputs.pyspy_text",
+        "mtpdiag.inputs.pystack",
+        "mtpdiag.inputs.faulthandler",
+        "mtpdiag.inputs.failed",
+        "mtpdiag.inputs.lines",
+    }
+    code = (
+        "import sys\n"
+        "from mtpdiag.inputs import read_inputs\n"
+        f"read_inputs([{str(BUNDLE)!r}], rank_from='node-(\\\\d+)')\n"
+        "print('mtpdiag.inputs.identity' in sys.modules)"
+    )
     assert _run(code) == "True"  # --rank-from is compiled by the rank rules

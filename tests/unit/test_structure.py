@@ -14,8 +14,24 @@ PACKAGE = Path(mtpdiag.__file__).parent
 # Run as a script under torchrun with torch and megatron-core: never imported by mtpdiag.
 SCRIPTS = {"mtpdiag.fix.verify.worker"}
 # The stages, bottom first: a module may import its own stage and those before it, never a later one.
-LAYERS = ("vocabulary", "errors", "exits", "model", "atomic", "layout", "inputs", "capture", "analysis", "lint", "report",
-          "pipeline", "fix", "commands", "cli", "__main__")
+LAYERS = (
+    "vocabulary",
+    "errors",
+    "exits",
+    "model",
+    "atomic",
+    "layout",
+    "inputs",
+    "capture",
+    "analysis",
+    "lint",
+    "report",
+    "pipeline",
+    "fix",
+    "commands",
+    "cli",
+    "__main__",
+)
 MAX_LINES = 420  # "under about 400 lines"
 
 
@@ -67,7 +83,7 @@ def test_no_import_cycles():
         path.append(node)
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(path[path.index(nxt):] + [nxt]))
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(nxt) :] + [nxt]))
             if nxt not in state:
                 visit(nxt)
         path.pop()
@@ -79,8 +95,7 @@ def test_no_import_cycles():
 
 
 def test_stages_import_only_earlier_stages():
-    wrong = sorted((a, b) for a, bs in graph().items() for b in bs
-                   if LAYERS.index(stage(b)) > LAYERS.index(stage(a)))
+    wrong = sorted((a, b) for a, bs in graph().items() for b in bs if LAYERS.index(stage(b)) > LAYERS.index(stage(a)))
     assert not wrong, wrong
 
 
@@ -96,9 +111,11 @@ def test_no_module_pulls_in_torch_or_megatron():
     import subprocess
     import sys
 
-    code = ("import importlib, sys\n"
-            f"for name in {modules()!r}:\n"
-            "    importlib.import_module(name)\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'verl'}))")
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules()!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'verl'}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"

@@ -51,8 +51,9 @@ def test_native_frames_are_evidence_never_the_call_site(form):
     plain = diagnose(load_paths(sorted(str(p) for p in PASTES.glob("mtp_cp_pp/rank?.pyspy.txt"))), layout)
     native = diagnose(load_paths(sorted(str(p) for p in PASTES.glob(f"mtp_cp_pp/rank?.{form}.txt"))), layout)
     assert any(f.native for v in native.ranks for f in native.stack_of(v))
-    assert [(v.rank, v.op, v.site.function.rsplit(".", 1)[-1]) for v in native.ranks] == \
-        [(v.rank, v.op, v.site.function.rsplit(".", 1)[-1]) for v in plain.ranks]
+    assert [(v.rank, v.op, v.site.function.rsplit(".", 1)[-1]) for v in native.ranks] == [
+        (v.rank, v.op, v.site.function.rsplit(".", 1)[-1]) for v in plain.ranks
+    ]
     assert [f.id for f in native.findings] == [f.id for f in plain.findings] == ["mtp-cp-gated-reduce"]
 
 

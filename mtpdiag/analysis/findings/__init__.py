@@ -71,5 +71,15 @@ def ordered(findings: Iterable[Finding]) -> tuple[Finding, ...]:
     return tuple(sorted(findings, key=lambda f: (RULE_OF[FindingId(f.id)].priority, f.ranks[:1])))
 
 
-__all__ = ["RULES", "RULE_OF", "Facts", "Rule", "build", "gate_source_phrase", "group_source_phrase", "is_problem",
-           "ordered", "provenance"]
+__all__ = [
+    "RULES",
+    "RULE_OF",
+    "Facts",
+    "Rule",
+    "build",
+    "gate_source_phrase",
+    "group_source_phrase",
+    "is_problem",
+    "ordered",
+    "provenance",
+]

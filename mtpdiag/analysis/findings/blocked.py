@@ -17,16 +17,20 @@ from mtpdiag.vocabulary.states import FindingId
 from mtpdiag.vocabulary.waits import WAIT_PHRASES
 
 
-def _waiting_phrase(waiters: Sequence[Waiter], mismatches: Sequence[Mismatch], words: Words,
-                    them: str) -> str:
+def _waiting_phrase(waiters: Sequence[Waiter], mismatches: Sequence[Mismatch], words: Words, them: str) -> str:
     """``ranks 0, 1, 2 wait for it in all_reduce at reduce_gradients (…) on the DP×CP group``."""
     first = waiters[0]
     if first.mismatch is not None:
         m = mismatches[first.mismatch]
-        entered = union(mismatches[w.mismatch].entered for w in waiters
-                         if w.mismatch is not None and mismatches[w.mismatch].site == m.site)
-        return (f"{words.ranks(entered)} {words.verb(entered, 'waits', 'wait')} for {them} in {m.op} at "
-                f"{words.where(m.site)} on the {words.group(m.group)} group")
+        entered = union(
+            mismatches[w.mismatch].entered
+            for w in waiters
+            if w.mismatch is not None and mismatches[w.mismatch].site == m.site
+        )
+        return (
+            f"{words.ranks(entered)} {words.verb(entered, 'waits', 'wait')} for {them} in {m.op} at "
+            f"{words.where(m.site)} on the {words.group(m.group)} group"
+        )
     w = first.p2p
     assert w is not None
     return f"rank {w.rank} waits for {them} in {p2p_call(w)} at {words.where(w.site)}"
@@ -70,26 +74,39 @@ def _blocked(causes: Causes, views: Mapping[int, RankView], layout: ParallelLayo
     for (site, kind), ranks in running.items():
         waiters = [w for r in ranks for w in causes.blocked_on[r]]
         them = words.verb(ranks, "it", "them")
-        out.append(Finding(
-            id=FindingId.STRAGGLER, ranks=tuple(ranks),
-            summary=(f"{words.ranks(ranks, coords=True)} {words.verb(ranks, 'is', 'are')} "
-                     f"{WAIT_PHRASES.get(kind, kind)} in {words.where(site)}, in no collective, while "
-                     f"{_waiting_phrase(waiters, causes.mismatches, words, them)}"),
-            remedy=straggler_remedy(ranks, views, kind),
-            details={"site": site.to_dict() if site else None, "wait": kind,
-                     "waiting": _waiting_details(waiters, causes)},
-        ))
+        out.append(
+            Finding(
+                id=FindingId.STRAGGLER,
+                ranks=tuple(ranks),
+                summary=(
+                    f"{words.ranks(ranks, coords=True)} {words.verb(ranks, 'is', 'are')} "
+                    f"{WAIT_PHRASES.get(kind, kind)} in {words.where(site)}, in no collective, while "
+                    f"{_waiting_phrase(waiters, causes.mismatches, words, them)}"
+                ),
+                remedy=straggler_remedy(ranks, views, kind),
+                details={
+                    "site": site.to_dict() if site else None,
+                    "wait": kind,
+                    "waiting": _waiting_details(waiters, causes),
+                },
+            )
+        )
     for state, ranks in frozen.items():
         waiters = [w for r in ranks for w in causes.blocked_on[r]]
         reasons = list(dict.fromkeys(views[r].error or state for r in ranks))
         them = words.verb(ranks, "it", "them")
-        out.append(Finding(
-            id=FindingId.FROZEN_RANK, ranks=tuple(ranks),
-            summary=(f"{words.ranks(ranks, coords=True)} {words.verb(ranks, 'is', 'are')} {state} "
-                     f"({'; '.join(reasons[:2])}) while {_waiting_phrase(waiters, causes.mismatches, words, them)}"),
-            remedy=frozen_remedy(state, ranks, views),
-            details={"state": state, "waiting": _waiting_details(waiters, causes)},
-        ))
+        out.append(
+            Finding(
+                id=FindingId.FROZEN_RANK,
+                ranks=tuple(ranks),
+                summary=(
+                    f"{words.ranks(ranks, coords=True)} {words.verb(ranks, 'is', 'are')} {state} "
+                    f"({'; '.join(reasons[:2])}) while {_waiting_phrase(waiters, causes.mismatches, words, them)}"
+                ),
+                remedy=frozen_remedy(state, ranks, views),
+                details={"state": state, "waiting": _waiting_details(waiters, causes)},
+            )
+        )
     return out
 
 
@@ -98,11 +115,11 @@ def _waiting_details(waiters: Sequence[Waiter], causes: Causes) -> list[dict[str
     for w in waiters[:16]:
         if w.mismatch is not None:
             m = causes.mismatches[w.mismatch]
-            out.append({"op": m.op, "site": m.site.to_dict() if m.site else None, "group": m.group,
-                        "entered": list(m.entered)})
+            out.append(
+                {"op": m.op, "site": m.site.to_dict() if m.site else None, "group": m.group, "entered": list(m.entered)}
+            )
         elif w.p2p is not None:
-            out.append({"op": w.p2p.op, "site": w.p2p.site.to_dict() if w.p2p.site else None,
-                        "rank": w.p2p.rank})
+            out.append({"op": w.p2p.op, "site": w.p2p.site.to_dict() if w.p2p.site else None, "rank": w.p2p.rank})
     return out
 
 
@@ -117,14 +134,18 @@ _STRAGGLER_CAUSES = {
 
 def straggler_remedy(ranks: Sequence[int], views: Mapping[int, RankView], kind: str = "running") -> str:
     cause = _STRAGGLER_CAUSES.get(kind, "a data loader, I/O or a loop that never ends")
-    return ("find out what the straggler is doing (its stack below, or py-spy dump --pid "
-            f"{pids(ranks, views)}): {cause}; the others only wait for it")
+    return (
+        "find out what the straggler is doing (its stack below, or py-spy dump --pid "
+        f"{pids(ranks, views)}): {cause}; the others only wait for it"
+    )
 
 
 def frozen_remedy(state: str, ranks: Sequence[int], views: Mapping[int, RankView]) -> str:
     if state == "stopped":
-        return (f"find what stopped it (a debugger, a job scheduler, a stray Ctrl-Z) and resume it with "
-                f"kill -CONT {pids(ranks, views)}; state D means a filesystem or device driver is stuck")
+        return (
+            f"find what stopped it (a debugger, a job scheduler, a stray Ctrl-Z) and resume it with "
+            f"kill -CONT {pids(ranks, views)}; state D means a filesystem or device driver is stuck"
+        )
     return "the process died or could not be read: check its log, dmesg (OOM killer) and the node"
 
 
@@ -143,19 +164,30 @@ def _layout_free(views: Sequence[RankView]) -> list[Finding]:
     words = Words(None)
     if waiting:
         for state, ranks in frozen.items():
-            out.append(Finding(
-                id=FindingId.FROZEN_RANK, ranks=tuple(ranks), remedy=frozen_remedy(state, ranks, by_rank),
-                summary=(f"{words.ranks(ranks)} {words.verb(ranks, 'is', 'are')} {state} while "
-                         f"{words.ranks(waiting)} {words.verb(waiting, 'waits', 'wait')} in collectives "
-                         "(no layout: groups unknown)"),
-            ))
+            out.append(
+                Finding(
+                    id=FindingId.FROZEN_RANK,
+                    ranks=tuple(ranks),
+                    remedy=frozen_remedy(state, ranks, by_rank),
+                    summary=(
+                        f"{words.ranks(ranks)} {words.verb(ranks, 'is', 'are')} {state} while "
+                        f"{words.ranks(waiting)} {words.verb(waiting, 'waits', 'wait')} in collectives "
+                        "(no layout: groups unknown)"
+                    ),
+                )
+            )
     if held and waiting and len(held) + len(waiting) == len(ranked):
         kinds = list(dict.fromkeys(w.kind if (w := by_rank[r].wait) else "running" for r in held))
         what = WAIT_PHRASES.get(kinds[0], kinds[0]) if len(kinds) == 1 else "outside any collective"
-        out.append(Finding(
-            id=FindingId.STRAGGLER, ranks=tuple(held),
-            remedy=straggler_remedy(held, by_rank, kinds[0] if len(kinds) == 1 else "running"),
-            summary=(f"{words.ranks(held)} {words.verb(held, 'is', 'are')} {what} while every other "
-                     "rank waits in a collective (no layout: groups unknown)"),
-        ))
+        out.append(
+            Finding(
+                id=FindingId.STRAGGLER,
+                ranks=tuple(held),
+                remedy=straggler_remedy(held, by_rank, kinds[0] if len(kinds) == 1 else "running"),
+                summary=(
+                    f"{words.ranks(held)} {words.verb(held, 'is', 'are')} {what} while every other "
+                    "rank waits in a collective (no layout: groups unknown)"
+                ),
+            )
+        )
     return out

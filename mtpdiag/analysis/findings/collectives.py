@@ -47,8 +47,9 @@ def _is_mtp(op: str, site: Site | None, kind: str, instances: Sequence[Mismatch]
     return is_mtp_site(site) and kind == "dp_cp" and gate is not None and gate.get("cp") == 0
 
 
-def _finding(op: str, site: Site | None, kind: str, instances: list[Mismatch],
-             layout: ParallelLayout | None) -> Finding:
+def _finding(
+    op: str, site: Site | None, kind: str, instances: list[Mismatch], layout: ParallelLayout | None
+) -> Finding:
     """One finding per root (op, site, group): the verl #5895 signature or a gated collective."""
     words = Words(layout)
     members = union(m.members for m in instances)
@@ -56,19 +57,32 @@ def _finding(op: str, site: Site | None, kind: str, instances: list[Mismatch],
     absent = union(m.absent for m in instances)
     gate = instances[0].gate
     doing_of = {r: d for m in instances for r, d in m.absent_doing.items()}
-    details = {"op": op, "site": site.to_dict() if site else None, "group": kind,
-               "gate": dict(gate) if gate is not None else None, "members": list(members),
-               "entered": list(entered), "absent": list(absent), "instances": len(instances),
-               "group_from": instances[0].group_from, "group_candidates": list(instances[0].group_candidates),
-               "gate_strength": instances[0].gate_strength, "source": instances[0].source}
+    details = {
+        "op": op,
+        "site": site.to_dict() if site else None,
+        "group": kind,
+        "gate": dict(gate) if gate is not None else None,
+        "members": list(members),
+        "entered": list(entered),
+        "absent": list(absent),
+        "instances": len(instances),
+        "group_from": instances[0].group_from,
+        "group_candidates": list(instances[0].group_candidates),
+        "gate_strength": instances[0].gate_strength,
+        "source": instances[0].source,
+    }
     group = groups_phrase(kind, instances, words)
-    never = (f"{words.ranks(absent, coords=True)} never joined ({doing_phrase(absent, doing_of)})")
+    never = f"{words.ranks(absent, coords=True)} never joined ({doing_phrase(absent, doing_of)})"
     if _is_mtp(op, site, kind, instances):
         cp = layout.cp if layout is not None else "N"
         return Finding(
-            id=FindingId.MTP_CP_GATED_REDUCE, ranks=members, details=details,
-            summary=(f"MTP loss {op} on {group} entered only by {describe_gate(gate)} ranks "
-                     f"({words.ranks(entered)}); {never}: verl #5895 deadlock"),
+            id=FindingId.MTP_CP_GATED_REDUCE,
+            ranks=members,
+            details=details,
+            summary=(
+                f"MTP loss {op} on {group} entered only by {describe_gate(gate)} ranks "
+                f"({words.ranks(entered)}); {never}: verl #5895 deadlock"
+            ),
             remedy=f"mtpdiag check && mtpdiag apply (verl PR #5895), then mtpdiag verify --cp {cp}",
         )
     where = f"{site.file}:{site.line}" if site else "its call site"
@@ -77,25 +91,39 @@ def _finding(op: str, site: Site | None, kind: str, instances: list[Mismatch],
         name, fix = TRACKER_WORDS[signature]
         details["signature"] = signature
         return Finding(
-            id=FindingId.GATED_COLLECTIVE, ranks=members, details=details,
-            summary=(f"{name} {op} at {words.where(site)} on {group} entered only by {describe_gate(gate)} "
-                     f"ranks ({words.ranks(entered)}); {never}: {skip_of(site) or 'a tracker skip'}"),
-            remedy=fix)
+            id=FindingId.GATED_COLLECTIVE,
+            ranks=members,
+            details=details,
+            summary=(
+                f"{name} {op} at {words.where(site)} on {group} entered only by {describe_gate(gate)} "
+                f"ranks ({words.ranks(entered)}); {never}: {skip_of(site) or 'a tracker skip'}"
+            ),
+            remedy=fix,
+        )
     if gate:
-        summary = (f"{op} at {words.where(site)} on {group} entered only by {describe_gate(gate)} ranks "
-                   f"({words.ranks(entered)}){gate_source_phrase(instances[0])}; {never}")
-        remedy = (f"every rank of the {words.group(kind)} group must call {op} at {where}: move it out "
-                  f"of the {describe_gate(gate)} branch, or run it on a group whose members all pass that test")
+        summary = (
+            f"{op} at {words.where(site)} on {group} entered only by {describe_gate(gate)} ranks "
+            f"({words.ranks(entered)}){gate_source_phrase(instances[0])}; {never}"
+        )
+        remedy = (
+            f"every rank of the {words.group(kind)} group must call {op} at {where}: move it out "
+            f"of the {describe_gate(gate)} branch, or run it on a group whose members all pass that test"
+        )
         if instances[0].gate_strength == "weak":
-            remedy += ("; if no such branch exists, look for a loop or branch on rank-local data (a count, a "
-                       "length, a flag) that made these ranks skip or repeat it")
+            remedy += (
+                "; if no such branch exists, look for a loop or branch on rank-local data (a count, a "
+                "length, a flag) that made these ranks skip or repeat it"
+            )
     else:
-        summary = (f"{op} at {words.where(site)} on {group} entered only by {words.ranks(entered)}; "
-                   f"{never}; no single coordinate separates them")
-        remedy = (f"every rank of the {words.group(kind)} group must reach {op} at {where}; "
-                  "compare the absent ranks' stacks with the entered ones to see where they turned off")
-    return Finding(id=FindingId.GATED_COLLECTIVE, ranks=members, summary=summary, remedy=remedy,
-                   details=details)
+        summary = (
+            f"{op} at {words.where(site)} on {group} entered only by {words.ranks(entered)}; "
+            f"{never}; no single coordinate separates them"
+        )
+        remedy = (
+            f"every rank of the {words.group(kind)} group must reach {op} at {where}; "
+            "compare the absent ranks' stacks with the entered ones to see where they turned off"
+        )
+    return Finding(id=FindingId.GATED_COLLECTIVE, ranks=members, summary=summary, remedy=remedy, details=details)
 
 
 def size_mismatches(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
@@ -123,19 +151,35 @@ def _size_findings(problems: Sequence[SizeProblem], layout: ParallelLayout | Non
         what = "sizes" if p.problem == "sizes" else "dtypes"
         known = signature_of(p.site)
         if known == "moe-aux-loss":
-            remedy = ("the ranks' MoE aux-loss trackers hold different entries: initialise every entry on every "
-                      "rank (megatron's track_moe_metrics(force_initialize=True), and count the MTP layers too: "
-                      "Megatron-LM #3400/#3401)")
+            remedy = (
+                "the ranks' MoE aux-loss trackers hold different entries: initialise every entry on every "
+                "rank (megatron's track_moe_metrics(force_initialize=True), and count the MTP layers too: "
+                "Megatron-LM #3400/#3401)"
+            )
         else:
-            remedy = (f"every member must pass tensors of the same {'size' if what == 'sizes' else 'dtype'} to "
-                      f"{p.op} at {words.where(p.site)}: compare how each rank builds it (a list whose length "
-                      "depends on the layers a stage holds, a rank in another phase such as validation)")
-        out.append(Finding(
-            id=FindingId.SIZE_MISMATCH if what == "sizes" else FindingId.DTYPE_MISMATCH, ranks=p.members, remedy=remedy,
-            summary=(f"{p.op} #{p.seq} at {words.where(p.site)} on the {name} group {words.members(p.members)} "
-                     f"was entered by every member, with different {what}: {values}"),
-            details={"op": p.op, "seq": p.seq, "group": p.kind or p.desc, "fr_group": p.group,
-                     "site": p.site.to_dict() if p.site else None,
-                     "values": {k: list(v) for k, v in p.by_value.items()}, "source": "flight-recorder"},
-        ))
+            remedy = (
+                f"every member must pass tensors of the same {'size' if what == 'sizes' else 'dtype'} to "
+                f"{p.op} at {words.where(p.site)}: compare how each rank builds it (a list whose length "
+                "depends on the layers a stage holds, a rank in another phase such as validation)"
+            )
+        out.append(
+            Finding(
+                id=FindingId.SIZE_MISMATCH if what == "sizes" else FindingId.DTYPE_MISMATCH,
+                ranks=p.members,
+                remedy=remedy,
+                summary=(
+                    f"{p.op} #{p.seq} at {words.where(p.site)} on the {name} group {words.members(p.members)} "
+                    f"was entered by every member, with different {what}: {values}"
+                ),
+                details={
+                    "op": p.op,
+                    "seq": p.seq,
+                    "group": p.kind or p.desc,
+                    "fr_group": p.group,
+                    "site": p.site.to_dict() if p.site else None,
+                    "values": {k: list(v) for k, v in p.by_value.items()},
+                    "source": "flight-recorder",
+                },
+            )
+        )
     return out

@@ -16,7 +16,6 @@ if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there 
     from mtpdiag.analysis.flight_recorder.evidence import SizeProblem, StuckGroup
 
 
-
 class Mode(StrEnum):
     """How far the group analysis got, which decides the rules that can say something."""
 
@@ -57,5 +56,8 @@ class Facts(msgspec.Struct, frozen=True):
 
     @property
     def unmatched_p2p(self) -> bool:
-        return self.mode == Mode.GROUPS and self.causes is not None and \
-            bool(self.causes.root_p2p or self.causes.consequence_p2p)
+        return (
+            self.mode == Mode.GROUPS
+            and self.causes is not None
+            and bool(self.causes.root_p2p or self.causes.consequence_p2p)
+        )

@@ -49,18 +49,29 @@ def _findings(roots: Sequence[P2PWait], views: Mapping[int, RankView], layout: P
     out = []
     for (op, site), waits in grouped(roots, lambda w: (w.op, w.site)).items():
         first = waits[0]
-        summary = (f"{words.rank(first.rank)} waits in {p2p_call(first)} at {words.where(site)}; "
-                   f"{words.rank(first.peer)} is {_peer_doing(views.get(first.peer), words)}, "
-                   f"not in a matching {_matching(op)}")
+        summary = (
+            f"{words.rank(first.rank)} waits in {p2p_call(first)} at {words.where(site)}; "
+            f"{words.rank(first.peer)} is {_peer_doing(views.get(first.peer), words)}, "
+            f"not in a matching {_matching(op)}"
+        )
         if len(waits) > 1:
             summary += f" (and {len(waits) - 1} more such pair{'s' if len(waits) > 2 else ''})"
         ranks = union([[w.rank, w.peer] for w in waits])
-        out.append(Finding(
-            id=FindingId.P2P_UNMATCHED, ranks=ranks, summary=summary,
-            remedy=("the two ends disagree on the number or order of their sends and receives: compare "
-                    "the microbatch counts and the schedules of both pipeline stages"),
-            details={"op": op, "site": site.to_dict() if site else None,
-                     "pairs": [[w.rank, w.peer] for w in waits],
-                     "peer_doing": {str(w.peer): doing(views.get(w.peer)) for w in waits}},
-        ))
+        out.append(
+            Finding(
+                id=FindingId.P2P_UNMATCHED,
+                ranks=ranks,
+                summary=summary,
+                remedy=(
+                    "the two ends disagree on the number or order of their sends and receives: compare "
+                    "the microbatch counts and the schedules of both pipeline stages"
+                ),
+                details={
+                    "op": op,
+                    "site": site.to_dict() if site else None,
+                    "pairs": [[w.rank, w.peer] for w in waits],
+                    "peer_doing": {str(w.peer): doing(views.get(w.peer)) for w in waits},
+                },
+            )
+        )
     return out

@@ -20,22 +20,30 @@ K = TypeVar("K", bound=Hashable)
 SHOW = 6  # ranks named in a summary before "…"
 # Megatron's metric trackers other than MTP that hang the same way: what to call them, and the fix.
 TRACKER_WORDS = {
-    "dsa-indexer": ("DeepSeek indexer loss reduce (DSAIndexerLossLoggingHelper, not the MTP loss)",
-                    "every pipeline stage must take part in the indexer's PP all_reduce: take Megatron-LM #4518 "
-                    "(dev), or seed the indexer tracker with zeros on every stage before reduce_loss_in_tracker"),
-    "moe-aux-loss": ("MoE aux-loss tracker reduce",
-                     "every pipeline stage must hold the same tracker entries: call track_moe_metrics with "
-                     "force_initialize=True (and count the MTP layers: Megatron-LM #3400/#3401), or create the "
-                     "entries on stages without MoE layers (NeMo-RL #3419)"),
+    "dsa-indexer": (
+        "DeepSeek indexer loss reduce (DSAIndexerLossLoggingHelper, not the MTP loss)",
+        "every pipeline stage must take part in the indexer's PP all_reduce: take Megatron-LM #4518 "
+        "(dev), or seed the indexer tracker with zeros on every stage before reduce_loss_in_tracker",
+    ),
+    "moe-aux-loss": (
+        "MoE aux-loss tracker reduce",
+        "every pipeline stage must hold the same tracker entries: call track_moe_metrics with "
+        "force_initialize=True (and count the MTP layers: Megatron-LM #3400/#3401), or create the "
+        "entries on stages without MoE layers (NeMo-RL #3419)",
+    ),
 }
 
-FR_LAUNCH_ENV = ("TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_ "
-                 "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/fr_pipe_rank_")
-FR_HOW = ("the Flight Recorder dumps ${TORCH_FR_DUMP_TEMP_FILE}<rank> (default ~/.cache/torch/comm_lib_trace_rank_"
-          "<rank>, /tmp/nccl_trace_rank_<rank> before torch 2.6), written on every rank when the NCCL watchdog "
-          "times out (TORCH_NCCL_TIMEOUT, 10 min by default), or now with `mtpdiag inspect --fr-dump` when the "
-          "job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE; then `mtpdiag analyze --fr <prefix>` (with the stacks, or "
-          f"alone). If the job did not record them, relaunch with {FR_LAUNCH_ENV}")
+FR_LAUNCH_ENV = (
+    "TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_ "
+    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/fr_pipe_rank_"
+)
+FR_HOW = (
+    "the Flight Recorder dumps ${TORCH_FR_DUMP_TEMP_FILE}<rank> (default ~/.cache/torch/comm_lib_trace_rank_"
+    "<rank>, /tmp/nccl_trace_rank_<rank> before torch 2.6), written on every rank when the NCCL watchdog "
+    "times out (TORCH_NCCL_TIMEOUT, 10 min by default), or now with `mtpdiag inspect --fr-dump` when the "
+    "job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE; then `mtpdiag analyze --fr <prefix>` (with the stacks, or "
+    f"alone). If the job did not record them, relaunch with {FR_LAUNCH_ENV}"
+)
 FLIGHT_RECORDER_HINT = (
     "look below Python: the network, NCCL or a device (NCCL_DEBUG=INFO, dmesg); compare each rank's last "
     f"collective in {FR_HOW}"
@@ -147,10 +155,14 @@ def gate_source_phrase(m: Mismatch) -> str:
         return ""
     others = "".join(f" or {describe_gate(g)}" for g in m.gate_alternatives)
     if others:
-        return (f" (weak: {describe_gate(m.gate)}{others} separate the ranks equally well; a branch on rank-local "
-                "data fits too)")
-    return (" (weak: too few ranks on one side to tell a rank test from data-dependent divergence, e.g. a loop "
-            "that ran once more on some ranks)")
+        return (
+            f" (weak: {describe_gate(m.gate)}{others} separate the ranks equally well; a branch on rank-local "
+            "data fits too)"
+        )
+    return (
+        " (weak: too few ranks on one side to tell a rank test from data-dependent divergence, e.g. a loop "
+        "that ran once more on some ranks)"
+    )
 
 
 def doing_phrase(ranks: Sequence[int], doing_of: Mapping[int, str]) -> str:

@@ -22,17 +22,22 @@ def missing(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
     """Ranks of the world nobody captured, when something waits on them or nothing else can tell."""
     if not facts.missing_is_a_finding or facts.world_size is None:
         return []
-    return [missing_finding(facts.missing, facts.world_size, facts.waited_on | facts.waited_on_undumped,
-                            facts.layout)]
+    return [missing_finding(facts.missing, facts.world_size, facts.waited_on | facts.waited_on_undumped, facts.layout)]
 
 
 def all_waiting(facts: Facts, found: Sequence[Finding]) -> list[Finding]:
     """Every rank waits in one collective (or the recorder shows whole groups waiting at one number) and
     nothing is split or otherwise found: the cause is below Python."""
     ranked = list(facts.by_rank.values())
-    if (ranked and not facts.missing and not facts.mismatches and not facts.unmatched_p2p and not found
-            and all(v.state == RankState.COLLECTIVE for v in ranked)
-            and (facts.layout is not None or len({(v.op, v.site) for v in ranked}) == 1)):
+    if (
+        ranked
+        and not facts.missing
+        and not facts.mismatches
+        and not facts.unmatched_p2p
+        and not found
+        and all(v.state == RankState.COLLECTIVE for v in ranked)
+        and (facts.layout is not None or len({(v.op, v.site) for v in ranked}) == 1)
+    ):
         return [all_waiting_finding(ranked)]
     if facts.stuck_groups and not facts.mismatches and not found:
         return [stuck_groups_finding(facts.stuck_groups)]
@@ -48,22 +53,30 @@ def unexplained(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
     return [unexplained_wait_finding(stuck, facts.layout is not None, facts.fr_found)] if stuck else []
 
 
-def missing_finding(missing: Sequence[int], world_size: int, waited_on: Iterable[int],
-                    layout: ParallelLayout | None) -> Finding:
+def missing_finding(
+    missing: Sequence[int], world_size: int, waited_on: Iterable[int], layout: ParallelLayout | None
+) -> Finding:
     """Ranks 0..world_size-1 that are not in the capture."""
     words = Words(layout)
     waited = sorted(set(waited_on) & set(missing))
-    summary = (f"{words.ranks(missing, coords=True)} of a world of {world_size} "
-               f"{words.verb(missing, 'was', 'were')} not captured")
+    summary = (
+        f"{words.ranks(missing, coords=True)} of a world of {world_size} "
+        f"{words.verb(missing, 'was', 'were')} not captured"
+    )
     if waited:
         summary += f"; {words.ranks(waited)} {words.verb(waited, 'is', 'are')} waited on by others"
     details: dict[str, Any] = {"missing": list(missing), "world_size": world_size}
     if layout is not None:
         details["coords"] = {str(r): layout.coords(r) for r in missing if r < layout.world_size}
     return Finding(
-        id=FindingId.MISSING_RANK, ranks=tuple(missing), summary=summary, details=details,
-        remedy=("capture every worker (--all on every node, or every pid or bundle); a rank that is "
-                "missing may have crashed: look at its log"),
+        id=FindingId.MISSING_RANK,
+        ranks=tuple(missing),
+        summary=summary,
+        details=details,
+        remedy=(
+            "capture every worker (--all on every node, or every pid or bundle); a rank that is "
+            "missing may have crashed: look at its log"
+        ),
     )
 
 
@@ -78,7 +91,9 @@ def all_waiting_finding(views: Sequence[RankView]) -> Finding:
     else:
         what = f"waits in a collective ({len(sites)} sites)"
     return Finding(
-        id=FindingId.ALL_WAITING, ranks=ranks, remedy=FLIGHT_RECORDER_HINT,
+        id=FindingId.ALL_WAITING,
+        ranks=ranks,
+        remedy=FLIGHT_RECORDER_HINT,
         summary=f"every rank ({len(ranks)}) {what} and no group is split: the cause is below Python",
         details={"sites": [{"op": op, "site": site.to_dict() if site else None} for op, site in sites]},
     )
@@ -106,30 +121,39 @@ def unexplained_wait_finding(stuck: Sequence[RankView], layout_known: bool, fr_f
         elif kind in ("stopped", "gone", "unreadable"):
             phrase = f"are {kind}" if len(who) != 1 else f"is {kind}"
         elif kind == "running":
-            phrase = ("on the CPU in their own code (a busy step, or a wait that spins: one dump cannot tell "
-                      "them apart)")
+            phrase = "on the CPU in their own code (a busy step, or a wait that spins: one dump cannot tell them apart)"
         parts.append(f"{words.ranks(who)} {phrase}{where}")
     ranks = tuple(sorted(v.rank for v in stuck if v.rank is not None))
     kinds = set(by_kind)
     if kinds == {"collective"} and not layout_known:
-        summary = ("ranks wait in collectives at different call sites and no parallel layout is known: "
-                   + "; ".join(parts))
-        remedy = ("give the layout (--tp/--cp/--pp/--ep, or --config) so the split process group can be found; "
-                  f"the Flight Recorder names the groups too: {FR_HOW}")
+        summary = "ranks wait in collectives at different call sites and no parallel layout is known: " + "; ".join(
+            parts
+        )
+        remedy = (
+            "give the layout (--tp/--cp/--pp/--ep, or --config) so the split process group can be found; "
+            f"the Flight Recorder names the groups too: {FR_HOW}"
+        )
     else:
-        lead = ("no rank is in a collective the stacks can see" if "collective" not in kinds
-                else "the stacks do not explain the hang")
+        lead = (
+            "no rank is in a collective the stacks can see"
+            if "collective" not in kinds
+            else "the stacks do not explain the hang"
+        )
         summary = f"{lead}: " + "; ".join(parts)
         if "host_sync" in kinds:
-            summary += (". On NCCL a collective only enqueues a kernel, so the one that hangs is not on any "
-                        "stack: the ranks wait for it at their next host sync")
+            summary += (
+                ". On NCCL a collective only enqueues a kernel, so the one that hangs is not on any "
+                "stack: the ranks wait for it at their next host sync"
+            )
         steps = []
         native_first = not kinds & {"host_sync", "collective", "comm_init"}
         if native_first:
             steps.append("see what the C calls wait on with `mtpdiag inspect --native` (py-spy --native)")
         if fr_found:
-            steps.append("the Flight Recorder dumps found with this capture did not name a split collective: "
-                         "check that they are from this hang and cover every rank")
+            steps.append(
+                "the Flight Recorder dumps found with this capture did not name a split collective: "
+                "check that they are from this hang and cover every rank"
+            )
         else:
             steps.append(f"get {FR_HOW}")
         steps.append("tell a hang from a slow step with `mtpdiag watch --pid <pid>`")
@@ -137,7 +161,10 @@ def unexplained_wait_finding(stuck: Sequence[RankView], layout_known: bool, fr_f
             steps.append("see what the C calls wait on with `mtpdiag inspect --native`")
         remedy = "; ".join(steps)
     return Finding(
-        id=FindingId.UNEXPLAINED_WAIT, ranks=ranks, summary=summary, remedy=remedy,
+        id=FindingId.UNEXPLAINED_WAIT,
+        ranks=ranks,
+        summary=summary,
+        remedy=remedy,
         details={"waits": {k: sorted(v.rank for v in vs if v.rank is not None) for k, vs in sorted(by_kind.items())}},
     )
 
@@ -148,10 +175,17 @@ def stuck_groups_finding(stuck: Sequence[StuckGroup]) -> Finding:
     first = stuck[0]
     more = f" (and {len(stuck) - 1} more group{'s' if len(stuck) > 2 else ''})" if len(stuck) > 1 else ""
     return Finding(
-        id=FindingId.ALL_WAITING, ranks=ranks, remedy=FLIGHT_RECORDER_HINT.split("; compare")[0],
-        summary=(f"the Flight Recorder shows every member of {first.desc or first.group} waiting in {first.op} "
-                 f"#{first.seq}{more}, and no group split: the cause is below Python"),
-        details={"source": "flight-recorder",
-                 "groups": [{"group": s.group, "desc": s.desc, "seq": s.seq, "op": s.op,
-                             "members": list(s.members)} for s in stuck]},
+        id=FindingId.ALL_WAITING,
+        ranks=ranks,
+        remedy=FLIGHT_RECORDER_HINT.split("; compare")[0],
+        summary=(
+            f"the Flight Recorder shows every member of {first.desc or first.group} waiting in {first.op} "
+            f"#{first.seq}{more}, and no group split: the cause is below Python"
+        ),
+        details={
+            "source": "flight-recorder",
+            "groups": [
+                {"group": s.group, "desc": s.desc, "seq": s.seq, "op": s.op, "members": list(s.members)} for s in stuck
+            ],
+        },
     )

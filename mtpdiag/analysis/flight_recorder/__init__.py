@@ -14,15 +14,26 @@ from mtpdiag.analysis.flight_recorder.match import match_groups, mismatches
 from mtpdiag.analysis.flight_recorder.order import AbsentWhy
 from mtpdiag.analysis.flight_recorder.progress import GroupProgress, group_progress
 from mtpdiag.analysis.flight_recorder.results import (
-                                                      Divergence,
-                                                      FRAnalysis,
-                                                      FRCallSplit,
-                                                      GroupMatch,
-                                                      P2PMismatch,
-                                                      RankAt,
+    Divergence,
+    FRAnalysis,
+    FRCallSplit,
+    GroupMatch,
+    P2PMismatch,
+    RankAt,
 )
 
 __all__ = [
-    "AbsentWhy", "Divergence", "FRAnalysis", "FRCallSplit", "GroupMatch", "GroupProgress", "P2PMismatch", "RankAt",
-    "correlate", "group_progress", "match_groups", "mismatches", "ops_match",
+    "AbsentWhy",
+    "Divergence",
+    "FRAnalysis",
+    "FRCallSplit",
+    "GroupMatch",
+    "GroupProgress",
+    "P2PMismatch",
+    "RankAt",
+    "correlate",
+    "group_progress",
+    "match_groups",
+    "mismatches",
+    "ops_match",
 ]

@@ -63,15 +63,24 @@ def _match_mismatch(m: Mismatch, progress: Iterable[GroupProgress], fr: FRDump) 
     Without ``pg_config`` membership the layout's members are used, and a member whose dump has no
     entry in the group counts as never having entered it.
     """
-    view: dict[str, Any] = {"op": m.op, "group": m.group, "role": m.role, "members": list(m.members),
-                            "entered": list(m.entered), "absent": list(m.absent), "fr_group": None}
-    candidates = [g for g in progress
-                  if any(ops_match(m.op, e.op) for r in m.entered for e in g.pending.get(r, ()))]
+    view: dict[str, Any] = {
+        "op": m.op,
+        "group": m.group,
+        "role": m.role,
+        "members": list(m.members),
+        "entered": list(m.entered),
+        "absent": list(m.absent),
+        "fr_group": None,
+    }
+    candidates = [g for g in progress if any(ops_match(m.op, e.op) for r in m.entered for e in g.pending.get(r, ()))]
     if not candidates:
-        return view, [f"stacks say rank(s) {_ranks_text(m.entered)} wait in {m.op} ({m.group} "
-                      f"{list(m.members)}); FR has no pending {m.op} for them"]
-    g = sorted(candidates, key=lambda c: (c.kind != m.group, set(c.members) != set(m.members),
-                                          group_sort_key(c.name)))[0]
+        return view, [
+            f"stacks say rank(s) {_ranks_text(m.entered)} wait in {m.op} ({m.group} "
+            f"{list(m.members)}); FR has no pending {m.op} for them"
+        ]
+    g = sorted(candidates, key=lambda c: (c.kind != m.group, set(c.members) != set(m.members), group_sort_key(c.name)))[
+        0
+    ]
     exact = g.members_from == "pg_config"
     members = list(g.members) if exact else sorted(set(m.members) | set(g.members))
     reached = {r: g.last_entered.get(r, 0) for r in members if fr.rank(r) is not None}
@@ -79,16 +88,28 @@ def _match_mismatch(m: Mismatch, progress: Iterable[GroupProgress], fr: FRDump) 
     fr_entered = [r for r in members if r in reached and reached[r] >= seq]
     fr_absent = [r for r in members if r in reached and reached[r] < seq]
     agrees = set(members) == set(m.members) and fr_entered == list(m.entered) and fr_absent == list(m.absent)
-    view.update({"fr_group": g.name, "fr_desc": g.desc, "fr_members": members,
-                 "fr_members_from": g.members_from, "seq": seq, "fr_entered": fr_entered,
-                 "fr_absent": fr_absent, "agrees": agrees})
+    view.update(
+        {
+            "fr_group": g.name,
+            "fr_desc": g.desc,
+            "fr_members": members,
+            "fr_members_from": g.members_from,
+            "seq": seq,
+            "fr_entered": fr_entered,
+            "fr_absent": fr_absent,
+            "agrees": agrees,
+        }
+    )
     lines = []
     if exact and set(members) != set(m.members):
-        lines.append(f"FR group {g.name} ({g.desc}) has members {members}; the layout's {m.group} "
-                     f"group is {list(m.members)}")
+        lines.append(
+            f"FR group {g.name} ({g.desc}) has members {members}; the layout's {m.group} group is {list(m.members)}"
+        )
     if fr_entered != list(m.entered) or fr_absent != list(m.absent):
-        lines.append(f"FR says {m.op} #{seq} in group {g.name} ({g.desc}) was entered by {fr_entered} and "
-                     f"not by {fr_absent}; stacks say entered {list(m.entered)}, absent {list(m.absent)}")
+        lines.append(
+            f"FR says {m.op} #{seq} in group {g.name} ({g.desc}) was entered by {fr_entered} and "
+            f"not by {fr_absent}; stacks say entered {list(m.entered)}, absent {list(m.absent)}"
+        )
     return view, lines
 
 
@@ -112,8 +133,10 @@ def _layout_conflicts(report: Report, groups: Iterable[FRGroup]) -> list[str]:
         recorded = " ".join(str(list(r)) for r in sorted({g.ranks for g in bad}))
         ranks = {r for g in bad for r in g.ranks}
         expected = " ".join(str(list(r)) for r in sorted({tuple(layout.group_of(kind, r)) for r in ranks}))
-        lines.append(f"FR records the {kind} groups ({descs}) as {recorded}; the layout "
-                     f"({_layout_text(layout)}) makes them {expected}")
+        lines.append(
+            f"FR records the {kind} groups ({descs}) as {recorded}; the layout "
+            f"({_layout_text(layout)}) makes them {expected}"
+        )
     return lines
 
 
@@ -148,8 +171,10 @@ def _rank_checks(report: Report, fr: FRDump) -> tuple[list[str], list[str]]:
         if op is None:
             at_host_sync = view.wait is not None and view.wait.kind == "host_sync"
             if latest is not None and not at_host_sync:  # on NCCL a rank waits for its collective at a sync
-                lines.append(f"FR says rank {view.rank} waits in {_entry_text(latest)}; stacks say it is in no "
-                             f"collective{_at(view.site)}")
+                lines.append(
+                    f"FR says rank {view.rank} waits in {_entry_text(latest)}; stacks say it is in no "
+                    f"collective{_at(view.site)}"
+                )
         elif op == "wait":
             if latest is None:
                 lines.append(f"stacks say rank {view.rank} waits on a Work handle; FR has nothing pending for it")
@@ -170,15 +195,22 @@ def _rank_checks(report: Report, fr: FRDump) -> tuple[list[str], list[str]]:
     return lines, notes
 
 
-def _lines(fr: FRDump, progress: Sequence[GroupProgress], matched: Sequence[Mapping[str, Any]],
-           disagreements: Sequence[str], notes: Sequence[str]) -> list[str]:
+def _lines(
+    fr: FRDump,
+    progress: Sequence[GroupProgress],
+    matched: Sequence[Mapping[str, Any]],
+    disagreements: Sequence[str],
+    notes: Sequence[str],
+) -> list[str]:
     dumped = [d.rank for d in fr.ranks]
     out = [f"Flight Recorder: {len(dumped)} dump(s), rank(s) {_ranks_text(dumped)}, from {fr.source}"]
     for g in progress:
         if not g.behind and not g.pending:
             continue
-        waiting = "; ".join(f"rank {r} waits in {_entry_text(max(es, key=lambda e: e.record_id), group=False)}"
-                            for r, es in sorted(g.pending.items()))
+        waiting = "; ".join(
+            f"rank {r} waits in {_entry_text(max(es, key=lambda e: e.record_id), group=False)}"
+            for r, es in sorted(g.pending.items())
+        )
         text = f"group {g.name} ({g.desc}, ranks {_ranks_text(g.members)}): {waiting or 'nothing pending'}"
         if g.behind:
             behind = ", ".join(f"{r} (#{g.last_entered[r]})" for r in g.behind)
@@ -186,9 +218,11 @@ def _lines(fr: FRDump, progress: Sequence[GroupProgress], matched: Sequence[Mapp
         out.append(text)
     for m in matched:
         if m.get("agrees"):
-            out.append(f"FR agrees with the stacks on {m['op']} #{m['seq']} in group {m['fr_group']} "
-                       f"({m['fr_desc']}, ranks {_ranks_text(m['fr_members'])}): entered by "
-                       f"{_ranks_text(m['fr_entered'])}, never reached by {_ranks_text(m['fr_absent'])}")
+            out.append(
+                f"FR agrees with the stacks on {m['op']} #{m['seq']} in group {m['fr_group']} "
+                f"({m['fr_desc']}, ranks {_ranks_text(m['fr_members'])}): entered by "
+                f"{_ranks_text(m['fr_entered'])}, never reached by {_ranks_text(m['fr_absent'])}"
+            )
     shown = disagreements[:MAX_LINES]
     out += [f"disagreement: {d}" for d in shown]
     if len(disagreements) > len(shown):

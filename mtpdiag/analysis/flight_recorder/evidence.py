@@ -86,22 +86,31 @@ def section(report: Report, fr: FRDump, evidence: FREvidence) -> FlightRecorderS
     each group's first divergence, and the lines the console shows."""
     # Hold the recorder against what the stacks alone said: splits it found itself agree by construction,
     # and ranks known only from their dumps have no stack to compare.
-    stacks_only = replace(report, mismatches=tuple(m for m in report.mismatches if m.source == Source.STACKS),
-                          ranks=tuple(v for v in report.ranks if v.stack is not None))
+    stacks_only = replace(
+        report,
+        mismatches=tuple(m for m in report.mismatches if m.source == Source.STACKS),
+        ranks=tuple(v for v in report.ranks if v.stack is not None),
+    )
     out = correlate(stacks_only, fr)
     lines = list(out.lines[:1])
     for d in evidence.analysis.divergences:
         lines.append(_divergence_line(d))
     lines += [line for line in out.lines[1:] if not line.startswith("group ")]
-    return replace(out, lines=tuple(lines), divergences=tuple(d.to_dict() for d in evidence.analysis.divergences),
-                   unmatched_p2p=tuple(m.to_dict() for m in evidence.analysis.p2p))
+    return replace(
+        out,
+        lines=tuple(lines),
+        divergences=tuple(d.to_dict() for d in evidence.analysis.divergences),
+        unmatched_p2p=tuple(m.to_dict() for m in evidence.analysis.p2p),
+    )
 
 
 def _divergence_line(d: Divergence) -> str:
     calls = "; ".join(f"{c.op}{_at(c.site)} by {_ranks(c.entered)}" for c in d.calls)
     missing = f"; never reached by {_ranks(d.missing)}" if d.missing else ""
-    return (f"group {d.group} ({d.desc or '?'}, ranks {_ranks(d.members)}) first diverges at #{d.seq} "
-            f"({', '.join(d.problems)}): {calls}{missing}")
+    return (
+        f"group {d.group} ({d.desc or '?'}, ranks {_ranks(d.members)}) first diverges at #{d.seq} "
+        f"({', '.join(d.problems)}): {calls}{missing}"
+    )
 
 
 def _at(site: Site | None) -> str:
@@ -145,7 +154,9 @@ def fold(fr: FRDump, layout: ParallelLayout | None, coords_of: CoordsOf | None) 
     sizes: list[SizeProblem] = []
     # Splits of one call (op and site) in several instances of a group kind share one gate, read over all of
     # them, as the stacks' analysis does: two pipeline groups with one rank on each side are two and two.
-    by_call: dict[tuple[str, Site | None, str], list[tuple[Divergence, FRCallSplit, str, GroupFrom, tuple[str, ...]]]] = {}
+    by_call: dict[
+        tuple[str, Site | None, str], list[tuple[Divergence, FRCallSplit, str, GroupFrom, tuple[str, ...]]]
+    ] = {}
     for d in analysis.divergences:
         kind, group_from, candidates = _kind_of(d, layout)
         splits = [c for c in d.calls if c.absent]
@@ -155,30 +166,57 @@ def fold(fr: FRDump, layout: ParallelLayout | None, coords_of: CoordsOf | None) 
             sizes += _size_problems(d, kind)
     mismatches: list[Mismatch] = []
     for (op, site, kind), items in by_call.items():
-        reading = read_gate([_Split(d.members, c.entered, c.absent) for d, c, *_ in items], coords_of) \
-            if coords_of else None
+        reading = (
+            read_gate([_Split(d.members, c.entered, c.absent) for d, c, *_ in items], coords_of) if coords_of else None
+        )
         if reading is not None and reading.gate is None:
             reading = None
         strength = reading.strength if reading else None
-        if reading and strength == GateStrength.WEAK and is_mtp_site(site) and kind == "dp_cp" \
-                and reading.gate == {"cp": 0}:
+        if (
+            reading
+            and strength == GateStrength.WEAK
+            and is_mtp_site(site)
+            and kind == "dp_cp"
+            and reading.gate == {"cp": 0}
+        ):
             strength = GateStrength.STRONG  # the known verl #5895 signature
         for d, call, _, group_from, candidates in items:
-            m = Mismatch(op=op, site=site, group=kind, members=d.members, entered=call.entered,
-                         absent=call.absent, gate=reading.gate if reading else None,
-                         absent_doing=dict(call.absent_doing), role=Role.ROOT,
-                         group_from=group_from, group_candidates=candidates, gate_strength=strength,
-                         gate_alternatives=reading.alternatives if reading else (), source=Source.FLIGHT_RECORDER,
-                         seq=d.seq)
+            m = Mismatch(
+                op=op,
+                site=site,
+                group=kind,
+                members=d.members,
+                entered=call.entered,
+                absent=call.absent,
+                gate=reading.gate if reading else None,
+                absent_doing=dict(call.absent_doing),
+                role=Role.ROOT,
+                group_from=group_from,
+                group_candidates=candidates,
+                gate_strength=strength,
+                gate_alternatives=reading.alternatives if reading else (),
+                source=Source.FLIGHT_RECORDER,
+                seq=d.seq,
+            )
             mismatches.append(m)
             if call.role == Role.ROOT:
                 hints.add(mismatch_key(m))
     stuck = tuple(_stuck(g, fr) for g in analysis.groups if g.stuck is not None and g.divergence is None)
-    waited = frozenset(r for g in analysis.groups if g.no_dump
-                       and any(g.last_entered.get(m, 0) > g.last_completed.get(m, 0) for m in g.members)
-                       for r in g.no_dump)
-    return FREvidence(analysis=analysis, mismatches=tuple(mismatches), root_hints=frozenset(hints),
-                      size_problems=tuple(sizes), stuck=stuck, pending=_pending(fr), waited_on_undumped=waited)
+    waited = frozenset(
+        r
+        for g in analysis.groups
+        if g.no_dump and any(g.last_entered.get(m, 0) > g.last_completed.get(m, 0) for m in g.members)
+        for r in g.no_dump
+    )
+    return FREvidence(
+        analysis=analysis,
+        mismatches=tuple(mismatches),
+        root_hints=frozenset(hints),
+        size_problems=tuple(sizes),
+        stuck=stuck,
+        pending=_pending(fr),
+        waited_on_undumped=waited,
+    )
 
 
 def merge(stack_mismatches: Sequence[Mismatch], fr_mismatches: Sequence[Mismatch]) -> tuple[Mismatch, ...]:
@@ -191,8 +229,11 @@ def merge(stack_mismatches: Sequence[Mismatch], fr_mismatches: Sequence[Mismatch
         if fr is None:
             out.append(m)
         else:
-            out.append(replace(fr, absent_doing={**fr.absent_doing, **m.absent_doing},
-                               source=Source.STACKS_AND_FLIGHT_RECORDER))
+            out.append(
+                replace(
+                    fr, absent_doing={**fr.absent_doing, **m.absent_doing}, source=Source.STACKS_AND_FLIGHT_RECORDER
+                )
+            )
     out += by_key.values()
     return tuple(out)
 
@@ -202,10 +243,22 @@ def view_without_stack(rank: int, fr: FRDump, pending: Mapping[int, str]) -> Ran
     entry = _oldest_pending(fr, rank)
     op, site = (entry.op, entry.site) if entry is not None else (None, None)
     text = pending.get(rank)
-    wait = WaitState(WaitKind.COLLECTIVE if op else WaitKind.UNKNOWN, Confidence.LIKELY,
-                     (f"Flight Recorder: {text}" if text else "Flight Recorder: nothing pending",))
-    return RankView(rank=rank, pid=None, host="unknown", state=RankState.COLLECTIVE if op else RankState.WAITING,
-                    coords=None, op=op, site=site, stack=None, wait=wait)
+    wait = WaitState(
+        WaitKind.COLLECTIVE if op else WaitKind.UNKNOWN,
+        Confidence.LIKELY,
+        (f"Flight Recorder: {text}" if text else "Flight Recorder: nothing pending",),
+    )
+    return RankView(
+        rank=rank,
+        pid=None,
+        host="unknown",
+        state=RankState.COLLECTIVE if op else RankState.WAITING,
+        coords=None,
+        op=op,
+        site=site,
+        stack=None,
+        wait=wait,
+    )
 
 
 def with_pending(view: RankView, pending: Mapping[int, str]) -> RankView:
@@ -218,9 +271,11 @@ def with_pending(view: RankView, pending: Mapping[int, str]) -> RankView:
         return view
     evidence = (*view.wait.evidence, f"Flight Recorder: {pending[view.rank]}")
     if view.wait.kind in (WaitKind.RUNNING, WaitKind.UNKNOWN):
-        return replace(view, state=RankState.WAITING, wait=replace(view.wait, kind=WaitKind.HOST_SYNC,
-                                                                   confidence=Confidence.LIKELY,
-                                                           evidence=evidence))
+        return replace(
+            view,
+            state=RankState.WAITING,
+            wait=replace(view.wait, kind=WaitKind.HOST_SYNC, confidence=Confidence.LIKELY, evidence=evidence),
+        )
     return replace(view, wait=replace(view.wait, evidence=evidence))
 
 
@@ -258,20 +313,46 @@ def _size_problems(d: Divergence, kind: str | None) -> list[SizeProblem]:
             if c is None:
                 continue
             op, site = op or c.op, site or c.site
-            value = (f"{c.input_numel} element{'s' if c.input_numel != 1 else ''}" if problem == "sizes"
-                     else "/".join(sorted(c.input_dtypes)) or "?")
+            value = (
+                f"{c.input_numel} element{'s' if c.input_numel != 1 else ''}"
+                if problem == "sizes"
+                else "/".join(sorted(c.input_dtypes)) or "?"
+            )
             by_value.setdefault(value, []).append(r.rank)
-        out.append(SizeProblem(group=d.group, desc=d.desc, kind=kind, members=d.members, seq=d.seq,
-                               op=op or "?", site=site, problem=problem,
-                               by_value={k: tuple(v) for k, v in by_value.items()}))
+        out.append(
+            SizeProblem(
+                group=d.group,
+                desc=d.desc,
+                kind=kind,
+                members=d.members,
+                seq=d.seq,
+                op=op or "?",
+                site=site,
+                problem=problem,
+                by_value={k: tuple(v) for k, v in by_value.items()},
+            )
+        )
     return out
 
 
 def _stuck(g: GroupMatch, fr: FRDump) -> StuckGroup:
-    entry = next((e for d in fr.ranks for e in d.entries
-                  if e.group == g.name and not e.is_p2p and e.collective_seq_id == g.stuck), None)
-    return StuckGroup(group=g.name, desc=g.desc, members=g.members, seq=g.stuck or 0,
-                      op=entry.op if entry else "?", site=entry.site if entry else None)
+    entry = next(
+        (
+            e
+            for d in fr.ranks
+            for e in d.entries
+            if e.group == g.name and not e.is_p2p and e.collective_seq_id == g.stuck
+        ),
+        None,
+    )
+    return StuckGroup(
+        group=g.name,
+        desc=g.desc,
+        members=g.members,
+        seq=g.stuck or 0,
+        op=entry.op if entry else "?",
+        site=entry.site if entry else None,
+    )
 
 
 def _pending(fr: FRDump) -> dict[int, str]:

@@ -77,9 +77,19 @@ def mismatches(analysis: FRAnalysis) -> tuple[Mismatch, ...]:
         for c in d.calls:
             if not c.absent:
                 continue  # every member entered: a sizes/dtypes divergence, not a split group
-            out.append(Mismatch(op=c.op, site=c.site, group=d.kind or d.desc or d.group, members=d.members,
-                                entered=c.entered, absent=c.absent, gate=None, absent_doing=dict(c.absent_doing),
-                                role=Role.CONSEQUENCE if c.role == "consequence" else Role.ROOT))
+            out.append(
+                Mismatch(
+                    op=c.op,
+                    site=c.site,
+                    group=d.kind or d.desc or d.group,
+                    members=d.members,
+                    entered=c.entered,
+                    absent=c.absent,
+                    gate=None,
+                    absent_doing=dict(c.absent_doing),
+                    role=Role.CONSEQUENCE if c.role == "consequence" else Role.ROOT,
+                )
+            )
     return tuple(out)
 
 
@@ -100,16 +110,19 @@ def _configured(fr: FRDump) -> tuple[dict[str, tuple[int, ...]], list[str]]:
             if not g.ranks:
                 continue
             if g.name in out and out[g.name] != g.ranks:
-                notes.append(f"group {g.name} ({g.desc}) has members {list(out[g.name])} in rank "
-                             f"{seen[g.name]}'s dump but {list(g.ranks)} in rank {d.rank}'s")
+                notes.append(
+                    f"group {g.name} ({g.desc}) has members {list(out[g.name])} in rank "
+                    f"{seen[g.name]}'s dump but {list(g.ranks)} in rank {d.rank}'s"
+                )
                 continue
             out.setdefault(g.name, g.ranks)
             seen.setdefault(g.name, d.rank)
     return out, notes
 
 
-def _match_group(name: str, desc: str, members: tuple[int, ...], source: str, fr: FRDump, calls: Calls,
-                 indexes: Indexes) -> GroupMatch:
+def _match_group(
+    name: str, desc: str, members: tuple[int, ...], source: str, fr: FRDump, calls: Calls, indexes: Indexes
+) -> GroupMatch:
     seqs: dict[int, dict[int, Call]] = {}
     entered: dict[int, int] = {}
     completed: dict[int, int] = {}
@@ -136,14 +149,37 @@ def _match_group(name: str, desc: str, members: tuple[int, ...], source: str, fr
             missing = tuple(r for r in dumped if k not in seqs[r] and entered[r] < k)
             problems = _problems(here, missing)
             if problems:
-                divergence = _divergence(name, desc, members, source, k, problems, here, missing, no_dump,
-                                         seqs, entered, completed, calls, indexes)
+                divergence = _divergence(
+                    name,
+                    desc,
+                    members,
+                    source,
+                    k,
+                    problems,
+                    here,
+                    missing,
+                    no_dump,
+                    seqs,
+                    entered,
+                    completed,
+                    calls,
+                    indexes,
+                )
                 break
             if stuck is None and any(not c.done for c in here.values()):
                 stuck = k
-    return GroupMatch(name=name, desc=desc, kind=MEGATRON_GROUP_KINDS.get(desc), members=members,
-                      members_from=source, last_entered=entered, last_completed=completed, no_dump=no_dump,
-                      divergence=divergence, stuck=stuck if divergence is None else None)
+    return GroupMatch(
+        name=name,
+        desc=desc,
+        kind=MEGATRON_GROUP_KINDS.get(desc),
+        members=members,
+        members_from=source,
+        last_entered=entered,
+        last_completed=completed,
+        no_dump=no_dump,
+        divergence=divergence,
+        stuck=stuck if divergence is None else None,
+    )
 
 
 def _problems(here: Mapping[int, Call], missing: tuple[int, ...]) -> tuple[str, ...]:
@@ -162,10 +198,22 @@ def _problems(here: Mapping[int, Call], missing: tuple[int, ...]) -> tuple[str, 
     return tuple(out)
 
 
-def _divergence(name: str, desc: str, members: tuple[int, ...], source: str, k: int, problems: tuple[str, ...],
-                here: Mapping[int, Call], missing: tuple[int, ...], no_dump: tuple[int, ...], seqs: Seqs,
-                entered: Mapping[int, int], completed: Mapping[int, int], calls: Calls,
-                indexes: Indexes) -> Divergence:
+def _divergence(
+    name: str,
+    desc: str,
+    members: tuple[int, ...],
+    source: str,
+    k: int,
+    problems: tuple[str, ...],
+    here: Mapping[int, Call],
+    missing: tuple[int, ...],
+    no_dump: tuple[int, ...],
+    seqs: Seqs,
+    entered: Mapping[int, int],
+    completed: Mapping[int, int],
+    calls: Calls,
+    indexes: Indexes,
+) -> Divergence:
     ranks = tuple(_rank_at(r, k, here, seqs, entered, completed, indexes) for r in members)
     keys: dict[tuple[str, Site | None], list[int]] = {}
     for r, c in sorted(here.items()):
@@ -180,16 +228,37 @@ def _divergence(name: str, desc: str, members: tuple[int, ...], source: str, k: 
             if a in indexes:
                 later = tuple(c for c in calls[a].get(name, ()) if not c.p2p and c.seq > k)
                 why[a] = absent_why([(indexes[r], here[r]) for r in who], indexes[a], later, here.get(a))
-        splits.append(FRCallSplit(op=op, profiling_name=call.profiling_name, site=site, entered=tuple(who),
-                                  absent=absent, absent_doing=doing, why=why, role=_role(absent, why)))
+        splits.append(
+            FRCallSplit(
+                op=op,
+                profiling_name=call.profiling_name,
+                site=site,
+                entered=tuple(who),
+                absent=absent,
+                absent_doing=doing,
+                why=why,
+                role=_role(absent, why),
+            )
+        )
     counts: dict[Signature, list[int]] = {}
     for r, c in sorted(here.items()):
         counts.setdefault(signature(c), []).append(r)
     reference = sorted(counts.values(), key=lambda rs: (-len(rs), rs[0]))[0][0]
-    return Divergence(group=name, desc=desc, kind=MEGATRON_GROUP_KINDS.get(desc), members=members,
-                      members_from=source, seq=k, problems=problems, calls=tuple(splits), ranks=ranks,
-                      missing=missing, no_dump=no_dump, reference=reference,
-                      culprits=culprits(ranks, missing, reference))
+    return Divergence(
+        group=name,
+        desc=desc,
+        kind=MEGATRON_GROUP_KINDS.get(desc),
+        members=members,
+        members_from=source,
+        seq=k,
+        problems=problems,
+        calls=tuple(splits),
+        ranks=ranks,
+        missing=missing,
+        no_dump=no_dump,
+        reference=reference,
+        culprits=culprits(ranks, missing, reference),
+    )
 
 
 def _role(absent: tuple[int, ...], why: Mapping[int, AbsentWhy]) -> str:
@@ -203,19 +272,33 @@ def _role(absent: tuple[int, ...], why: Mapping[int, AbsentWhy]) -> str:
     return "unknown"
 
 
-def _rank_at(r: int, k: int, here: Mapping[int, Call], seqs: Seqs, entered: Mapping[int, int],
-             completed: Mapping[int, int], indexes: Indexes) -> RankAt:
+def _rank_at(
+    r: int,
+    k: int,
+    here: Mapping[int, Call],
+    seqs: Seqs,
+    entered: Mapping[int, int],
+    completed: Mapping[int, int],
+    indexes: Indexes,
+) -> RankAt:
     if r not in indexes:
-        return RankAt(rank=r, call=None, state="no dump", last_entered=0, last_completed=0,
-                      doing="no Flight Recorder dump")
+        return RankAt(
+            rank=r, call=None, state="no dump", last_entered=0, last_completed=0, doing="no Flight Recorder dump"
+        )
     call = here.get(r)
     if call is not None:
         state = "timed out" if call.timed_out else call.state
     else:
         state = "not reached" if entered.get(r, 0) < k else "not recorded"
     latest = indexes[r].latest()
-    return RankAt(rank=r, call=call, state=state, last_entered=entered.get(r, 0),
-                  last_completed=completed.get(r, 0), doing=_entry_text(latest) if latest else "recorded no op")
+    return RankAt(
+        rank=r,
+        call=call,
+        state=state,
+        last_entered=entered.get(r, 0),
+        last_completed=completed.get(r, 0),
+        doing=_entry_text(latest) if latest else "recorded no op",
+    )
 
 
 def _doing(a: int, k: int, here: Mapping[int, Call], ranks: tuple[RankAt, ...]) -> str:
@@ -254,12 +337,27 @@ def _match_p2p(g: GroupMatch, calls: Calls, indexes: Indexes) -> list[P2PMismatc
             if other is not None and e.input_numel == other.output_numel:
                 continue
             latest = indexes[peer].latest() if peer in indexes else None
-            doing = ("no Flight Recorder dump" if peer not in indexes
-                     else _entry_text(latest) if latest else "recorded no op")
-            out.append(P2PMismatch(group=g.name, desc=g.desc, kind="sizes" if other is not None else "unmatched",
-                                   op=op, rank=me, peer=peer, numel=e.input_numel if op == "send" else e.output_numel,
-                                   peer_numel=other.output_numel if other is not None else None, site=e.site,
-                                   peer_doing=doing))
+            doing = (
+                "no Flight Recorder dump"
+                if peer not in indexes
+                else _entry_text(latest)
+                if latest
+                else "recorded no op"
+            )
+            out.append(
+                P2PMismatch(
+                    group=g.name,
+                    desc=g.desc,
+                    kind="sizes" if other is not None else "unmatched",
+                    op=op,
+                    rank=me,
+                    peer=peer,
+                    numel=e.input_numel if op == "send" else e.output_numel,
+                    peer_numel=other.output_numel if other is not None else None,
+                    site=e.site,
+                    peer_doing=doing,
+                )
+            )
     return out
 
 

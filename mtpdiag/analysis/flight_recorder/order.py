@@ -70,8 +70,9 @@ def _key(e: FREntry) -> tuple[str, bool, int]:
     return (e.group, e.is_p2p, e.seq)
 
 
-def absent_why(entered: Sequence[tuple[RankIndex, Call]], absent: RankIndex, later: tuple[Call, ...],
-               at_k: Call | None) -> AbsentWhy:
+def absent_why(
+    entered: Sequence[tuple[RankIndex, Call]], absent: RankIndex, later: tuple[Call, ...], at_k: Call | None
+) -> AbsentWhy:
     """Why ``absent`` did not issue the call that each of ``entered`` (a rank's index and its copy of the
     call) made. ``at_k``: what ``absent`` issued at the same number in the group, if anything; ``later``:
     its later calls in the group. Every entered rank is tried as the reference, in order."""
@@ -88,8 +89,9 @@ def absent_why(entered: Sequence[tuple[RankIndex, Call]], absent: RankIndex, lat
             continue
         e = index.dump.rank
         if theirs.record_id > mine.record_id:
-            return AbsentWhy(a, SKIPPED, "record-order",
-                             f"is at {_op_text(latest)}, which rank {e} reached after this call")
+            return AbsentWhy(
+                a, SKIPPED, "record-order", f"is at {_op_text(latest)}, which rank {e} reached after this call"
+            )
         return AbsentWhy(a, BEHIND, "record-order", f"is at {_op_text(latest)}, which rank {e} passed before this call")
     synced = False
     for index, mine in entered:
@@ -102,8 +104,9 @@ def absent_why(entered: Sequence[tuple[RankIndex, Call]], absent: RankIndex, lat
             return why
     if not synced:
         return _without_sync(call, absent, latest)
-    return AbsentWhy(a, UNKNOWN, "none", f"is at {_op_text(latest)}; its stacks do not say whether that is before "
-                     "or after this call")
+    return AbsentWhy(
+        a, UNKNOWN, "none", f"is at {_op_text(latest)}; its stacks do not say whether that is before or after this call"
+    )
 
 
 def _same_group(call: Call, absent: RankIndex, later: tuple[Call, ...], at_k: Call) -> AbsentWhy:
@@ -114,8 +117,9 @@ def _same_group(call: Call, absent: RankIndex, later: tuple[Call, ...], at_k: Ca
         return AbsentWhy(a, SHIFTED, "same-group", f"{instead} and this {call.op} later, at #{again.seq}")
     if any(e.record_id > at_k.record_id for e in absent.entries):
         return AbsentWhy(a, SKIPPED, "same-group", f"{instead}, went on, and never issued this {call.op}")
-    return _stopped_at(a, "same-group", at_k.frames, call, instead, " and stopped there") or \
-        AbsentWhy(a, UNKNOWN, "none", f"{instead} and stopped there")
+    return _stopped_at(a, "same-group", at_k.frames, call, instead, " and stopped there") or AbsentWhy(
+        a, UNKNOWN, "none", f"{instead} and stopped there"
+    )
 
 
 def _by_stacks(call: Call, sync: FREntry, absent: RankIndex, latest: FREntry) -> AbsentWhy:
@@ -134,8 +138,12 @@ def _by_stacks(call: Call, sync: FREntry, absent: RankIndex, latest: FREntry) ->
             if found is not None:
                 return found
     elif p_to_c == "same" and p_to_l == "before":
-        return AbsentWhy(a, BEHIND, "stack-order",
-                         f"{where}; this call is the next round of {_op_text(sync)}, which it has not begun")
+        return AbsentWhy(
+            a,
+            BEHIND,
+            "stack-order",
+            f"{where}; this call is the next round of {_op_text(sync)}, which it has not begun",
+        )
     return AbsentWhy(a, UNKNOWN, "none", f"{where}; its stacks do not say whether that is before or after this call")
 
 
@@ -147,8 +155,9 @@ def _without_sync(call: Call, absent: RankIndex, latest: FREntry) -> AbsentWhy:
     stacks = [e.frames for e in absent.entries if e.frames]
     if len(set(stacks)) < len(stacks):
         return AbsentWhy(a, UNKNOWN, "none", f"{where}; no op in common to order it by")
-    return _stopped_at(a, "stack-order", latest.frames, call, where, " (no earlier op in common)") or \
-        AbsentWhy(a, UNKNOWN, "none", f"{where}; no op in common to order it by")
+    return _stopped_at(a, "stack-order", latest.frames, call, where, " (no earlier op in common)") or AbsentWhy(
+        a, UNKNOWN, "none", f"{where}; no op in common to order it by"
+    )
 
 
 def _stopped_at(a: int, rule: str, stop: tuple[Site, ...], call: Call, where: str, tail: str = "") -> AbsentWhy | None:

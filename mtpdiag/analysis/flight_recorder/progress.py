@@ -53,20 +53,27 @@ def group_progress(fr: FRDump) -> tuple[GroupProgress, ...]:
             mine = [e for e in dump.entries if e.group == name]
             status = [s for s in dump.status if s.group == name]
             collectives = [e for e in mine if not e.is_p2p]
-            entered[rank] = max([e.collective_seq_id for e in collectives]
-                                + [s.last_enqueued for s in status] + [0])
-            completed[rank] = max([e.collective_seq_id for e in collectives if e.done]
-                                  + [s.last_completed for s in status] + [0])
+            entered[rank] = max([e.collective_seq_id for e in collectives] + [s.last_enqueued for s in status] + [0])
+            completed[rank] = max(
+                [e.collective_seq_id for e in collectives if e.done] + [s.last_completed for s in status] + [0]
+            )
             waiting = tuple(e for e in mine if not e.done)
             if waiting:
                 pending[rank] = waiting
         top = max(entered.values(), default=0)
-        out.append(GroupProgress(
-            name=name, desc=desc, members=ranks, members_from=source, last_entered=entered,
-            last_completed=completed, pending=pending,
-            behind=tuple(r for r in ranks if r in entered and entered[r] < top),
-            no_dump=tuple(r for r in ranks if r not in entered),
-        ))
+        out.append(
+            GroupProgress(
+                name=name,
+                desc=desc,
+                members=ranks,
+                members_from=source,
+                last_entered=entered,
+                last_completed=completed,
+                pending=pending,
+                behind=tuple(r for r in ranks if r in entered and entered[r] < top),
+                no_dump=tuple(r for r in ranks if r not in entered),
+            )
+        )
     return tuple(out)
 
 
@@ -94,8 +101,10 @@ def conflicting_memberships(fr: FRDump) -> list[str]:
                 continue
             first = seen.setdefault(g.name, (dump.rank, g.ranks))
             if first[1] != g.ranks:
-                lines.append(f"FR group {g.name} ({g.desc}) has members {list(first[1])} in rank {first[0]}'s "
-                             f"dump but {list(g.ranks)} in rank {dump.rank}'s")
+                lines.append(
+                    f"FR group {g.name} ({g.desc}) has members {list(first[1])} in rank {first[0]}'s "
+                    f"dump but {list(g.ranks)} in rank {dump.rank}'s"
+                )
     return lines
 
 

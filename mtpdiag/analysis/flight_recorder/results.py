@@ -30,16 +30,23 @@ class RankAt:
 
     def to_dict(self) -> dict[str, object]:
         c = self.call
-        return {"rank": self.rank, "state": self.state, "last_entered": self.last_entered,
-                "last_completed": self.last_completed, "doing": self.doing,
-                "op": c.op if c else None, "profiling_name": c.profiling_name if c else None,
-                "site": c.site.to_dict() if c and c.site else None,
-                "input_numel": c.input_numel if c else None, "output_numel": c.output_numel if c else None,
-                "input_sizes": [list(s) for s in c.input_sizes] if c else None,
-                "output_sizes": [list(s) for s in c.output_sizes] if c else None,
-                "input_dtypes": sorted(c.input_dtypes) if c else None,
-                "output_dtypes": sorted(c.output_dtypes) if c else None,
-                "record_id": c.record_id if c else None}
+        return {
+            "rank": self.rank,
+            "state": self.state,
+            "last_entered": self.last_entered,
+            "last_completed": self.last_completed,
+            "doing": self.doing,
+            "op": c.op if c else None,
+            "profiling_name": c.profiling_name if c else None,
+            "site": c.site.to_dict() if c and c.site else None,
+            "input_numel": c.input_numel if c else None,
+            "output_numel": c.output_numel if c else None,
+            "input_sizes": [list(s) for s in c.input_sizes] if c else None,
+            "output_sizes": [list(s) for s in c.output_sizes] if c else None,
+            "input_dtypes": sorted(c.input_dtypes) if c else None,
+            "output_dtypes": sorted(c.output_dtypes) if c else None,
+            "record_id": c.record_id if c else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -62,11 +69,16 @@ class FRCallSplit:
     role: str
 
     def to_dict(self) -> dict[str, object]:
-        return {"op": self.op, "profiling_name": self.profiling_name,
-                "site": self.site.to_dict() if self.site else None, "entered": list(self.entered),
-                "absent": list(self.absent), "role": self.role,
-                "absent_doing": {str(r): t for r, t in sorted(self.absent_doing.items())},
-                "why": {str(r): w.to_dict() for r, w in sorted(self.why.items())}}
+        return {
+            "op": self.op,
+            "profiling_name": self.profiling_name,
+            "site": self.site.to_dict() if self.site else None,
+            "entered": list(self.entered),
+            "absent": list(self.absent),
+            "role": self.role,
+            "absent_doing": {str(r): t for r, t in sorted(self.absent_doing.items())},
+            "why": {str(r): w.to_dict() for r, w in sorted(self.why.items())},
+        }
 
 
 @dataclass(frozen=True)
@@ -101,11 +113,21 @@ class Divergence:
         return culprits(self.ranks, self.missing, reference)
 
     def to_dict(self) -> dict[str, object]:
-        return {"group": self.group, "desc": self.desc, "kind": self.kind, "members": list(self.members),
-                "members_from": self.members_from, "seq": self.seq, "problems": list(self.problems),
-                "calls": [c.to_dict() for c in self.calls], "ranks": [r.to_dict() for r in self.ranks],
-                "missing": list(self.missing), "no_dump": list(self.no_dump), "reference": self.reference,
-                "culprits": list(self.culprits)}
+        return {
+            "group": self.group,
+            "desc": self.desc,
+            "kind": self.kind,
+            "members": list(self.members),
+            "members_from": self.members_from,
+            "seq": self.seq,
+            "problems": list(self.problems),
+            "calls": [c.to_dict() for c in self.calls],
+            "ranks": [r.to_dict() for r in self.ranks],
+            "missing": list(self.missing),
+            "no_dump": list(self.no_dump),
+            "reference": self.reference,
+            "culprits": list(self.culprits),
+        }
 
 
 @dataclass(frozen=True)
@@ -125,9 +147,18 @@ class P2PMismatch:
     peer_doing: str
 
     def to_dict(self) -> dict[str, object]:
-        return {"group": self.group, "desc": self.desc, "kind": self.kind, "op": self.op, "rank": self.rank,
-                "peer": self.peer, "numel": self.numel, "peer_numel": self.peer_numel,
-                "site": self.site.to_dict() if self.site else None, "peer_doing": self.peer_doing}
+        return {
+            "group": self.group,
+            "desc": self.desc,
+            "kind": self.kind,
+            "op": self.op,
+            "rank": self.rank,
+            "peer": self.peer,
+            "numel": self.numel,
+            "peer_numel": self.peer_numel,
+            "site": self.site.to_dict() if self.site else None,
+            "peer_doing": self.peer_doing,
+        }
 
 
 @dataclass(frozen=True)
@@ -149,12 +180,18 @@ class GroupMatch:
     stuck: int | None
 
     def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "desc": self.desc, "kind": self.kind, "members": list(self.members),
-                "members_from": self.members_from,
-                "last_entered": {str(r): n for r, n in sorted(self.last_entered.items())},
-                "last_completed": {str(r): n for r, n in sorted(self.last_completed.items())},
-                "no_dump": list(self.no_dump), "stuck": self.stuck,
-                "divergence": self.divergence.to_dict() if self.divergence else None}
+        return {
+            "name": self.name,
+            "desc": self.desc,
+            "kind": self.kind,
+            "members": list(self.members),
+            "members_from": self.members_from,
+            "last_entered": {str(r): n for r, n in sorted(self.last_entered.items())},
+            "last_completed": {str(r): n for r, n in sorted(self.last_completed.items())},
+            "no_dump": list(self.no_dump),
+            "stuck": self.stuck,
+            "divergence": self.divergence.to_dict() if self.divergence else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -173,13 +210,15 @@ class FRAnalysis:
         return next((g for g in self.groups if g.name == name), None)
 
     def to_dict(self) -> dict[str, object]:
-        return {"groups": [g.to_dict() for g in self.groups], "p2p": [m.to_dict() for m in self.p2p],
-                "notes": list(self.notes)}
+        return {
+            "groups": [g.to_dict() for g in self.groups],
+            "p2p": [m.to_dict() for m in self.p2p],
+            "notes": list(self.notes),
+        }
 
 
 def size_key(c: Call) -> tuple[int | None, int | None]:
-    return (None if c.op in UNEVEN_INPUT_OPS else c.input_numel,
-            None if c.op in UNEVEN_OUTPUT_OPS else c.output_numel)
+    return (None if c.op in UNEVEN_INPUT_OPS else c.input_numel, None if c.op in UNEVEN_OUTPUT_OPS else c.output_numel)
 
 
 Signature = tuple[str, tuple[int | None, int | None], frozenset[str], frozenset[str]]  # op, sizes, dtypes

@@ -106,13 +106,19 @@ def check_metric(layout: ParallelLayout, writes: list[MetricWrite]) -> MetricChe
         problems.append(f"src rank(s) {missing} did not write the metric")
     for w in sorted(writes, key=lambda w: w.rank):
         if w.avg_group != group:
-            problems.append(f"rank {w.rank} averaged over {list(w.avg_group)}, not the DP x CP group "
-                            f"{list(group)}")
+            problems.append(f"rank {w.rank} averaged over {list(w.avg_group)}, not the DP x CP group {list(group)}")
         if abs(w.value - expected) > _TOLERANCE:
             problems.append(f"rank {w.rank} wrote {w.value:g}, expected {expected:g}")
     observed = by_rank[writers[0]].value if writers else None
-    return MetricCheck(expected=expected, observed=observed, writes=len(writes), group=group,
-                       writers=writers, expected_writers=want, problems=tuple(problems))
+    return MetricCheck(
+        expected=expected,
+        observed=observed,
+        writes=len(writes),
+        group=group,
+        writers=writers,
+        expected_writers=want,
+        problems=tuple(problems),
+    )
 
 
 @dataclass(frozen=True)

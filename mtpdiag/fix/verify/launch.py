@@ -60,8 +60,9 @@ class Job:
             if len(pids) >= self.nproc:
                 return pids
             if self.proc.poll() is not None:
-                raise RuntimeError(f"torchrun exited with {self.proc.returncode} before its workers started"
-                                   f"{self._log_tail()}")
+                raise RuntimeError(
+                    f"torchrun exited with {self.proc.returncode} before its workers started{self._log_tail()}"
+                )
             time.sleep(0.2)
         raise TimeoutError(f"only {len(self.workers())} of {self.nproc} workers appeared in {timeout}s")
 
@@ -73,8 +74,9 @@ class Job:
         since = time.monotonic()
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the job finished (exit {self.proc.returncode}) instead of hanging"
-                                   f"{self._log_tail()}")
+                raise RuntimeError(
+                    f"the job finished (exit {self.proc.returncode}) instead of hanging{self._log_tail()}"
+                )
             cpu = main_thread_cpu(pids)
             if cpu_moved(last, cpu, TICK_NS):
                 last, since = cpu, time.monotonic()
@@ -115,22 +117,42 @@ class Job:
         self.kill()
 
 
-def start_torchrun(script: str, args: list[str], nproc: int, env: dict[str, str] | None = None,
-                   log_path: str | None = None, prefix: tuple[str, ...] = ()) -> Job:
+def start_torchrun(
+    script: str,
+    args: list[str],
+    nproc: int,
+    env: dict[str, str] | None = None,
+    log_path: str | None = None,
+    prefix: tuple[str, ...] = (),
+) -> Job:
     """Launch ``torchrun --standalone --nproc-per-node N script args`` in the background.
 
     ``prefix`` runs it under another command that must exec into torchrun (so ``Job.pid`` is still the
     agent's): ``examples/network_loss`` gives the job a network namespace of its own that way.
     """
-    cmd = [*prefix, sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           script, *args]
+    cmd = [
+        *prefix,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        script,
+        *args,
+    ]
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env or {})
     out = open(log_path, "w") if log_path else None  # the child keeps its own copy; ours closes below
     try:
-        proc = subprocess.Popen(cmd, env=full_env, stdout=out if out is not None else subprocess.DEVNULL,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            env=full_env,
+            stdout=out if out is not None else subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     finally:
         if out is not None:
             out.close()

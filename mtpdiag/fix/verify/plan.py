@@ -28,8 +28,9 @@ class EngineChoice:
     described: str | None = None  # "installed engine .../transformer_impl.py (verl 0.7.1), affected: ..."
 
 
-def resolve_verify_layout(flags: dict, *, dp: int | None, order: str | None, config: str | None,
-                          overrides: list[str], pid: int | None) -> tuple[ParallelLayout, str]:
+def resolve_verify_layout(
+    flags: dict, *, dp: int | None, order: str | None, config: str | None, overrides: list[str], pid: int | None
+) -> tuple[ParallelLayout, str]:
     """The layout to verify, and where it came from: flags, a verl config, or a hung job (``--pid``).
 
     Sources are merged by ``layout.sources.resolve_layout``: a flag that contradicts the config or the
@@ -69,12 +70,20 @@ def build_layout(sizes: dict, *, dp: int | None, order: str | None) -> ParallelL
     world = tp * cp * pp * dp
     if world > MAX_WORLD:
         hint = " (try --dp 1: the MTP gate depends on tp, cp and pp, not on dp)" if dp > 1 else ""
-        raise InputError(f"tp*cp*pp*dp = {tp}*{cp}*{pp}*{dp} = {world} CPU processes; verify starts at most "
-                         f"{MAX_WORLD}{hint}")
+        raise InputError(
+            f"tp*cp*pp*dp = {tp}*{cp}*{pp}*{dp} = {world} CPU processes; verify starts at most {MAX_WORLD}{hint}"
+        )
     try:
-        return ParallelLayout.for_world(world, tp=tp, cp=cp, pp=pp, ep=int(sizes.get("ep") or 1),
-                                        vpp=sizes.get("vpp"), etp=sizes.get("etp"),
-                                        **({"order": order} if order else {}))
+        return ParallelLayout.for_world(
+            world,
+            tp=tp,
+            cp=cp,
+            pp=pp,
+            ep=int(sizes.get("ep") or 1),
+            vpp=sizes.get("vpp"),
+            etp=sizes.get("etp"),
+            **({"order": order} if order else {}),
+        )
     except LayoutError as exc:
         raise InputError(str(exc)) from None
 
@@ -86,8 +95,7 @@ def fewest_dp(sizes: dict) -> int:
     return next(d for d in range(1, expert + 1) if (tp * cp * d) % expert == 0)
 
 
-def _job_layout(pid: int, given: dict, config: str | None,
-                overrides: list[str]) -> tuple[ParallelLayout, str]:
+def _job_layout(pid: int, given: dict, config: str | None, overrides: list[str]) -> tuple[ParallelLayout, str]:
     """Capture the hung job once and resolve its layout as ``inspect`` does."""
     from mtpdiag.capture import capture
     from mtpdiag.layout.sources import resolve_layout
@@ -98,9 +106,11 @@ def _job_layout(pid: int, given: dict, config: str | None,
     world = world_size_of(snapshot)
     layout, source = resolve_layout(world, flags=given, config=config, overrides=overrides, hints=hints)
     if layout is None:
-        raise InputError(f"could not tell the parallel sizes of the job behind pid {pid} "
-                         f"({'no WORLD_SIZE' if source else 'no sizes on its command line'}); "
-                         "pass --tp/--cp/--pp or --config")
+        raise InputError(
+            f"could not tell the parallel sizes of the job behind pid {pid} "
+            f"({'no WORLD_SIZE' if source else 'no sizes on its command line'}); "
+            "pass --tp/--cp/--pp or --config"
+        )
     return layout, source or "?"
 
 
@@ -116,25 +126,30 @@ def choose_engine(engine: str) -> EngineChoice:
         try:
             path = locate_engine()
         except InputError:
-            raise InputError("--engine installed: verl is not installed in this Python; pass --engine with "
-                             "the path to verl's workers/engine/megatron/transformer_impl.py, or buggy|fixed|both"
-                             ) from None
+            raise InputError(
+                "--engine installed: verl is not installed in this Python; pass --engine with "
+                "the path to verl's workers/engine/megatron/transformer_impl.py, or buggy|fixed|both"
+            ) from None
         if path is None:
-            raise InputError("the installed verl has no Megatron engine (workers/engine/megatron/"
-                             "transformer_impl.py): nothing to verify")
+            raise InputError(
+                "the installed verl has no Megatron engine (workers/engine/megatron/"
+                "transformer_impl.py): nothing to verify"
+            )
     else:
         path = Path(engine)
         if not path.exists() and "/" not in engine and not engine.endswith(".py"):
-            raise InputError(f"--engine {engine!r}: use one of {', '.join(ENGINE_CHOICES)} or a path to an "
-                             "engine file")
+            raise InputError(f"--engine {engine!r}: use one of {', '.join(ENGINE_CHOICES)} or a path to an engine file")
     check = check_engine(path)
     if check.gate is None or check.status in ("unknown", "not-applicable"):
-        raise InputError(f"{path}: {check.status}: {check.reason}; verify needs an engine whose MTP gate is "
-                         "known (or --engine buggy|fixed|both)")
+        raise InputError(
+            f"{path}: {check.status}: {check.reason}; verify needs an engine whose MTP gate is "
+            "known (or --engine buggy|fixed|both)"
+        )
     version = f" (verl {check.verl_version})" if check.verl_version else ""
     label = "installed" if engine == "installed" else str(path)
-    described = f"{'installed ' if engine == 'installed' else ''}engine {path}{version}, {check.status}: " \
-                f"the {check.gate} gate"
+    described = (
+        f"{'installed ' if engine == 'installed' else ''}engine {path}{version}, {check.status}: the {check.gate} gate"
+    )
     return EngineChoice("single", ((label, check.gate),), path=str(path), described=described)
 
 

@@ -23,15 +23,20 @@ def intro_line(layout: ParallelLayout, source: str, choice: EngineChoice) -> str
     gates = " and ".join(g for _, g in choice.runs)
     worlds = len(choice.runs)
     what = choice.described or f"{gates} gate{'s' if worlds > 1 else ''}"
-    return (f"verify {_layout_label(layout)} (world {layout.world_size}, layout from {source}): {what}; "
-            f"{worlds} world{'s' if worlds > 1 else ''} of {layout.world_size} CPU rank"
-            f"{'s' if layout.world_size > 1 else ''} on gloo")
+    return (
+        f"verify {_layout_label(layout)} (world {layout.world_size}, layout from {source}): {what}; "
+        f"{worlds} world{'s' if worlds > 1 else ''} of {layout.world_size} CPU rank"
+        f"{'s' if layout.world_size > 1 else ''} on gloo"
+    )
 
 
 def run_line(run: RunResult, layout: ParallelLayout) -> str:
     """One line per run: what happened, and the diagnosis or the metric."""
-    name = run.engine if run.engine == run.gate else \
-        f"{'installed' if run.engine == 'installed' else 'engine'} ({run.gate} gate)"
+    name = (
+        run.engine
+        if run.engine == run.gate
+        else f"{'installed' if run.engine == 'installed' else 'engine'} ({run.gate} gate)"
+    )
     if run.outcome == OUTCOME_DEADLOCK:
         return f"{name}: deadlock after {run.seconds:.1f} s — {_diagnosis_phrase(run)}"
     if run.outcome == OUTCOME_COMPLETED:
@@ -62,11 +67,12 @@ def phases_line(runs: tuple[RunResult, ...]) -> str:
     parts = []
     for run in runs:
         p = run.phases
-        bits = [f"startup {p['startup']:.1f} s" if "startup" in p else None,
-                f"hang called {p['hang_detection']:.1f} s after the last progress" if "hang_detection" in p
-                else None,
-                f"diagnosis {p['diagnosis']:.1f} s" if "diagnosis" in p else None,
-                f"teardown {p['teardown']:.1f} s" if "teardown" in p else None]
+        bits = [
+            f"startup {p['startup']:.1f} s" if "startup" in p else None,
+            f"hang called {p['hang_detection']:.1f} s after the last progress" if "hang_detection" in p else None,
+            f"diagnosis {p['diagnosis']:.1f} s" if "diagnosis" in p else None,
+            f"teardown {p['teardown']:.1f} s" if "teardown" in p else None,
+        ]
         parts.append(f"{run.gate} " + ", ".join(b for b in bits if b))
     return "time: " + "; ".join(parts)
 
@@ -76,17 +82,21 @@ def verdict_line(result: VerifyResult) -> str:
     needs_cp = "the bug needs CP>1" + (f" (this layout has cp={layout.cp})" if layout.cp == 1 else "")
     if result.mode == "both":
         buggy = expected_outcome("buggy", layout)
-        what = (f"the buggy gate deadlocks here ({needs_cp}) and the fixed gate completes with the right metric"
-                if buggy == OUTCOME_DEADLOCK else
-                f"neither gate hangs on {label}: {needs_cp}; both log the right metric")
-        return (f"verdict: PASS — {what}" if result.passed else
-                f"verdict: FAIL — expected {what}; see the runs above")
+        what = (
+            f"the buggy gate deadlocks here ({needs_cp}) and the fixed gate completes with the right metric"
+            if buggy == OUTCOME_DEADLOCK
+            else f"neither gate hangs on {label}: {needs_cp}; both log the right metric"
+        )
+        return f"verdict: PASS — {what}" if result.passed else f"verdict: FAIL — expected {what}; see the runs above"
     run = result.runs[0]
     if result.safe:
         tail = f"; {needs_cp}, so it would deadlock with cp > 1 (mtpdiag apply)" if run.gate == "buggy" else ""
         return f"verdict: SAFE — the {run.gate} gate completes on {label} with the right metric{tail}"
-    why = ("it deadlocks (the MTP reduce is gated on cp == 0; mtpdiag apply, verl PR #5895)"
-           if run.outcome == OUTCOME_DEADLOCK else "it did not complete with the right metric")
+    why = (
+        "it deadlocks (the MTP reduce is gated on cp == 0; mtpdiag apply, verl PR #5895)"
+        if run.outcome == OUTCOME_DEADLOCK
+        else "it did not complete with the right metric"
+    )
     return f"verdict: UNSAFE — the {run.gate} gate on {label}: {why}"
 
 

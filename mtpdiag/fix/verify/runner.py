@@ -62,8 +62,12 @@ class RunSpec:
     gate: str
 
 
-def run_all(layout: ParallelLayout, specs: Iterable[RunSpec], settings: WatchSettings = WatchSettings(),
-            on_result: Callable[[RunResult], None] | None = None) -> tuple[RunResult, ...]:
+def run_all(
+    layout: ParallelLayout,
+    specs: Iterable[RunSpec],
+    settings: WatchSettings = WatchSettings(),
+    on_result: Callable[[RunResult], None] | None = None,
+) -> tuple[RunResult, ...]:
     """Run every spec's world (concurrently when they are small) and return results in spec order."""
     specs = list(specs)
     concurrent = layout.world_size * len(specs) <= CONCURRENT_WORKERS
@@ -113,17 +117,33 @@ class _WatchedRun:
 
     def start(self) -> None:
         layout = self.layout
-        args = ["--tp", str(layout.tp), "--cp", str(layout.cp), "--pp", str(layout.pp), "--ep", str(layout.ep),
-                "--order", layout.order, "--gate", self.spec.gate, "--out", self.out_dir,
-                "--timeout-s", str(int(self.settings.timeout_s + 60))]
+        args = [
+            "--tp",
+            str(layout.tp),
+            "--cp",
+            str(layout.cp),
+            "--pp",
+            str(layout.pp),
+            "--ep",
+            str(layout.ep),
+            "--order",
+            layout.order,
+            "--gate",
+            self.spec.gate,
+            "--out",
+            self.out_dir,
+            "--timeout-s",
+            str(int(self.settings.timeout_s + 60)),
+        ]
         if layout.etp is not None:
             args += ["--etp", str(layout.etp)]
         if layout.vpp is not None:
             args += ["--vpp", str(layout.vpp)]
         self.started, self.started_wall = time.monotonic(), time.time()
         self.flat_since = self.started
-        self.job = start_torchrun(WORKER_SCRIPT, args, nproc=layout.world_size,
-                                  log_path=os.path.join(self.out_dir, "torchrun.log"))
+        self.job = start_torchrun(
+            WORKER_SCRIPT, args, nproc=layout.world_size, log_path=os.path.join(self.out_dir, "torchrun.log")
+        )
 
     def poll(self) -> RunResult | None:
         """One look at the job: a result once it finished, hung or ran out of time, else None."""
@@ -133,8 +153,9 @@ class _WatchedRun:
         if code is not None:
             return self._finished(code, now)
         if now - self.started > self.settings.timeout_s:
-            return self._result(OUTCOME_ERROR, now, error=f"neither finished nor hung within "
-                                f"{self.settings.timeout_s:g} s")
+            return self._result(
+                OUTCOME_ERROR, now, error=f"neither finished nor hung within {self.settings.timeout_s:g} s"
+            )
         live = self._live_workers()
         if len(self.seen) < self.layout.world_size:
             return None  # still starting: a hang is judged on the whole world only
@@ -184,8 +205,11 @@ class _WatchedRun:
         if self.job is not None and self.job.proc.poll() is None:
             self.job.kill()
         for _ in range(3):
-            strays = [pid for pid in procfs.all_pids()
-                      if WORKER_SCRIPT in (argv := procfs.read_cmdline(pid) or []) and self.out_dir in argv]
+            strays = [
+                pid
+                for pid in procfs.all_pids()
+                if WORKER_SCRIPT in (argv := procfs.read_cmdline(pid) or []) and self.out_dir in argv
+            ]
             if not strays:
                 return
             kill_pids(strays, wait_s=0.1)
@@ -204,12 +228,17 @@ class _WatchedRun:
         if code == 0 and all_done:
             return self._result(OUTCOME_COMPLETED, now)
         if code is None and all_done:
-            note = (f"every rank finished cleanly; torchrun was still shutting down "
-                    f"{self.settings.agent_grace_s:g} s later and was killed")
+            note = (
+                f"every rank finished cleanly; torchrun was still shutting down "
+                f"{self.settings.agent_grace_s:g} s later and was killed"
+            )
             return self._result(OUTCOME_COMPLETED, now, notes=(note,))
         how = f"exited with {code}" if code is not None else "lost its workers"
-        return self._result(OUTCOME_ERROR, now, error=f"the job {how} after {len(done)} of "
-                            f"{self.layout.world_size} ranks finished{self._log_tail()}")
+        return self._result(
+            OUTCOME_ERROR,
+            now,
+            error=f"the job {how} after {len(done)} of {self.layout.world_size} ranks finished{self._log_tail()}",
+        )
 
     def _deadlock(self, snapshot: Snapshot | None, detected: float, capture_error: str | None) -> RunResult:
         self.phases["hang_detection"] = detected - self.flat_since
@@ -221,22 +250,37 @@ class _WatchedRun:
         self.phases["diagnosis"] = time.monotonic() - began
         return self._result(OUTCOME_DEADLOCK, detected, report=report, notes=(why,) if why else ())
 
-    def _result(self, outcome: Outcome, at: float, report: Report | None = None, error: str | None = None,
-                notes: tuple[str, ...] = ()) -> RunResult:
+    def _result(
+        self,
+        outcome: Outcome,
+        at: float,
+        report: Report | None = None,
+        error: str | None = None,
+        notes: tuple[str, ...] = (),
+    ) -> RunResult:
         ready = _read_results(self.out_dir, "ready")
         if len(ready) == self.layout.world_size:
             self.phases["startup"] = max(r["time"] for r in ready) - self.started_wall
-        writes = [MetricWrite(rank=int(m["rank"]), value=float(m["value"]),
-                              avg_group=tuple(int(r) for r in m["avg_group"]))
-                  for m in _read_results(self.out_dir, "metric")]
+        writes = [
+            MetricWrite(rank=int(m["rank"]), value=float(m["value"]), avg_group=tuple(int(r) for r in m["avg_group"]))
+            for m in _read_results(self.out_dir, "metric")
+        ]
         seconds = at - self.started
         if self.job is not None and self.job.proc.poll() is None:
             began = time.monotonic()
             self._kill()
             self.phases["cleanup"] = time.monotonic() - began
-        return RunResult(engine=self.spec.engine, gate=self.spec.gate, outcome=outcome, seconds=seconds,
-                         metric=check_metric(self.layout, writes), report=report,
-                         phases=dict(self.phases), error=error, notes=notes)
+        return RunResult(
+            engine=self.spec.engine,
+            gate=self.spec.gate,
+            outcome=outcome,
+            seconds=seconds,
+            metric=check_metric(self.layout, writes),
+            report=report,
+            phases=dict(self.phases),
+            error=error,
+            notes=notes,
+        )
 
     # -------------------------------------------------------------- looking
 

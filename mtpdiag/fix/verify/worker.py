@@ -44,8 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vpp", type=int, default=None)
     parser.add_argument("--order", default="tp-cp-ep-dp-pp")
     parser.add_argument("--gate", choices=["buggy", "fixed"], required=True)
-    parser.add_argument("--timeout-s", type=int, default=1800,
-                        help="gloo timeout: the last backstop, after exit_with_the_runner")
+    parser.add_argument(
+        "--timeout-s", type=int, default=1800, help="gloo timeout: the last backstop, after exit_with_the_runner"
+    )
     parser.add_argument("--out", required=True, help="directory for the per-rank result files")
     return parser.parse_args(argv)
 
@@ -159,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     metrics = collect_mtp_loss(args.gate)
     if METRIC_NAME in metrics:
         group = dist.get_process_group_ranks(avg_group) if avg_group is not None else []
-        write_result(args.out, "metric", rank, {"name": METRIC_NAME, "value": metrics[METRIC_NAME],
-                                                "avg_group": sorted(group)})
+        write_result(
+            args.out, "metric", rank, {"name": METRIC_NAME, "value": metrics[METRIC_NAME], "avg_group": sorted(group)}
+        )
 
     dist.barrier()
     mpu.destroy_model_parallel()

@@ -54,8 +54,9 @@ def load_fr_dumps(source: str | Sequence[str], qualify: bool = True) -> FRDump:
         label = str(source)
     index = SourceIndex() if qualify else None
     stacks: dict = {}
-    ranks = tuple(sorted((read_dump_file(path, rank, index, stacks) for rank, path in files.items()),
-                         key=lambda d: d.rank))
+    ranks = tuple(
+        sorted((read_dump_file(path, rank, index, stacks) for rank, path in files.items()), key=lambda d: d.rank)
+    )
     dumped = {d.rank for d in ranks}
     missing = tuple(r for r in expected_ranks(ranks) if r not in dumped)
     notes = [n for d in ranks for n in d.notes]

@@ -32,21 +32,26 @@ def check_version(version: str, path: str) -> str | None:
     if not (major.isascii() and major.isdigit() and minor.isascii() and minor.isdigit()):
         return f"{path}: unrecognised Flight Recorder version {version!r}, read as {KNOWN_MAJOR}.x"
     if int(major) > KNOWN_MAJOR:
-        raise InputError(f"{path}: Flight Recorder format {version} is newer than this mtpdiag reads "
-                         f"({KNOWN_MAJOR}.x); upgrade mtpdiag")
+        raise InputError(
+            f"{path}: Flight Recorder format {version} is newer than this mtpdiag reads "
+            f"({KNOWN_MAJOR}.x); upgrade mtpdiag"
+        )
     if int(major) < KNOWN_MAJOR:
         return f"{path}: Flight Recorder format {version} predates torch 2.4; read what could be read"
     if int(minor) > NEWEST_KNOWN_MINOR:
-        return (f"{path}: Flight Recorder format {version} is newer than {KNOWN_MAJOR}.{NEWEST_KNOWN_MINOR}; "
-                "fields added since were ignored")
+        return (
+            f"{path}: Flight Recorder format {version} is newer than {KNOWN_MAJOR}.{NEWEST_KNOWN_MINOR}; "
+            "fields added since were ignored"
+        )
     return None
 
 
 StackCache = dict  # raw frames (filename, name, line triples) -> (stack, call site); shared across ranks
 
 
-def rank_dump(data: Any, rank: int, path: str, fmt: str = "pickle", qualify: Qualify = plain,
-              stacks: StackCache | None = None) -> FRRankDump:
+def rank_dump(
+    data: Any, rank: int, path: str, fmt: str = "pickle", qualify: Qualify = plain, stacks: StackCache | None = None
+) -> FRRankDump:
     """A dump's dict (``pickle.loads`` or ``json.loads`` of what torch wrote) as an ``FRRankDump``.
 
     Raises ``ValueError``/``TypeError``/``KeyError`` for content that is not a dump (the loader turns
@@ -68,10 +73,20 @@ def rank_dump(data: Any, rank: int, path: str, fmt: str = "pickle", qualify: Qua
     entries = [_entry(e, by_name, qualify, stacks) for e in raw]
     entries = _close_batches(entries)
     group_of_pg = {e.pg_id: e.group for e in entries if e.pg_id >= 0}
-    status = tuple(_status(pg_id, s, group_of_pg) for pg_id, s in sorted(_dict(data.get("pg_status")).items(),
-                                                                        key=lambda kv: str(kv[0])))
-    return FRRankDump(rank=rank, path=path, version=version, groups=groups, entries=tuple(entries),
-                      status=status, format=fmt, notes=tuple(notes))
+    status = tuple(
+        _status(pg_id, s, group_of_pg)
+        for pg_id, s in sorted(_dict(data.get("pg_status")).items(), key=lambda kv: str(kv[0]))
+    )
+    return FRRankDump(
+        rank=rank,
+        path=path,
+        version=version,
+        groups=groups,
+        entries=tuple(entries),
+        status=status,
+        format=fmt,
+        notes=tuple(notes),
+    )
 
 
 def _group(name: Any, cfg: Any) -> FRGroup:
@@ -84,8 +99,9 @@ def _group(name: Any, cfg: Any) -> FRGroup:
         raise TypeError(f"pg_config[{name!r}] ranks is not a list")
     order = tuple(as_int(r) for r in ranks)
     ranks_sorted = tuple(sorted(order))
-    return FRGroup(name=str(name), desc=str(cfg.get("desc", "")), ranks=ranks_sorted,
-                   order=order if order != ranks_sorted else ())
+    return FRGroup(
+        name=str(name), desc=str(cfg.get("desc", "")), ranks=ranks_sorted, order=order if order != ranks_sorted else ()
+    )
 
 
 def _stack(frames: Any, qualify: Qualify, stacks: StackCache) -> tuple:
@@ -93,8 +109,9 @@ def _stack(frames: Any, qualify: Qualify, stacks: StackCache) -> tuple:
         return (), None
     if not isinstance(frames, (list, tuple)):
         raise TypeError("frames is not a list")
-    key: tuple[Any, ...] | None = tuple((f.get("filename"), f.get("name"), f.get("line")) if isinstance(f, dict) else f
-                                        for f in frames)
+    key: tuple[Any, ...] | None = tuple(
+        (f.get("filename"), f.get("name"), f.get("line")) if isinstance(f, dict) else f for f in frames
+    )
     try:
         hit = stacks.get(key)
     except TypeError:  # an unhashable value where a frame field should be: let stack_of say what is wrong
@@ -183,8 +200,14 @@ def _close_batches(entries: list[FREntry]) -> list[FREntry]:
                 continue
             closer = batch[-1]
             for part in batch[:-1]:
-                closed[id(part)] = replace(part, state=closer.state, done=closer.done, retired=closer.retired,
-                                           timed_out=closer.timed_out, in_batch=True)
+                closed[id(part)] = replace(
+                    part,
+                    state=closer.state,
+                    done=closer.done,
+                    retired=closer.retired,
+                    timed_out=closer.timed_out,
+                    in_batch=True,
+                )
     return [closed.get(id(e), e) for e in entries]
 
 
@@ -192,10 +215,13 @@ def _status(pg_id: Any, s: Any, group_of_pg: dict[int, str]) -> FRGroupStatus:
     if not isinstance(s, dict):
         raise TypeError(f"pg_status[{pg_id!r}] is not a dict")
     pid = _counter(pg_id)
-    return FRGroupStatus(group=group_of_pg.get(pid, ""), pg_id=pid,
-                         last_enqueued=_counter(s.get("last_enqueued_collective", -1)),
-                         last_started=_counter(s.get("last_started_collective", -1)),
-                         last_completed=_counter(s.get("last_completed_collective", -1)))
+    return FRGroupStatus(
+        group=group_of_pg.get(pid, ""),
+        pg_id=pid,
+        last_enqueued=_counter(s.get("last_enqueued_collective", -1)),
+        last_started=_counter(s.get("last_started_collective", -1)),
+        last_completed=_counter(s.get("last_completed_collective", -1)),
+    )
 
 
 def _counter(value: Any) -> int:
