@@ -224,56 +224,92 @@ def wait_state(
     capture: RankCapture, thread: ThreadStack | None, op: str | None, side_thread: str | None = None
 ) -> WaitState | None:
     """What ``capture``'s rank waits on. ``op`` is its collective (from ``thread``, or from the side thread
-    named ``side_thread``), None when it is in none. None when nothing could be read."""
+    named ``side_thread``), None when it is in none. None when nothing could be read.
+
+    The evidence is read strongest first: the frames (Python, then native), D state, what the blocked line
+    calls, the system call the main thread sits in, then py-spy's idle/active flag."""
     if op is not None:
-        kind = WaitKind.COMM_INIT if op in COMM_INIT_OPS else WaitKind.COLLECTIVE
-        seen = [f"torch.distributed {op} frame" + (f" on thread {side_thread!r}" if side_thread else "")]
-        if thread is not None:
-            seen += _quiet_or_busy(capture, thread)
-        return WaitState(kind, Confidence.CERTAIN, tuple(seen), side_thread)
+        return _collective_wait(capture, thread, op, side_thread)
     if thread is None:
         return None
-    evidence: list[str] = []
-    state = (capture.state or "").strip()
     python = python_frames(thread.frames)
+    syscall = capture.main_syscall if _is_main(capture, thread) else None
+    return (
+        _frames_wait(capture, thread, python)
+        or _disk_wait(capture)
+        or _called_wait(capture, thread, syscall)
+        or _syscall_wait(thread, syscall)
+        or _flag_wait(capture, thread, python, syscall)
+    )
+
+
+def _collective_wait(capture: RankCapture, thread: ThreadStack | None, op: str, side_thread: str | None) -> WaitState:
+    kind = WaitKind.COMM_INIT if op in COMM_INIT_OPS else WaitKind.COLLECTIVE
+    seen = [f"torch.distributed {op} frame" + (f" on thread {side_thread!r}" if side_thread else "")]
+    if thread is not None:
+        seen += _quiet_or_busy(capture, thread)
+    return WaitState(kind, Confidence.CERTAIN, tuple(seen), side_thread)
+
+
+def _frames_wait(capture: RankCapture, thread: ThreadStack, python: Sequence[Frame]) -> WaitState | None:
+    """A wait the stack's own frames name: a native wait frame (which wins over a Python one of another kind
+    only at a host sync), else a torch or stdlib Python frame."""
     found = _python_wait(python)
     native = _native_wait(thread.frames)
-    calls = _call_wait(thread.calls)
-    syscall = capture.main_syscall if _is_main(capture, thread) else None
-
     if native is not None and (found is None or native[0] == WaitKind.HOST_SYNC or found[0] == native[0]):
         kind, why = native
-        evidence.append(why)
+        evidence = [why]
+        calls = _call_wait(thread.calls)
         if calls is not None and calls[0] == kind:
             evidence.append(calls[1])
         return WaitState(kind, Confidence.CERTAIN, tuple(evidence + _quiet_or_busy(capture, thread)))
     if found is not None:
         kind, why = found
         return WaitState(kind, Confidence.CERTAIN, (why, *_quiet_or_busy(capture, thread)))
-    if state == STATE_DISK:
-        return WaitState(
-            WaitKind.IO,
-            Confidence.CERTAIN,
-            ("state D: uninterruptible sleep in the kernel (a file system or a device)",),
-        )
-    if calls is not None:
-        kind, why = calls
-        evidence.append(why)
-        if kind == WaitKind.HOST_SYNC and capture.cuda:
-            evidence.append("the process maps CUDA")
-        if syscall is not None:
-            evidence.append(_syscall_words(syscall))
-        confidence = Confidence.LIKELY
-        if kind != WaitKind.HOST_SYNC and syscall is not None and _SYSCALL_KINDS.get(syscall) not in (kind, None):
-            confidence = Confidence.POSSIBLE
-        return WaitState(kind, confidence, tuple(evidence + _flag(thread)))
-    if syscall is not None and syscall != "running":
-        kind = _SYSCALL_KINDS.get(syscall, WaitKind.UNKNOWN)
-        return WaitState(
-            kind,
-            Confidence.LIKELY if kind != WaitKind.UNKNOWN else Confidence.POSSIBLE,
-            (_syscall_words(syscall), *_flag(thread)),
-        )
+    return None
+
+
+def _disk_wait(capture: RankCapture) -> WaitState | None:
+    if (capture.state or "").strip() != STATE_DISK:
+        return None
+    return WaitState(
+        WaitKind.IO,
+        Confidence.CERTAIN,
+        ("state D: uninterruptible sleep in the kernel (a file system or a device)",),
+    )
+
+
+def _called_wait(capture: RankCapture, thread: ThreadStack, syscall: str | None) -> WaitState | None:
+    """What the blocked line calls (read from the target's file at capture time), with the system call as
+    support; a system call of another kind makes it only possible."""
+    calls = _call_wait(thread.calls)
+    if calls is None:
+        return None
+    kind, why = calls
+    evidence = [why]
+    if kind == WaitKind.HOST_SYNC and capture.cuda:
+        evidence.append("the process maps CUDA")
+    if syscall is not None:
+        evidence.append(_syscall_words(syscall))
+    confidence = Confidence.LIKELY
+    if kind != WaitKind.HOST_SYNC and syscall is not None and _SYSCALL_KINDS.get(syscall) not in (kind, None):
+        confidence = Confidence.POSSIBLE
+    return WaitState(kind, confidence, tuple(evidence + _flag(thread)))
+
+
+def _syscall_wait(thread: ThreadStack, syscall: str | None) -> WaitState | None:
+    if syscall is None or syscall == "running":
+        return None
+    kind = _SYSCALL_KINDS.get(syscall, WaitKind.UNKNOWN)
+    return WaitState(
+        kind,
+        Confidence.LIKELY if kind != WaitKind.UNKNOWN else Confidence.POSSIBLE,
+        (_syscall_words(syscall), *_flag(thread)),
+    )
+
+
+def _flag_wait(capture: RankCapture, thread: ThreadStack, python: Sequence[Frame], syscall: str | None) -> WaitState:
+    """The weakest evidence: whether py-spy saw the thread on the CPU, and whether the process maps CUDA."""
     if capture.cuda and thread.active is not False and not _in_library(python):
         return WaitState(
             WaitKind.HOST_SYNC,

@@ -4,6 +4,7 @@ inside its function (if/while/ternaries, early exits, short-circuits), and what 
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mtpdiag.analysis import known_sites
@@ -124,60 +125,88 @@ class _GuardWalker:
                 active = active + (Guard(stmt.test, False, "early-exit", stmt, stmt.lineno, tuple(stmt.orelse)),)
 
     def node(self, node: ast.AST, guards: tuple[Guard, ...]) -> None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
-                self.node(default, guards)
-            outer, self.function = self.function, node
-            outer_scope = self.scope
-            self.scope += (("<lambda>" if isinstance(node, ast.Lambda) else node.name, True),)
-            if isinstance(node, ast.Lambda):
-                self.node(node.body, ())
-            else:
-                self.block(node.body, ())
-            self.function, self.scope = outer, outer_scope
-        elif isinstance(node, ast.ClassDef):
-            outer_scope = self.scope
-            self.scope += ((node.name, False),)
-            self.block(node.body, ())
-            self.scope = outer_scope
-        elif isinstance(node, ast.If):
-            self.block([node], guards)
-        elif isinstance(node, ast.While):
-            self.node(node.test, guards)
-            self.block(node.body, guards + (Guard(node.test, False, "while", node, node.lineno),))
-            self.block(node.orelse, guards)
-        elif isinstance(node, ast.IfExp):
-            self.node(node.test, guards)
-            self.node(node.body, guards + (Guard(node.test, False, "ternary", node, node.lineno, (node.orelse,)),))
-            self.node(node.orelse, guards + (Guard(node.test, True, "ternary", node, node.lineno, (node.body,)),))
-        elif isinstance(node, ast.BoolOp):
-            active = guards
-            for value in node.values:
-                self.node(value, active)
-                negated = isinstance(node.op, ast.Or)
-                active = active + (Guard(value, negated, "short-circuit", node, value.lineno),)
-        elif isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
-            active = guards
-            for gen in node.generators:
-                self.node(gen.iter, active)
-                for cond in gen.ifs:
-                    self.node(cond, active)
-                    active = active + (Guard(cond, False, "comprehension", node, cond.lineno),)
-            for part in (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,):
-                self.node(part, active)
+        """Walk ``node`` under ``guards``: constructs that make a condition have a reader of their own."""
+        for kinds, read in self._READERS:
+            if isinstance(node, kinds):
+                read(self, node, guards)
+                return
+        self._other(node, guards)
+
+    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, guards: tuple[Guard, ...]) -> None:
+        for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
+            self.node(default, guards)
+        outer, self.function = self.function, node
+        outer_scope = self.scope
+        self.scope += (("<lambda>" if isinstance(node, ast.Lambda) else node.name, True),)
+        if isinstance(node, ast.Lambda):
+            self.node(node.body, ())
         else:
-            if isinstance(node, ast.Call):
-                found = _collective_of(node, self.aliases)
-                if found:
-                    qualname = _qualname(self.scope) if self.function is not None else None
-                    self.found.append(GuardedCall(node, found[0], found[1], guards, self.function, found[2], qualname))
-            for _field, value in ast.iter_fields(node):
-                if isinstance(value, list):
-                    if value and isinstance(value[0], ast.stmt):
-                        self.block(value, guards)
-                    else:
-                        for item in value:
-                            if isinstance(item, ast.AST):
-                                self.node(item, guards)
-                elif isinstance(value, ast.AST):
-                    self.node(value, guards)
+            self.block(node.body, ())
+        self.function, self.scope = outer, outer_scope
+
+    def _class(self, node: ast.ClassDef, _guards: tuple[Guard, ...]) -> None:
+        """A class body starts with no guard: it runs at import, not under the caller's conditions."""
+        outer_scope = self.scope
+        self.scope += ((node.name, False),)
+        self.block(node.body, ())
+        self.scope = outer_scope
+
+    def _if(self, node: ast.If, guards: tuple[Guard, ...]) -> None:
+        self.block([node], guards)
+
+    def _while(self, node: ast.While, guards: tuple[Guard, ...]) -> None:
+        self.node(node.test, guards)
+        self.block(node.body, guards + (Guard(node.test, False, "while", node, node.lineno),))
+        self.block(node.orelse, guards)
+
+    def _ternary(self, node: ast.IfExp, guards: tuple[Guard, ...]) -> None:
+        self.node(node.test, guards)
+        self.node(node.body, guards + (Guard(node.test, False, "ternary", node, node.lineno, (node.orelse,)),))
+        self.node(node.orelse, guards + (Guard(node.test, True, "ternary", node, node.lineno, (node.body,)),))
+
+    def _short_circuit(self, node: ast.BoolOp, guards: tuple[Guard, ...]) -> None:
+        active = guards
+        for value in node.values:
+            self.node(value, active)
+            negated = isinstance(node.op, ast.Or)
+            active = active + (Guard(value, negated, "short-circuit", node, value.lineno),)
+
+    def _comprehension(
+        self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp, guards: tuple[Guard, ...]
+    ) -> None:
+        active = guards
+        for gen in node.generators:
+            self.node(gen.iter, active)
+            for cond in gen.ifs:
+                self.node(cond, active)
+                active = active + (Guard(cond, False, "comprehension", node, cond.lineno),)
+        for part in (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,):
+            self.node(part, active)
+
+    def _other(self, node: ast.AST, guards: tuple[Guard, ...]) -> None:
+        """Any other node: a call may be a collective; its children are walked under the same guards."""
+        if isinstance(node, ast.Call):
+            found = _collective_of(node, self.aliases)
+            if found:
+                qualname = _qualname(self.scope) if self.function is not None else None
+                self.found.append(GuardedCall(node, found[0], found[1], guards, self.function, found[2], qualname))
+        for _field, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                if value and isinstance(value[0], ast.stmt):
+                    self.block(value, guards)
+                else:
+                    for item in value:
+                        if isinstance(item, ast.AST):
+                            self.node(item, guards)
+            elif isinstance(value, ast.AST):
+                self.node(value, guards)
+
+    _READERS: tuple[tuple[type | tuple[type, ...], Callable[..., None]], ...] = (
+        ((ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda), _function),
+        (ast.ClassDef, _class),
+        (ast.If, _if),
+        (ast.While, _while),
+        (ast.IfExp, _ternary),
+        (ast.BoolOp, _short_circuit),
+        ((ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp), _comprehension),
+    )

@@ -12,8 +12,8 @@ from mtpdiag.analysis.flight_recorder.progress import (
     group_sort_key,
     recorded_groups,
 )
-from mtpdiag.model import FlightRecorderSection, Mismatch, Report, Site
-from mtpdiag.model.flight_recorder import FRDump, FREntry, FRGroup
+from mtpdiag.model import FlightRecorderSection, Mismatch, RankView, Report, Site
+from mtpdiag.model.flight_recorder import FRDump, FREntry, FRGroup, FRRankDump
 from mtpdiag.vocabulary.groups import COORDINATES, MEGATRON_GROUP_KINDS
 from mtpdiag.vocabulary.labels import rank_list
 from mtpdiag.vocabulary.ops import P2P_CALLS, RECORDED_FOR
@@ -156,6 +156,9 @@ def _layout(report: Report) -> ParallelLayout | None:
         return None
 
 
+_NO_P2P_NOTE = "FR holds no send/recv at all (torch 2.13's gloo does not record point-to-point ops)"
+
+
 def _rank_checks(report: Report, fr: FRDump) -> tuple[list[str], list[str]]:
     """Each rank's stack op against its latest pending recorded op."""
     lines: list[str] = []
@@ -165,34 +168,45 @@ def _rank_checks(report: Report, fr: FRDump) -> tuple[list[str], list[str]]:
         dump = fr.rank(view.rank) if view.rank is not None else None
         if dump is None or view.state in ("gone", "unreadable"):
             continue
-        pending = [e for e in dump.entries if not e.done]
-        latest = max(pending, key=lambda e: e.record_id) if pending else None
-        op = view.op
-        if op is None:
-            at_host_sync = view.wait is not None and view.wait.kind == "host_sync"
-            if latest is not None and not at_host_sync:  # on NCCL a rank waits for its collective at a sync
-                lines.append(
-                    f"FR says rank {view.rank} waits in {_entry_text(latest)}; stacks say it is in no "
-                    f"collective{_at(view.site)}"
-                )
-        elif op == "wait":
-            if latest is None:
-                lines.append(f"stacks say rank {view.rank} waits on a Work handle; FR has nothing pending for it")
-        elif op in P2P_CALLS:
-            if not any_p2p:
-                note = "FR holds no send/recv at all (torch 2.13's gloo does not record point-to-point ops)"
-                if note not in notes:
-                    notes.append(note)
-            elif not any(ops_match(op, e.op) for e in pending):
-                lines.append(f"stacks say rank {view.rank} waits in {op}; FR has no pending {op} for it")
-        elif latest is None:
-            done = [e for e in dump.entries if e.done]
-            last = max(done, key=lambda e: e.record_id) if done else None
-            what = f"last completed {_entry_text(last)}" if last else "recorded no op"
-            lines.append(f"FR says rank {view.rank} {what} and has nothing pending; stacks say it waits in {op}")
-        elif not ops_match(op, latest.op):
-            lines.append(f"FR says rank {view.rank} waits in {_entry_text(latest)}; stacks say it waits in {op}")
+        if view.op in P2P_CALLS and not any_p2p:
+            if _NO_P2P_NOTE not in notes:
+                notes.append(_NO_P2P_NOTE)
+            continue
+        line = _rank_check(view, dump)
+        if line is not None:
+            lines.append(line)
     return lines, notes
+
+
+def _rank_check(view: RankView, dump: FRRankDump) -> str | None:
+    """Where the stacks and the recorder disagree on one rank, the sentence that says so."""
+    pending = [e for e in dump.entries if not e.done]
+    latest = max(pending, key=lambda e: e.record_id) if pending else None
+    op = view.op
+    if op is None:
+        at_host_sync = view.wait is not None and view.wait.kind == "host_sync"
+        if latest is None or at_host_sync:  # on NCCL a rank waits for its collective at a sync
+            return None
+        entry = _entry_text(latest)
+        return f"FR says rank {view.rank} waits in {entry}; stacks say it is in no collective{_at(view.site)}"
+    if op == "wait":
+        return (
+            None
+            if latest is not None
+            else f"stacks say rank {view.rank} waits on a Work handle; FR has nothing pending for it"
+        )
+    if op in P2P_CALLS:
+        if any(ops_match(op, e.op) for e in pending):
+            return None
+        return f"stacks say rank {view.rank} waits in {op}; FR has no pending {op} for it"
+    if latest is None:
+        done = [e for e in dump.entries if e.done]
+        last = max(done, key=lambda e: e.record_id) if done else None
+        what = f"last completed {_entry_text(last)}" if last else "recorded no op"
+        return f"FR says rank {view.rank} {what} and has nothing pending; stacks say it waits in {op}"
+    if not ops_match(op, latest.op):
+        return f"FR says rank {view.rank} waits in {_entry_text(latest)}; stacks say it waits in {op}"
+    return None
 
 
 def _lines(
