@@ -1,0 +1,88 @@
+"""A log's physical lines joined back into the lines torch wrote (pure), for ``inputs.watchdog_log``.
+
+Pasted logs arrive wrapped: a terminal or an issue tracker breaks a long line at a column (inside a word or a
+number: ``NumelOut=5872`` / ``0256``, ``OpTy`` / ``pe=``, padding the rest of the row with spaces), an editor
+breaks it at a space and drops the space (``[Rank 0]`` / ``Watchdog caught``), a mail quote indents what
+follows. A line is joined with the next only while it holds the start of a watchdog record whose end is
+missing (an open ``WorkNCCL(``, a status line without its ``last completed`` number, a log prefix with no
+message yet), and only when the next line starts no record of its own (no ``[rankN]:`` prefix, glog header,
+``what():``, C++ frame or NCCL INFO line) and is not blank. Two complete lines are never joined, whatever
+they hold; a record cut off by the end of a paste stays as it is.
+
+The seam keeps one space where either side had whitespace (a wrap at a space) and none where neither had (a
+wrap inside a word or a number), so a number split across rows is read whole. The record readers accept a
+missing space between words for wraps that dropped one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+MAX_LINE = 65536  # characters of a physical line that are read
+MAX_JOINED = 12  # physical lines joined into one at most
+
+# Starts of a watchdog record, each with what must follow before the record is complete.
+_TIMEOUT_TEXT = re.compile(r"(?:Watchdog\s*caught\s*collective\s*operation\s*timeout|watchdog\s*thread\s*terminated)")
+_STATUS_TEXT = re.compile(
+    r"(?:detected\s*by\s*watchdog|Timeout\s*at\s*NCCL|work\s*sequence\s*id|PG\s*status|Received\s*a\s*(?:dump|timeout)"
+    r"|[Ll]ast\s*enqueued)"
+)
+_COMPLETED = re.compile(r"last\s*completed\s*(?:NCCL\s*)?work:\s*-?\d")
+_RAN_CUT = re.compile(r"\)\s*ran(?:\s*f(?:or?)?)?(?:\s*\d+)?$")  # "ran for 6000" cut before "22 milliseconds"
+# A log prefix with nothing after it yet: a glog header and group prefixes only, or a bracket left open.
+_EMPTY_BODY = re.compile(r"\.(?:cpp|cc|h|hpp):\d{1,6}\](?:\s*\[[^\[\]]{0,200}\])*\s*$")
+_OPEN_BRACKET = re.compile(r"\[(?:PG|Rank|rank|[EWIF]\d)[^\[\]]{0,200}$")
+# What only the first physical line of a record holds.
+_RECORD_START = re.compile(
+    r"\[rank\d{1,9}\]:|ProcessGroupNCCL\.cpp:\d|what\(\):|Exception raised from|terminate called|frame #\d"
+    r"|Traceback \(|NCCL (?:INFO|WARN)"
+)
+_HINTS = ("NCCL", "atchdog", "[PG", "[Rank", "[rank", "[E", "nqueued")
+
+
+def logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """``(number of the first physical line, the line torch wrote)`` for each line of ``text``."""
+    lines = text.splitlines()
+    count = len(lines)
+    index = 0
+    while index < count:
+        line = lines[index][:MAX_LINE]
+        first = index = index + 1
+        if any(hint in line for hint in _HINTS):
+            joined = 1
+            while index < count and joined < MAX_JOINED and is_open(line) and continues(lines[index]):
+                line = seam(line, lines[index][:MAX_LINE])
+                index += 1
+                joined += 1
+        yield first, line
+
+
+def is_open(line: str) -> bool:
+    """Whether ``line`` holds the start of a watchdog record whose end is not on it."""
+    tail = line.rstrip()
+    if _EMPTY_BODY.search(tail) or _OPEN_BRACKET.search(tail) or _work_open(tail) or _RAN_CUT.search(line):
+        return True
+    timeout = _TIMEOUT_TEXT.search(tail)
+    if timeout is not None and "WorkNCCL(" not in tail[timeout.end() :]:
+        return True
+    status = _STATUS_TEXT.search(tail)
+    return status is not None and _COMPLETED.search(tail, status.start()) is None
+
+
+def _work_open(tail: str) -> bool:
+    """A ``WorkNCCL(`` whose closing parenthesis is not on the line (``Timeout(ms)`` aside)."""
+    start = tail.rfind("WorkNCCL(")
+    return start >= 0 and ")" not in tail[start + 9 :].replace("(ms)", "")
+
+
+def continues(line: str) -> bool:
+    """Whether ``line`` may be the rest of the line before it: not blank, and starting no record itself."""
+    return bool(line.strip()) and _RECORD_START.search(line, 0, 400) is None
+
+
+def seam(head: str, rest: str) -> str:
+    """``head`` and ``rest`` joined: one space where either had whitespace at the cut, none where neither."""
+    stripped_head, stripped_rest = head.rstrip(), rest.lstrip()
+    gap = " " if len(stripped_head) < len(head) or len(stripped_rest) < len(rest) else ""
+    return stripped_head + gap + stripped_rest
