@@ -26,6 +26,7 @@ from mtpdiag.layout import GROUP_KINDS, ParallelLayout
 from mtpdiag.model import Finding, Mismatch
 from mtpdiag.model.watchdog import WatchdogLog, WatchdogTimeout
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
+from mtpdiag.vocabulary.ops import UNEVEN_INPUT_OPS, WORK_OWN_COUNT_OPS, WORK_P2P_OPS
 from mtpdiag.vocabulary.states import GroupFrom, Source
 
 Slot = tuple[str | None, int | None]  # a rank's op (None: not logged) and NumelIn at one number of one group
@@ -44,7 +45,7 @@ def fold_log(log: WatchdogLog, layout: ParallelLayout | None, coords_of: CoordsO
     """Split collectives and size problems from the timeouts of each group at each sequence number."""
     global_ranks = any(t.rank is not None for t in log.timeouts)
     rank_of: Callable[[WatchdogTimeout], int | None] = (lambda t: t.rank) if global_ranks else (lambda t: t.group.rank)
-    by_group: dict[tuple[str, int | None], dict[int, Slot]] = {}
+    by_group: dict[tuple[str, int | None, str], dict[int, Slot]] = {}
     desc_of: dict[str, str] = {}
     for t in log.timeouts:
         rank = rank_of(t)
@@ -52,12 +53,12 @@ def fold_log(log: WatchdogLog, layout: ParallelLayout | None, coords_of: CoordsO
             continue
         name = t.group.name or t.group.desc or UNNAMED
         desc_of[name] = t.group.desc or ""
-        slots = by_group.setdefault((name, t.seq), {})
+        slots = by_group.setdefault((name, t.seq, _count(t.op)), {})
         if slots.get(rank, (None, None))[0] is None:  # a logged op outranks a status line's failure
             slots[rank] = (t.op, t.numel_in)
     mismatches: list[Mismatch] = []
     sizes: list[SizeProblem] = []
-    for (name, seq), slots in sorted(by_group.items(), key=lambda item: (item[0][0], item[0][1] or -1)):
+    for (name, seq, _), slots in sorted(by_group.items(), key=lambda item: (item[0][0], item[0][1] or -1, item[0][2])):
         split, size = _fold_group(name, seq, slots, desc_of.get(name, ""), layout, coords_of)
         mismatches += split
         sizes += [size] if size is not None else []
@@ -86,7 +87,8 @@ def _fold_group(
     unknown = {r for r, (op, _) in slots.items() if op is None}
     out = []
     for op, entered in ops.items():
-        absent = tuple(r for r in members if r not in entered and r not in unknown)
+        inside = unknown.union(entered)
+        absent = tuple(r for r in members if r not in inside)
         if not absent:
             continue
         gate = read_gate([_Split(members, tuple(entered), absent)], coords_of) if coords_of else None
@@ -128,6 +130,8 @@ def _sizes(
     if not ops or seq is None:
         return None
     ((op, ranks),) = ops.items()
+    if op in WORK_OWN_COUNT_OPS or op in UNEVEN_INPUT_OPS:  # sizes that differ by design (p2p, batches, all_to_all)
+        return None
     numels: dict[str, list[int]] = {}
     for rank in ranks:
         numel = slots[rank][1]
@@ -146,6 +150,14 @@ def _sizes(
         problem="sizes",
         by_value={k: tuple(v) for k, v in numels.items()},
     )
+
+
+def _count(op: str | None) -> str:
+    """Which of the group's sequences a work counts in: p2p works and coalesced batches apart from collectives
+    (a status line's failure, whose op is not logged, is read with the collectives: it contradicts no one)."""
+    if op in WORK_P2P_OPS:
+        return "p2p"
+    return "coalesced" if op in WORK_OWN_COUNT_OPS else ""
 
 
 @dataclass(frozen=True)

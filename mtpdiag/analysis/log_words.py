@@ -12,7 +12,7 @@ from mtpdiag.model.watchdog import PGRef, WatchdogLog, WatchdogStatus, WatchdogT
 from mtpdiag.vocabulary.labels import rank_list
 from mtpdiag.vocabulary.states import FindingId
 
-UNNAMED = "?"  # the group of a timeout whose lines name none
+UNNAMED = "unnamed"  # the group of a timeout whose lines name none
 SHOW = 8  # ranks named before "…"
 GROUPS_SHOWN = 3  # groups a summary names before "and N more"
 NO_SEQ_NOTE = (
@@ -49,13 +49,13 @@ def limits(log: WatchdogLog, global_ranks: bool) -> tuple[str, ...]:
 
 
 def unnamed_differ(
-    by_group: Mapping[tuple[str, int | None], Mapping[int, tuple[str | None, int | None]]],
+    by_group: Mapping[tuple[str, int | None, str], Mapping[int, tuple[str | None, int | None]]],
 ) -> tuple[str, ...]:
     """Ranks that timed out at the same number in different ops, where the log names the group of only some of
     them: said, not called a split (the number may belong to two groups)."""
     by_seq: dict[int, dict[str, dict[str, list[int]]]] = {}
-    for (name, seq), slots in by_group.items():
-        if seq is None:
+    for (name, seq, count), slots in by_group.items():
+        if seq is None or count:
             continue
         for rank, (op, _) in slots.items():
             if op is not None:
@@ -110,7 +110,7 @@ class _Where:
     """The timeouts of one group at one number: who, in which ops, and the group's progress."""
 
     def __init__(self) -> None:
-        self.ranks: list[int] = []
+        self.ranks: dict[int, None] = {}
         self.ops: dict[str, None] = {}
         self.unlogged_op = self.unnamed = 0
         self.completed: int | None = None
@@ -119,8 +119,8 @@ class _Where:
     def add(self, rank: int | None, t: WatchdogTimeout) -> None:
         if rank is None:
             self.unnamed += 1
-        elif rank not in self.ranks:
-            self.ranks.append(rank)
+        else:
+            self.ranks[rank] = None
         if t.op is None:
             self.unlogged_op += 1
         else:

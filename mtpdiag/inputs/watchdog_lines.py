@@ -4,10 +4,11 @@ Pasted logs arrive wrapped: a terminal or an issue tracker breaks a long line at
 number: ``NumelOut=5872`` / ``0256``, ``OpTy`` / ``pe=``, padding the rest of the row with spaces), an editor
 breaks it at a space and drops the space (``[Rank 0]`` / ``Watchdog caught``), a mail quote indents what
 follows. A line is joined with the next only while it holds the start of a watchdog record whose end is
-missing (an open ``WorkNCCL(``, a status line without its ``last completed`` number, a log prefix with no
-message yet), and only when the next line starts no record of its own (no ``[rankN]:`` prefix, glog header,
-``what():``, C++ frame or NCCL INFO line) and is not blank. Two complete lines are never joined, whatever
-they hold; a record cut off by the end of a paste stays as it is.
+missing (an open ``WorkNCCL(`` or bracket, a status line without its ``last completed`` number, a c10d log
+line that does not end as torch ends one: ``.``, ``:`` or the status line's last number), and only when the
+next line starts no record of its own (no ``[rankN]:`` prefix, glog header, ``what():``, C++ frame or NCCL
+INFO line) and is not blank; or when a line ends in a status number and the next goes on with digits. Two
+complete lines are never joined, whatever they hold; a record cut off by the end of a paste stays as it is.
 
 The seam keeps one space where either side had whitespace (a wrap at a space) and none where neither had (a
 wrap inside a word or a number), so a number split across rows is read whole. The record readers accept a
@@ -20,7 +21,7 @@ import re
 from collections.abc import Iterator
 
 MAX_LINE = 65536  # characters of a physical line that are read
-MAX_JOINED = 12  # physical lines joined into one at most
+MAX_JOINED = 64  # physical lines joined into one at most (a 600-column line wrapped at 10)
 
 # Starts of a watchdog record, each with what must follow before the record is complete.
 _TIMEOUT_TEXT = re.compile(r"(?:Watchdog\s*caught\s*collective\s*operation\s*timeout|watchdog\s*thread\s*terminated)")
@@ -30,15 +31,22 @@ _STATUS_TEXT = re.compile(
 )
 _COMPLETED = re.compile(r"last\s*completed\s*(?:NCCL\s*)?work:\s*-?\d")
 _RAN_CUT = re.compile(r"\)\s*ran(?:\s*f(?:or?)?)?(?:\s*\d+)?$")  # "ran for 6000" cut before "22 milliseconds"
-# A log prefix with nothing after it yet: a glog header and group prefixes only, or a bracket left open.
-_EMPTY_BODY = re.compile(r"\.(?:cpp|cc|h|hpp):\d{1,6}\](?:\s*\[[^\[\]]{0,200}\])*\s*$")
+# A bracket left open by the cut: a glog header ("[E1130 10:00:01.12"), a group prefix ("[PG 0 Rank").
 _OPEN_BRACKET = re.compile(r"\[(?:PG|Rank|rank|[EWIF]\d)[^\[\]]{0,200}$")
+_IN_HEADER = re.compile(r"\[[EWIF]\d{0,4}[^\[\]]{0,80}$")
+# A c10d log line (glog's "file:line]" or an exception's "what():") is whole when it ends as torch ends one.
+_HEADER = re.compile(r"\.(?:cpp|cc|h|hpp):\d{1,6}\]|what\(\):")
+_ENDED = re.compile(r"(?:[.:!]|work:\s*-?\d{1,20}|trace:\s*\d{1,3})$")
+# A number cut at the end of a line that ends in it ("last completed work: 11" / "15").
+_CUT_NUMBER = re.compile(r"work:\s*-?\d{1,20}$")
+_NUMBER_REST = re.compile(r"\d{1,20}(?:\.(?:This|\s*$)|\s*$)")  # then the line's end, or a signal's ".This is …"
 # What only the first physical line of a record holds.
 _RECORD_START = re.compile(
     r"\[rank\d{1,9}\]:|ProcessGroupNCCL\.cpp:\d|what\(\):|Exception raised from|terminate called|frame #\d"
     r"|Traceback \(|NCCL (?:INFO|WARN)"
 )
-_HINTS = ("NCCL", "atchdog", "[PG", "[Rank", "[rank", "[E", "nqueued")
+_GLOBAL = re.compile(r"\[rank\d{1,9}\]:")
+_HINTS = ("NCCL", "atchdog", "[PG", "[Rank", "[rank", "[E", "nqueued", "what()")
 
 
 def logical_lines(text: str) -> Iterator[tuple[int, str]]:
@@ -51,34 +59,47 @@ def logical_lines(text: str) -> Iterator[tuple[int, str]]:
         first = index = index + 1
         if any(hint in line for hint in _HINTS):
             joined = 1
-            while index < count and joined < MAX_JOINED and is_open(line) and continues(lines[index]):
+            while index < count and joined < MAX_JOINED and joins(line, lines[index]):
                 line = seam(line, lines[index][:MAX_LINE])
                 index += 1
                 joined += 1
         yield first, line
 
 
+def joins(head: str, rest: str) -> bool:
+    """Whether ``rest`` is the rest of ``head``: ``head`` is an unfinished record and ``rest`` starts none of
+    its own (the end of a glog header cut in two aside), or ``head`` ends in a number that ``rest`` goes on."""
+    if not rest.strip():
+        return False
+    if _CUT_NUMBER.search(head) and _NUMBER_REST.match(rest):
+        return True
+    if not is_open(head):
+        return False
+    start = _RECORD_START.search(rest, 0, 400)
+    if start is None:
+        return True
+    in_header = _IN_HEADER.search(head.rstrip()) is not None
+    return in_header and start.group().startswith("ProcessGroupNCCL") and _GLOBAL.search(rest, 0, 400) is None
+
+
 def is_open(line: str) -> bool:
     """Whether ``line`` holds the start of a watchdog record whose end is not on it."""
     tail = line.rstrip()
-    if _EMPTY_BODY.search(tail) or _OPEN_BRACKET.search(tail) or _work_open(tail) or _RAN_CUT.search(line):
+    if _OPEN_BRACKET.search(tail) or _work_open(tail) or _RAN_CUT.search(line):
         return True
     timeout = _TIMEOUT_TEXT.search(tail)
     if timeout is not None and "WorkNCCL(" not in tail[timeout.end() :]:
         return True
     status = _STATUS_TEXT.search(tail)
-    return status is not None and _COMPLETED.search(tail, status.start()) is None
+    if status is not None and _COMPLETED.search(tail, status.start()) is None:
+        return True
+    return _HEADER.search(tail) is not None and _ENDED.search(tail) is None
 
 
 def _work_open(tail: str) -> bool:
     """A ``WorkNCCL(`` whose closing parenthesis is not on the line (``Timeout(ms)`` aside)."""
     start = tail.rfind("WorkNCCL(")
     return start >= 0 and ")" not in tail[start + 9 :].replace("(ms)", "")
-
-
-def continues(line: str) -> bool:
-    """Whether ``line`` may be the rest of the line before it: not blank, and starting no record itself."""
-    return bool(line.strip()) and _RECORD_START.search(line, 0, 400) is None
 
 
 def seam(head: str, rest: str) -> str:

@@ -45,7 +45,7 @@ _THREAD = re.compile(r"\[[EWIF]\d{4} [\d:.]{8,24} (\d{1,12}) ")  # glog: [E1130 
 _PG_ID = re.compile(
     r"\[PG\s*ID\s*(\d{1,9})\s*PG\s*GUID\s*([^\s()\[\]]{1,200}?)\s*(?:\(([^()\[\]]{0,200})\))?\s*Rank\s*(\d{1,9})\]"
 )
-_PG_OLD = re.compile(r"\[PG\s+([^\s()\[\]]{1,200}?)\s*(?:\(([^()\[\]]{0,200})\))?\s*Rank\s*(\d{1,9})\]")
+_PG_OLD = re.compile(r"\[PG\s*([^\s()\[\]]{1,200}?)\s*(?:\(([^()\[\]]{0,200})\))?\s*Rank\s*(\d{1,9})\]")
 _RANK = re.compile(r"\[Rank\s*(\d{1,9})\]")
 _WORK = re.compile(r"WorkNCCL\((?P<work>(?:[^()]|\(ms\)){0,400})\)?")
 _TIMEOUT_BEFORE = re.compile("|".join(WORK_TIMEOUT_PHRASES))
@@ -66,7 +66,8 @@ _ENQUEUED = re.compile(rf"[Ll]ast\s*enqueued\s*(?:NCCL\s*)?work:\s*({_N})")
 _STARTED = re.compile(rf"[Ll]ast\s*started\s*(?:NCCL\s*)?work:\s*({_N})")
 _COMPLETED = re.compile(rf"[Ll]ast\s*completed\s*(?:NCCL\s*)?work:\s*({_N})")
 _SIGNAL = re.compile(
-    r"Received\s*a\s*(?:dump|timeout)\s*signal\s*(?:due\s*to\s*a\s*collective\s*timeout\s*)?from\s*(.{1,80}?)\s*and\s"
+    r"Received\s*a\s*(?:dump|timeout)\s*signal\s*(?:due\s*to\s*a\s*collective\s*timeout\s*)?from\s*(.{1,80}?)"
+    r"\s*and\s*(?:we|will)"
 )
 _SIGNAL_RANK = re.compile(r"rank\s*(\d{1,9})")
 _JOINED = re.compile(r"\[([\d, ]{0,4000})\] joined but didn't finish collective #(\d{1,19})")
@@ -95,7 +96,10 @@ def parse_watchdog_log(text: str) -> WatchdogLog:
             if d is not None:
                 desync.append(d)
     claimed: set[int] = set()
-    joined = [_join(t, statuses, claimed) for t in timeouts.found]
+    by_work: dict[tuple[int | None, int | None], list[WatchdogStatus]] = {}
+    for s in statuses:
+        by_work.setdefault((s.rank, s.failed_seq), []).append(s)
+    joined = [_join(t, by_work.get((t.rank, t.seq), []), claimed) for t in timeouts.found]
     failures = _failures(statuses, claimed, joined)
     found = tuple(sorted((*joined, *failures), key=lambda t: t.line))
     return WatchdogLog(timeouts=found, statuses=tuple(statuses), desync=tuple(desync), notes=_conflicts(found))
@@ -243,7 +247,8 @@ def _desync(line: str, number: int) -> DesyncReport | None:
 
 
 def _join(t: WatchdogTimeout, statuses: list[WatchdogStatus], claimed: set[int]) -> WatchdogTimeout:
-    """The timeout with its group's status line: the nearest line of the same rank about the same work
+    """The timeout with its group's status line (``statuses``: those of its rank about its work number): the
+    nearest line of the same rank about the same work
     (a later one first), not taken by another timeout, and of the same group where both name one. Each group's
     watchdog logs the two back to back; other groups' lines may come between, so the same glog thread id and
     the same group rank are preferred (torch's "[Rank r]" on the timeout line is only a hint: it is the group
@@ -254,8 +259,6 @@ def _join(t: WatchdogTimeout, statuses: list[WatchdogStatus], claimed: set[int])
         s
         for s in statuses
         if s.line not in claimed
-        and s.rank == t.rank
-        and s.failed_seq == t.seq
         and (t.group.name is None or s.group.name in (None, t.group.name))
         and (t.rank is not None or s.group.rank in (None, t.group.rank))
     ]

@@ -171,6 +171,10 @@ WORK_OP_TYPES = {
     "COALESCED": "coalesced",
     "UNKNOWN": "unknown",
 }
+# Watchdog ops (public names) whose works count in their own sequence: point-to-point works carry the group's
+# p2p number, and a coalesced batch may be either kind; their sizes legitimately differ across ranks.
+WORK_P2P_OPS = frozenset({"send", "recv"})
+WORK_OWN_COUNT_OPS = WORK_P2P_OPS | {"coalesced"}
 # What the watchdog writes before a ``WorkNCCL(...)`` that timed out (regular expressions; a wrap may have
 # dropped a space): the watchdog's timeout (1.8 to today) and a blocking wait's (1.7; later ones end in
 # "timed out in blocking wait").
