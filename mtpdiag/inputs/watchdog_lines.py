@@ -29,6 +29,7 @@ _STATUS_TEXT = re.compile(
     r"(?:detected\s*by\s*watchdog|Timeout\s*at\s*NCCL|work\s*sequence\s*id|PG\s*status|Received\s*a\s*(?:dump|timeout)"
     r"|[Ll]ast\s*enqueued)"
 )
+_STATUS_WORDS = ("etected", "NCCL work", "NCCLwork", "equence", "tatus", "eceived", "nqueued")  # spaces aside
 _COMPLETED = re.compile(r"last\s*completed\s*(?:NCCL\s*)?work:\s*-?\d")
 _RAN_CUT = re.compile(r"\)\s*ran(?:\s*f(?:or?)?)?(?:\s*\d+)?$")  # "ran for 6000" cut before "22 milliseconds"
 # A bracket left open by the cut: a glog header ("[E1130 10:00:01.12"), a group prefix ("[PG 0 Rank").
@@ -68,32 +69,41 @@ def logical_lines(text: str) -> Iterator[tuple[int, str]]:
 
 def joins(head: str, rest: str) -> bool:
     """Whether ``rest`` is the rest of ``head``: ``head`` is an unfinished record and ``rest`` starts none of
-    its own (the end of a glog header cut in two aside), or ``head`` ends in a number that ``rest`` goes on."""
+    its own (the end of a glog header cut in two aside), or ``head`` ends in a number that ``rest`` goes on.
+    ``rest`` is asked first: in a log most lines start a record of their own."""
     if not rest.strip():
         return False
-    if _CUT_NUMBER.search(head) and _NUMBER_REST.match(rest):
+    if head[-1:].isdigit() and _CUT_NUMBER.search(head[-40:]) and _NUMBER_REST.match(rest):
         return True
-    if not is_open(head):
-        return False
     start = _RECORD_START.search(rest, 0, 400)
-    if start is None:
-        return True
-    in_header = _IN_HEADER.search(head.rstrip()) is not None
-    return in_header and start.group().startswith("ProcessGroupNCCL") and _GLOBAL.search(rest, 0, 400) is None
+    if start is not None and not (
+        start.group().startswith("ProcessGroupNCCL")
+        and _GLOBAL.search(rest, 0, 400) is None
+        and _IN_HEADER.search(head.rstrip()[-90:]) is not None
+    ):
+        return False
+    return is_open(head)
 
 
 def is_open(line: str) -> bool:
-    """Whether ``line`` holds the start of a watchdog record whose end is not on it."""
+    """Whether ``line`` holds the start of a watchdog record whose end is not on it (each test asked only of
+    lines holding its words: most lines of a log hold none)."""
     tail = line.rstrip()
-    if _OPEN_BRACKET.search(tail) or _work_open(tail) or _RAN_CUT.search(line):
+    end = tail[-220:]
+    bracket = end.rfind("[")
+    if bracket > end.rfind("]") and _OPEN_BRACKET.match(end, bracket):
         return True
-    timeout = _TIMEOUT_TEXT.search(tail)
-    if timeout is not None and "WorkNCCL(" not in tail[timeout.end() :]:
+    if "WorkNCCL(" in tail and _work_open(tail):
         return True
-    status = _STATUS_TEXT.search(tail)
-    if status is not None and _COMPLETED.search(tail, status.start()) is None:
+    if "ran" in end and _RAN_CUT.search(line[-60:]):
         return True
-    return _HEADER.search(tail) is not None and _ENDED.search(tail) is None
+    if "atchdog" in tail and "WorkNCCL(" not in tail and _TIMEOUT_TEXT.search(tail):
+        return True
+    if any(word in tail for word in _STATUS_WORDS):
+        status = _STATUS_TEXT.search(tail)
+        if status is not None and _COMPLETED.search(tail, status.start()) is None:
+            return True
+    return _ENDED.search(end[-40:]) is None and _HEADER.search(tail) is not None
 
 
 def _work_open(tail: str) -> bool:

@@ -62,9 +62,9 @@ _SHAPE = re.compile(r"TensorShape=(\[[\d, ]{0,200}\])")
 _FAILED_AT = re.compile(
     r"(?:at\s*work\s*sequence\s*id:|detected\s*by\s*watchdog\s*at\s*work:|Timeout\s*at\s*NCCL\s*work:)\s*(\d{1,19})"
 )
-_ENQUEUED = re.compile(rf"[Ll]ast\s*enqueued\s*(?:NCCL\s*)?work:\s*({_N})")
-_STARTED = re.compile(rf"[Ll]ast\s*started\s*(?:NCCL\s*)?work:\s*({_N})")
-_COMPLETED = re.compile(rf"[Ll]ast\s*completed\s*(?:NCCL\s*)?work:\s*({_N})")
+_ENQUEUED = re.compile(rf"ast\s*enqueued\s*(?:NCCL\s*)?work:\s*({_N})")  # "Last" in a dump signal
+_STARTED = re.compile(rf"ast\s*started\s*(?:NCCL\s*)?work:\s*({_N})")
+_COMPLETED = re.compile(rf"ast\s*completed\s*(?:NCCL\s*)?work:\s*({_N})")
 _SIGNAL = re.compile(
     r"Received\s*a\s*(?:dump|timeout)\s*signal\s*(?:due\s*to\s*a\s*collective\s*timeout\s*)?from\s*(.{1,80}?)"
     r"\s*and\s*(?:we|will)"
@@ -73,6 +73,7 @@ _SIGNAL_RANK = re.compile(r"rank\s*(\d{1,9})")
 _JOINED = re.compile(r"\[([\d, ]{0,4000})\] joined but didn't finish collective #(\d{1,19})")
 _FINISHED = re.compile(r"\[([\d, ]{0,4000})\] finished collective #(\d{1,19}), but didn't join")
 _LAGGING = re.compile(r"ranks \[([\d, ]{0,4000})\] are the lagging ranks")
+_ECHO_WORDS = ("exception", "what()", "blocking")
 _ECHO = re.compile(r"exception:|what\(\):|timed\s*out\s*in\s*blocking\s*wait")
 _WORLD_NAMES = ("0", "default_pg")  # the default group's name (GUID) and description: group rank = global rank
 
@@ -86,8 +87,9 @@ def parse_watchdog_log(text: str) -> WatchdogLog:
         if "WorkNCCL(" in line:
             t = _timeout(line, number)
             if t is not None:
-                ran = _RAN_FOR.search(line)
-                timeouts.keep(t, echo=_ECHO.search(line) is not None, text=line[: ran.end()] if ran else line)
+                said = (line[: line.find("WorkNCCL(")], t.seq, t.op_type, t.numel_in, t.numel_out, t.ran_for_ms)
+                echo = any(word in line for word in _ECHO_WORDS) and _ECHO.search(line) is not None
+                timeouts.keep(t, echo=echo, said=said)
                 continue
         if "nqueued" in line:
             statuses.append(_status(line, number))
@@ -145,9 +147,9 @@ class _Timeouts:
     def __init__(self) -> None:
         self.found: list[WatchdogTimeout] = []
         self._by_work: dict[tuple, list[int]] = {}  # (work, rank) and (work, None) -> indices, in line order
-        self._lines: set[str] = set()
+        self._lines: set[tuple] = set()
 
-    def keep(self, t: WatchdogTimeout, echo: bool, text: str) -> None:
+    def keep(self, t: WatchdogTimeout, echo: bool, said: tuple) -> None:
         work = (t.seq, t.op_type, t.numel_in, t.numel_out, t.work_rank)
         if echo:
             for index in reversed(self._by_work.get((work, t.rank), ())):
@@ -156,9 +158,9 @@ class _Timeouts:
                     self.found[index] = _echoed(first, t)
                     return
         else:
-            if text in self._lines:  # the same line printed twice (up to its running time), not another work
+            if said in self._lines:  # the same line printed twice (up to its running time), not another work
                 return
-            self._lines.add(text)
+            self._lines.add(said)
         index = len(self.found)
         self._by_work.setdefault((work, t.rank), []).append(index)
         if t.rank is not None:
@@ -213,7 +215,7 @@ def _timeout(line: str, number: int) -> WatchdogTimeout | None:
 
 def _status(line: str, number: int) -> WatchdogStatus:
     failed = _FAILED_AT.search(line)
-    signal = _SIGNAL.search(line)
+    signal = _SIGNAL.search(line) if "eceived" in line else None
     rank = _global(line)
     said = signal.group(1).strip() if signal else None
     named = _SIGNAL_RANK.search(said) if said and "local" not in said else None
@@ -223,7 +225,7 @@ def _status(line: str, number: int) -> WatchdogStatus:
         group=_group(line, _last(_RANK, line[: failed.start()] if failed else line)),
         failed_seq=int(failed.group(1)) if failed else None,
         last_enqueued=_first(_ENQUEUED, line),
-        last_started=_first(_STARTED, line),
+        last_started=_first(_STARTED, line) if "tarted" in line else None,
         last_completed=_first(_COMPLETED, line),
         signal_from=said,
         thread=_first(_THREAD, line),
