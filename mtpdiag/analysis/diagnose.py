@@ -145,6 +145,8 @@ def diagnose(
         waited_on_undumped=evidence.waited_on_undumped if evidence else frozenset(),
     )
     found = findings.build(facts)
+    if logged is not None and not found:  # nothing split: what the log shows, and what to collect next
+        found = logged.findings
     notes += _capture_notes(snapshot, views, read.states)
     verdict = _verdict(found, by_rank, layout, notes)
     report = Report(
@@ -163,9 +165,12 @@ def diagnose(
         report = replace(report, flight_recorder=fr_evidence.section(report, fr, evidence))
     if log is not None:
         shown = logged or fold_log(log, layout, coords_of if layout is not None else None)
-        report = replace(
-            report, watchdog=WatchdogSection(timeouts=tuple(t.logged() for t in log.timeouts), lines=tuple(shown.lines))
+        section = WatchdogSection(
+            timeouts=tuple(t.logged() for t in log.timeouts),
+            lines=shown.lines,
+            signals=tuple(s.logged() for s in log.statuses if s.signal_from is not None),
         )
+        report = replace(report, watchdog=section, notes=(*report.notes, *(f"watchdog log: {n}" for n in shown.notes)))
     return report
 
 
@@ -372,7 +377,8 @@ def _verdict(
     if any(findings.is_problem(f) for f in found):
         return Verdict.PROBLEM
     if not by_rank:
-        notes.append("no capture carries a rank: nothing to diagnose")
+        if not found:  # the watchdog log's finding, when there is one, says what it shows
+            notes.append("no capture carries a rank: nothing to diagnose")
         return Verdict.INCOMPLETE
     waiting = [v for v in by_rank.values() if v.state == RankState.COLLECTIVE]
     if layout is None and waiting and len({(v.op, v.site) for v in by_rank.values()}) > 1:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from mtpdiag.model.fields import Record
-from mtpdiag.model.watchdog import LoggedTimeout
+from mtpdiag.model.watchdog import LoggedSignal, LoggedTimeout
 
 Json = dict[str, Any]
 
@@ -46,7 +46,8 @@ class FlightRecorderSection(Record, frozen=True, kw_only=True):
 
 
 class WatchdogSection(Record, frozen=True):
-    """The watchdog's timeouts, and the same in words (one line each)."""
+    """The watchdog's timeouts and dump signals, and the same in words (one line each)."""
 
     timeouts: tuple[LoggedTimeout, ...]
     lines: tuple[str, ...]
+    signals: tuple[LoggedSignal, ...] = ()

@@ -18,14 +18,19 @@ class PGRef(Record, frozen=True):
 class WatchdogTimeout(Record, frozen=True, kw_only=True):
     """One timed-out work. ``rank``: global rank (log prefix), ``group``: the group (from the same line's
     prefix or the matching status line), ``op``: the public op name of ``op_type``. ``last_enqueued`` /
-    ``last_completed`` come from the group's status line for the same rank and work, when logged."""
+    ``last_completed`` come from the group's status line for the same rank and work, when logged.
+
+    ``seq`` is None in torch 1.x logs (no ``SeqNum``); ``op_type`` and ``op`` are None for a failure that only a
+    group's status line reports (``failure detected by watchdog at work sequence id: N``, ``Timeout at NCCL
+    work: N``) with no ``WorkNCCL(...)`` line. ``work_rank`` is the ``[Rank r]`` printed before the timeout
+    (torch keeps the first group's rank there); ``group.rank`` is the group prefix's rank when one names it."""
 
     line: int
     rank: int | None
     group: PGRef
-    seq: int
-    op_type: str
-    op: str
+    seq: int | None
+    op_type: str | None
+    op: str | None
     numel_in: int | None
     numel_out: int | None
     timeout_ms: int | None
@@ -35,6 +40,8 @@ class WatchdogTimeout(Record, frozen=True, kw_only=True):
     last_enqueued: int | None = None
     last_started: int | None = None
     last_completed: int | None = None
+    work_rank: int | None = None
+    tensor_shape: str | None = None  # torch 1.x-2.1: the output's shape, for some ops (``TensorShape=[8, 16]``)
 
     def logged(self) -> LoggedTimeout:
         """The timeout as the report's ``watchdog`` section lists it (the group's fields flattened)."""
@@ -57,6 +64,8 @@ class WatchdogTimeout(Record, frozen=True, kw_only=True):
             last_enqueued=self.last_enqueued,
             last_started=self.last_started,
             last_completed=self.last_completed,
+            work_rank=self.work_rank,
+            tensor_shape=self.tensor_shape,
         )
 
 
@@ -69,9 +78,9 @@ class LoggedTimeout(Record, frozen=True, kw_only=True, omit_defaults=False):
     pg_name: str | None
     pg_desc: str | None
     group_rank: int | None
-    seq: int
-    op_type: str
-    op: str
+    seq: int | None
+    op_type: str | None
+    op: str | None
     numel_in: int | None
     numel_out: int | None
     timeout_ms: int | None
@@ -80,6 +89,8 @@ class LoggedTimeout(Record, frozen=True, kw_only=True, omit_defaults=False):
     last_enqueued: int | None
     last_started: int | None
     last_completed: int | None
+    work_rank: int | None = None
+    tensor_shape: str | None = None
 
 
 class WatchdogStatus(Record, frozen=True, kw_only=True):
@@ -95,6 +106,39 @@ class WatchdogStatus(Record, frozen=True, kw_only=True):
     last_completed: int | None
     signal_from: str | None = None
     thread: int | None = None
+    signal_rank: int | None = None  # the global rank the dump signal names ("this local rank": the line's own)
+
+    def logged(self) -> LoggedSignal:
+        """The status line as the report's ``watchdog.signals`` lists a dump signal (the group flattened)."""
+        g = self.group
+        return LoggedSignal(
+            line=self.line,
+            rank=self.rank,
+            pg_id=g.pg_id,
+            pg_name=g.name,
+            pg_desc=g.desc,
+            group_rank=g.rank,
+            signal_from=self.signal_from,
+            signal_rank=self.signal_rank,
+            last_enqueued=self.last_enqueued,
+            last_completed=self.last_completed,
+        )
+
+
+class LoggedSignal(Record, frozen=True, kw_only=True, omit_defaults=False):
+    """A heartbeat monitor's dump signal in the report (``watchdog.signals``): which rank's timeout the line's
+    rank was told of, and that rank's progress in the group it logs for."""
+
+    line: int
+    rank: int | None
+    pg_id: int | None
+    pg_name: str | None
+    pg_desc: str | None
+    group_rank: int | None
+    signal_from: str | None
+    signal_rank: int | None
+    last_enqueued: int | None
+    last_completed: int | None
 
 
 class DesyncReport(Record, frozen=True, kw_only=True, omit_defaults=False):
@@ -111,11 +155,14 @@ class DesyncReport(Record, frozen=True, kw_only=True, omit_defaults=False):
 
 class WatchdogLog(Record, frozen=True):
     """Every watchdog record of one log, in line order. A timeout is reported once though torch logs it up to
-    three times (the watchdog's line, its exception, and the exception's ``what():`` without a rank prefix)."""
+    three times (the watchdog's line, its exception, and the exception's ``what():`` without a rank prefix).
+    ``notes``: where the log's own lines disagree (a rank the timeout line and its group's line give
+    differently), said rather than settled."""
 
     timeouts: tuple[WatchdogTimeout, ...] = ()
     statuses: tuple[WatchdogStatus, ...] = ()
     desync: tuple[DesyncReport, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         """The log's records as JSON (the timeouts as the report lists them)."""

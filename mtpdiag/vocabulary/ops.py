@@ -169,7 +169,19 @@ WORK_OP_TYPES = {
     "RECVANYSOURCE": "recv",
     "BARRIER": "barrier",
     "COALESCED": "coalesced",
+    "UNKNOWN": "unknown",
 }
+# Watchdog ops (public names) whose works count in their own sequence: point-to-point works carry the group's
+# p2p number, and a coalesced batch may be either kind; their sizes legitimately differ across ranks.
+WORK_P2P_OPS = frozenset({"send", "recv"})
+WORK_OWN_COUNT_OPS = WORK_P2P_OPS | {"coalesced"}
+# What the watchdog writes before a ``WorkNCCL(...)`` that timed out (regular expressions; a wrap may have
+# dropped a space): the watchdog's timeout (1.8 to today) and a blocking wait's (1.7; later ones end in
+# "timed out in blocking wait").
+WORK_TIMEOUT_PHRASES = (
+    r"Watchdog\s*caught\s*collective\s*operation\s*timeout",
+    r"Caught\s*collective\s*operation\s*timeout\s*for\s*work",
+)
 
 # Commands that launch a job rather than being a rank of it (only the interpreter, its flags and the program
 # are read from a command line).

@@ -133,3 +133,95 @@ def test_a_log_without_watchdog_lines_is_empty_and_the_file_reader(tmp_path):
     path.write_bytes(LOG_2_13.encode() + b"\xff\xfe\n")
     assert len(load_watchdog_log(str(path)).timeouts) == 2
     assert parse_watchdog_log(LOG_2_13).to_dict()["timeouts"][0]["pg_desc"] == "DATA_PARALLEL_GROUP_WITH_CP"
+
+
+# torch 1.7 to 1.9: operator<<(WorkNCCL) printed "WorkNCCL(OpType=…, TensorShape=[…], Timeout(ms)=…)" (no SeqNum; the
+# shape only when the work kept its outputs), the watchdog "[Rank r] Watchdog caught collective operation timeout: …
+# ran for N milliseconds before timing out.", and 1.7's blocking wait "[Rank r] Caught collective operation timeout
+# for work: …" (ProcessGroupNCCL.cpp of those releases). glog's "[E ProcessGroupNCCL.cpp:566]", no [rankN]: prefix.
+LOG_1_X = """\
+[E ProcessGroupNCCL.cpp:566] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(OpType=ALLREDUCE, \
+TensorShape=[2048, 16], Timeout(ms)=1800000) ran for 1800445 milliseconds before timing out.
+[E ProcessGroupNCCL.cpp:566] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(OpType=BROADCAST, \
+Timeout(ms)=1800000) ran for 1800402 milliseconds before timing out.
+I1002 15:18:52.161238 1821930 ProcessGroupNCCL.cpp:388] [Rank 2] Caught collective operation timeout for work: \
+WorkNCCL(OpType=ALLREDUCE, TensorShape=[2048, 16], Timeout(ms)=1000)
+"""
+
+
+def test_torch_1_x_without_sequence_numbers_is_compared_by_op_and_says_so():
+    from mtpdiag.analysis.log_evidence import fold_log
+    from mtpdiag.analysis.log_words import NO_GLOBAL_NOTE, NO_SEQ_NOTE
+
+    log = parse_watchdog_log(LOG_1_X)
+    reduce1, broadcast, reduce2 = log.timeouts
+    assert (reduce1.seq, reduce1.op, reduce1.tensor_shape, reduce1.group.rank, reduce1.rank) == (
+        None,
+        "all_reduce",
+        "[2048, 16]",
+        1,
+        None,
+    )
+    assert (broadcast.op, broadcast.ran_for_ms, reduce2.ran_for_ms, reduce2.timeout_ms) == (
+        "broadcast",
+        1800402,
+        None,
+        1000,
+    )
+    folded = fold_log(log, None, None)
+    # Ranks 0 and 1 timed out in different ops: that is all a log without numbers can say, and it says so.
+    assert {(m.op, m.entered, m.absent, m.seq) for m in folded.mismatches} == {
+        ("all_reduce", (1, 2), (0,), None),
+        ("broadcast", (0,), (1, 2), None),
+    }
+    assert NO_SEQ_NOTE in folded.notes and NO_GLOBAL_NOTE in folded.notes
+
+
+def test_failures_without_an_op_contradict_no_one_and_p2p_counts_apart():
+    """llamafactory #6269: ranks 2 and 6 report only "Timeout at NCCL work: 7753" (op not logged): no split with
+    ranks 0 and 4's reduce_scatter at #7753. A p2p work's number is the group's p2p count: a SEND #7 is not
+    compared with an all_gather #7 (torch 2.4 format strings, as in LOG_2_4)."""
+    from pathlib import Path
+
+    from mtpdiag.analysis.log_evidence import fold_log
+
+    text = (Path(__file__).parents[1] / "fixtures/watchdog_logs/llamafactory_6269_pg_uid.log").read_text()
+    folded = fold_log(parse_watchdog_log(text), None, None)
+    assert folded.mismatches == () and folded.size_problems == ()
+    [finding] = folded.findings
+    assert finding.id == "unexplained-wait" and "ranks 0, 2, 4, 6 timed out at #7753 in PG 1" in finding.summary
+    p2p = """\
+[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, \
+OpType=SEND, NumelIn=6, NumelOut=6, Timeout(ms)=5000) ran for 5001 milliseconds before timing out.
+[rank0]:[E ProcessGroupNCCL.cpp:1537] [PG 5 Rank 0] Timeout at NCCL work: 7, last enqueued NCCL work: 7, last \
+completed NCCL work: 6.
+[rank1]:[E ProcessGroupNCCL.cpp:563] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, \
+OpType=_ALLGATHER_BASE, NumelIn=6, NumelOut=12, Timeout(ms)=5000) ran for 5002 milliseconds before timing out.
+[rank1]:[E ProcessGroupNCCL.cpp:1537] [PG 5 Rank 1] Timeout at NCCL work: 7, last enqueued NCCL work: 7, last \
+completed NCCL work: 6.
+"""
+    assert fold_log(parse_watchdog_log(p2p), None, None).mismatches == ()
+
+
+def test_torchrun_and_pdsh_prefixes_before_real_lines():
+    """No public watchdog log with torchrun's --tee prefix (``[default1]:``) or pdsh's (``node-7: ``) was found:
+    here they are put before BasicSR #737's real lines, which must read the same."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "fixtures/watchdog_logs/basicsr_737_pg_guid_desc.log").read_text()
+    plain = parse_watchdog_log(text)
+    for prefix in ("[default1]:", "node-7: ", "node-7: [default1]:", "2025-06-26T06:24:44.903Z "):
+        prefixed = parse_watchdog_log("".join(prefix + line for line in text.splitlines(keepends=True)))
+        assert prefixed.timeouts == plain.timeouts and prefixed.statuses == plain.statuses
+
+
+def test_a_rank_the_lines_disagree_on_is_reported_both_ways():
+    """NCCL #1610: [rank15] prints "[Rank 1]" on its timeout while its group's line says "Rank 0"."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "fixtures/watchdog_logs/nccl_1610_rank_disagree.log").read_text()
+    log = parse_watchdog_log(text)
+    rank15 = next(t for t in log.timeouts if t.rank == 15)
+    assert (rank15.work_rank, rank15.group.rank, rank15.group.name) == (1, 0, "112")
+    [note] = log.notes
+    assert "rank 15 at #57: [Rank 1] on the timeout, Rank 0 in 112" in note and "neither is trusted" in note
