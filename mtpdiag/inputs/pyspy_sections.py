@@ -143,9 +143,11 @@ class Parser:
         return self.section.context if self.section is not None else []
 
     def _start(self, pid: int | None, line: Line | None, from_command: bool = False) -> Section:
-        before, lead_in = _split_lead_in(self.pending, line.prefix if line else "")
-        if before and self.section is not None:
-            self._context().extend(before)
+        if self.section is None:  # before the first process, every line leads into it (a tool's own log line
+            before, lead_in = [], self.pending  # naming the rank, e.g. sglang's "[... TP0] Pyspy dump for PID N:")
+        else:
+            before, lead_in = _split_lead_in(self.pending, line.prefix if line else "")
+        self._context().extend(before)
         self.section = Section(pid=pid, from_command=from_command, context=[*lead_in, *([line] if line else [])])
         self.sections.append(self.section)
         self.group, self.frame, self.pending = [], None, []
