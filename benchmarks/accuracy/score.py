@@ -7,7 +7,7 @@ Usage (from the repository root, the package installed):
     python benchmarks/accuracy/score.py --markdown docs/accuracy.md
     python benchmarks/accuracy/score.py --write-baseline   # record today's right cases (never drops one)
 
-Each incident is a directory of ``incidents/`` with the text as posted and an ``incident.toml`` (provenance,
+Each incident is a directory of ``incidents/`` with the text as posted and an ``incident.json`` (provenance,
 the root cause the thread established, the expected diagnosis and the analyze arguments). The rules are in
 ``benchmarks/accuracy/README.md``; ``classify`` is the one place they are coded.
 """
@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -67,10 +66,10 @@ class Score(NamedTuple):
 
 def incidents(only: Sequence[str] = ()) -> list[Incident]:
     found = []
-    for toml in sorted(INCIDENTS.glob("*/incident.toml")):
-        meta = tomllib.loads(toml.read_text(encoding="utf-8"))
-        if not only or toml.parent.name in only:
-            found.append(Incident(toml.parent.name, toml.parent, meta))
+    for file in sorted(INCIDENTS.glob("*/incident.json")):
+        meta = json.loads(file.read_text(encoding="utf-8"))
+        if not only or file.parent.name in only:
+            found.append(Incident(file.parent.name, file.parent, meta))
     return found
 
 
@@ -248,11 +247,24 @@ def totals(scored: Sequence[tuple[Incident, Score]]) -> dict[str, int]:
     return counts
 
 
+_SHOWN = ("op", "site", "group", "entered", "absent", "finding", "culprit_ranks", "culprit_pids", "wait_site")
+
+
 def _expected_text(expected: dict[str, Any]) -> str:
     if expected.get("verdict") == "problem":
-        parts = [f"{k} {expected[k]}" for k in ("op", "site", "group", "entered", "absent", "finding") if k in expected]
-        return "problem: " + ", ".join(parts)
+        return "problem: " + ", ".join(f"{k.replace('_', ' ')} {expected[k]}" for k in _SHOWN if k in expected)
     return "incomplete" + (f" at {expected['site']}" if "site" in expected else "")
+
+
+def _input_text(incident: Incident) -> str:
+    if "--log" in incident.args:
+        return "watchdog log"
+    files = [a for a in incident.args if not a.startswith("-") and (incident.path / a).is_file()]
+    return f"stacks, {len(files)} file{'s' if len(files) != 1 else ''}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def print_table(scored: Sequence[tuple[Incident, Score]]) -> None:
@@ -276,8 +288,8 @@ def _commit() -> str:
 def markdown(scored: Sequence[tuple[Incident, Score]]) -> str:
     counts = totals(scored)
     rows = [
-        f"| [{i.id}]({i.meta.get('source', {}).get('url', '')}) | {i.meta.get('format', '').split(',')[0]} | "
-        f"{_expected_text(i.expected)} | {s.said} | **{s.result}** |".replace("\n", " ")
+        f"| [{i.id}]({i.meta.get('source', {}).get('url', '')}) | {_input_text(i)} | "
+        f"{_cell(_expected_text(i.expected))} | {_cell(s.said)} | **{s.result}** |"
         for i, s in scored
     ]
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
@@ -289,7 +301,7 @@ def markdown(scored: Sequence[tuple[Incident, Score]]) -> str:
             "|---|---|---|---|---|",
             *rows,
             "",
-            "**Totals** (of {}): ".format(len(scored)) + ", ".join(f"{n} {k}" for k, n in counts.items()) + ".",
+            f"**Totals** (of {len(scored)}): " + ", ".join(f"{n} {k}" for k, n in counts.items()) + ".",
             "",
         ]
     )

@@ -232,7 +232,7 @@ INCIDENTS = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy" / "i
 
 
 def _incident_file(incident: str, name: str) -> str:
-    """A paste as posted publicly; its source and what was trimmed are in the incident's incident.toml."""
+    """A paste as posted publicly; its source and what was trimmed are in the incident's incident.json."""
     return str(INCIDENTS / incident / name)
 
 
