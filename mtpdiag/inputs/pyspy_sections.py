@@ -12,7 +12,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import NamedTuple
+
+import msgspec
 
 from mtpdiag.inputs.failed import failure_reason
 from mtpdiag.inputs.lines import Command, Line, command
@@ -66,9 +67,17 @@ class Kind(IntEnum):
 
 
 _HEADERS = ((Kind.PROCESS, _PROCESS), (Kind.PARENT, _PARENT), (Kind.PYTHON, _PYTHON), (Kind.THREAD, _THREAD))
+_HEADER_STARTS = "PT"  # every header begins with one of these: other lines skip the header patterns
+_BLANK, _PROCESS_LINE, _PARENT_LINE, _THREAD_LINE, _OTHER = (
+    Kind.BLANK,
+    Kind.PROCESS,
+    Kind.PARENT,
+    Kind.THREAD,
+    Kind.OTHER,
+)
 
 
-class Record(NamedTuple):
+class Record(msgspec.Struct, frozen=True, gc=False):
     """One clean line, read once: its kind and every reading the parser may need (the regexes run here)."""
 
     line: Line
@@ -83,15 +92,16 @@ class Record(NamedTuple):
 def record_of(line: Line) -> Record:
     body = line.body
     if not body:
-        return Record(line, Kind.BLANK)
-    for kind, pattern in _HEADERS:
-        if m := pattern.match(body):
-            return Record(line, kind, m)
+        return Record(line, _BLANK)
+    if body[0] in _HEADER_STARTS:
+        for kind, pattern in _HEADERS:
+            if m := pattern.match(body):
+                return Record(line, kind, m)
     frame = _FRAME.match(body)
     local = _LOCAL.match(body) if ": " in body else None
     return Record(
         line,
-        Kind.OTHER,
+        _OTHER,
         frame=(frame["function"], frame["where"]) if frame else None,
         local=local,
         locals_head=body[-1] == ":" and _LOCALS_HEAD.match(body) is not None,
@@ -117,18 +127,22 @@ class Parser:
     def feed(self, record: Record) -> None:
         if self.section is not None:
             self.section.bodies.append(record.line.body)
-        if record.kind is Kind.BLANK:
+        kind = record.kind
+        if kind is _OTHER and not self.in_cmdline:  # most lines: frames
+            self.last_was_header = False
+            self._other(record)
+        elif kind is _BLANK:
             self._blank(record.line)
-        elif record.kind is Kind.PROCESS:
+        elif kind is _PROCESS_LINE:
             self._process(record)
         elif self.in_cmdline and self._continues_cmdline(record):
             return
-        elif record.kind is Kind.PARENT:
+        elif kind is _PARENT_LINE:
             if self.section is not None and record.match is not None:
                 self.section.parents.append(record.match[2])
-        elif record.kind is Kind.THREAD:
+        elif kind is _THREAD_LINE:
             self._thread(record)
-        elif record.kind is Kind.OTHER:
+        elif kind is _OTHER:
             self.last_was_header = False
             self._other(record)
 
@@ -143,9 +157,9 @@ class Parser:
         return self.section.context if self.section is not None else []
 
     def _start(self, pid: int | None, line: Line | None, from_command: bool = False) -> Section:
-        if self.section is None:  # before the first process, every line leads into it (a tool's own log line
-            before, lead_in = [], self.pending  # naming the rank, e.g. sglang's "[... TP0] Pyspy dump for PID N:")
-        else:
+        before: list[Line] = []  # before the first process, every line leads into it (a tool's own log line
+        lead_in = self.pending  # naming the rank, e.g. sglang's "[... TP0] Pyspy dump for PID N:")
+        if self.section is not None:
             before, lead_in = _split_lead_in(self.pending, line.prefix if line else "")
         self._context().extend(before)
         self.section = Section(pid=pid, from_command=from_command, context=[*lead_in, *([line] if line else [])])
@@ -224,7 +238,8 @@ class Parser:
         self.frame, self.in_locals = [printable(where[0]), where[1], []], False
         if self.group:
             self.group[0].frames.append(self.frame)
-            self.group[-1].unread[0] += _unread(self.pending)
+            if self.pending:
+                self.group[-1].unread[0] += _unread(self.pending)
         else:
             section.stray.append(self.frame)
         self._keep_prefix(line, self.pending)
@@ -238,8 +253,9 @@ class Parser:
 
 def sections(lines: list[Line]) -> list[Section]:
     parser = Parser()
+    feed = parser.feed
     for line in lines:
-        parser.feed(record_of(line))
+        feed(record_of(line))
     return parser.finish()
 
 
