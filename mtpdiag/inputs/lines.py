@@ -18,8 +18,12 @@ from mtpdiag.model import ENV_WHITELIST, printable
 # CSI sequences (colour, cursor) and OSC sequences (terminal titles, links).
 _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 # A log prefix at the very start of a line: ``[rank3]:``, ``[2026-01-29 13:12:37 PP2 TP1]``,
-# ``(WorkerDict pid=1234, ip=10.0.0.1)``, ``rank3:``. Never a frame: frames do not start with these.
-_PREFIX = re.compile(r"^(?:\[[^\[\]\n]{1,100}\]:?|\([A-Za-z_][\w.:]* pid=[0-9]+[^()\n]{0,80}\)|rank[0-9]{1,9}:)[ \t]?")
+# ``(WorkerDict pid=1234, ip=10.0.0.1)``, ``rank3:``, a job runner's ``worker-0 >>`` (a word with a digit:
+# ``x >> 2`` is code). Never a frame: frames do not start with these. Runners stack them
+# (``[date] worker-0 >> [rank0]:``): all are taken off.
+_PREFIXES = r"\[[^\[\]\n]{1,100}\]:?|\([A-Za-z_][\w.:]* pid=[0-9]+[^()\n]{0,80}\)|rank[0-9]{1,9}:"
+_PREFIX = re.compile(rf"^(?:{_PREFIXES})[ \t]?")
+_PREFIX_OR_RUNNER = re.compile(rf"^(?:{_PREFIXES}|[\w.:-]{{0,60}}[0-9][\w.:-]{{0,40}} >>)[ \t]?")  # texts with " >>"
 # A shell command running py-spy or pystack, after a prompt (``$ ``, ``root@node:~# ``) or alone.
 _COMMAND = re.compile(
     r"(?:^|[$#%>]\s*|\s)(?:sudo\s+(?:-\S+\s+)*)?(?:\S*/)?(?P<tool>py-spy|pystack)\s+(?P<args>(?:dump|remote|core)\b.*)$"
@@ -33,7 +37,8 @@ JOB_KEYS = frozenset({"WORLD_SIZE", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"
 
 
 class Line(msgspec.Struct, frozen=True):
-    """One line: its log prefix (if any) and its content with the surrounding whitespace removed."""
+    """One line: its log prefix (if any; of stacked prefixes, the one next to the content, which is the rank's:
+    ``[rank0]:`` in ``[date] worker-0 >> [rank0]:``) and its content with the surrounding whitespace removed."""
 
     prefix: str
     body: str
@@ -56,16 +61,27 @@ def without_escapes(text: str) -> str:
 def clean_lines(text: str) -> list[Line]:
     """``text`` split into lines, each without colour, line ending, indentation or log prefix."""
     text = without_escapes(text)
+    runner = " >>" in text  # a job runner's ``name-0 >>`` prefix: looked for only in a text that has one
+    pattern = _PREFIX_OR_RUNNER if runner else _PREFIX
     out = []
     for raw in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
         stripped = raw.strip()
         prefix = ""
-        if stripped[:1] in "[(r":
-            m = _PREFIX.match(stripped)
+        if stripped[:1] in "[(r" or (runner and " >>" in stripped):
+            m = pattern.match(stripped)
             if m and not _looks_like_frame_start(stripped, m.end()):
-                prefix, stripped = m.group().strip(), stripped[m.end() :].strip()
+                prefix, stripped = _inner_prefix(pattern, m.group().strip(), stripped[m.end() :].strip())
         out.append(Line(prefix, stripped, raw))
     return out
+
+
+def _inner_prefix(pattern: re.Pattern, prefix: str, rest: str) -> tuple[str, str]:
+    """Stacked prefixes (``[date] worker-0 >> [rank0]:``) all taken off: the last, next to the text, is kept."""
+    while m := pattern.match(rest):
+        if _looks_like_frame_start(rest, m.end()):
+            break
+        prefix, rest = m.group().strip(), rest[m.end() :].strip()
+    return prefix, rest
 
 
 def _looks_like_frame_start(text: str, end: int) -> bool:

@@ -51,76 +51,95 @@ def read(text: str, path: str, context: ReadContext) -> FileCaptures:
     return captures_of(path, FORM, dumps, lines, context)
 
 
-def _runs(lines: list[Line]) -> list[dict]:
-    """One run per pasted ``pystack remote`` command (or one for the whole text):
-    {"pid", "threads": [{"tid", "name", "active", "frames", "context"}], "context", "bodies"}."""
-    runs: list[dict] = []
-    run: dict | None = None
-    current: dict | None = None
-    frame: dict | None = None
-    in_locals = source_next = False
-    pending: list[Line] = []
+class _Runs:
+    """pystack output, line by line, into runs: one per pasted ``pystack remote`` command (or one for the
+    whole text), each {"pid", "threads": [{"tid", "name", "active", "frames", "context"}], "context",
+    "bodies"}. The state is the run and thread being read, the last frame (for its locals and its source
+    line) and the lines since the last header (they lead into the next thread)."""
 
-    def new_run(pid: int | None) -> dict:
-        made: dict[str, Any] = {"pid": pid, "threads": [], "context": [], "bodies": []}
-        runs.append(made)
-        return made
+    def __init__(self) -> None:
+        self.runs: list[dict] = []
+        self.run: dict | None = None
+        self.current: dict | None = None
+        self.frame: dict | None = None
+        self.in_locals = self.source_next = False
+        self.pending: list[Line] = []
 
-    for line in lines:
+    def feed(self, line: Line) -> None:
         body = line.body
-        if run is not None:
-            run["bodies"].append(body)
+        if self.run is not None:
+            self.run["bodies"].append(body)
         cmd = command(body) if body else None
         if cmd is not None:
-            run, current, frame = new_run(cmd.pid), None, None
-            run["context"].extend([*pending, line])
-            pending = []
-            continue
+            self.run, self.current, self.frame = self._new_run(cmd.pid), None, None
+            self.run["context"].extend([*self.pending, line])
+            self.pending = []
+            return
         header = _HEADER.match(body)
         opened = header or _EMPTY.match(body)
         if opened:
-            if run is None:
-                run = new_run(None)
-            status = (header["status"] or "") if header else ""
-            current = {
-                "tid": int(opened[1]),
-                "name": printable(header["name"] or "") if header else "",
-                "active": True if "Has the GIL" in status or "collecting" in status else None,
-                "frames": [],
-                "context": [*pending, line],
-            }
-            run["threads"].append(current)
-            frame, in_locals, source_next, pending = None, False, False, []
-            continue
-        if current is None:
+            self._open(line, opened, header)
+        elif self.current is None:
             if body:
-                pending.append(line)
-            continue
-        if in_locals and frame is not None and (m := _LOCAL.match(body)):
-            frame["locals"].append((m["name"], m["repr"]))
-            continue
+                self.pending.append(line)
+        else:
+            self._thread_line(line, self.current)
+
+    def finish(self) -> list[dict]:
+        if self.pending and self.run is not None:
+            run = self.run
+            (run["threads"][-1]["context"] if run["threads"] else run["context"]).extend(self.pending)
+        return self.runs
+
+    def _new_run(self, pid: int | None) -> dict:
+        made: dict[str, Any] = {"pid": pid, "threads": [], "context": [], "bodies": []}
+        self.runs.append(made)
+        return made
+
+    def _open(self, line: Line, opened: re.Match, header: re.Match | None) -> None:
+        run = self.run if self.run is not None else self._new_run(None)
+        self.run = run
+        status = (header["status"] or "") if header else ""
+        self.current = {
+            "tid": int(opened[1]),
+            "name": printable(header["name"] or "") if header else "",
+            "active": True if "Has the GIL" in status or "collecting" in status else None,
+            "frames": [],
+            "context": [*self.pending, line],
+        }
+        run["threads"].append(self.current)
+        self.frame, self.in_locals, self.source_next, self.pending = None, False, False, []
+
+    def _thread_line(self, line: Line, current: dict) -> None:
+        body = line.body
+        if self.in_locals and self.frame is not None and (m := _LOCAL.match(body)):
+            self.frame["locals"].append((m["name"], m["repr"]))
+            return
         if _LOCALS_HEAD.match(body):
-            in_locals, source_next = frame is not None, False
-            continue
-        m = _PYTHON.match(body)
-        native = None if m else _NATIVE.match(body)
-        if hit := m or native:
-            frame = _frame_of(hit, native=native is not None)
-            current["frames"].append(frame)
-            in_locals, source_next = False, m is not None
+            self.in_locals, self.source_next = self.frame is not None, False
+            return
+        python = _PYTHON.match(body)
+        native = None if python else _NATIVE.match(body)
+        if hit := python or native:
+            self.frame = _frame_of(hit, native=native is not None)
+            current["frames"].append(self.frame)
+            self.in_locals, self.source_next = False, python is not None
             if line.prefix:
                 current["context"].append(Line(line.prefix, "", line.prefix))
-            continue
-        if source_next and body:  # pystack prints the source line of a Python frame under it
-            source_next = False
-            if frame is not None:
-                frame["calls"] = calls_in(body)  # what the line calls (a host sync, a lock); never the text
-            continue
-        if body and not body.startswith("* - "):
-            pending.append(line)
-    if pending and run is not None:
-        (run["threads"][-1]["context"] if run["threads"] else run["context"]).extend(pending)
-    return runs
+        elif self.source_next and body:  # pystack prints the source line of a Python frame under it
+            self.source_next = False
+            if self.frame is not None:
+                self.frame["calls"] = calls_in(body)  # what the line calls (a host sync, a lock); never the text
+        elif body and not body.startswith("* - "):
+            self.pending.append(line)
+
+
+def _runs(lines: list[Line]) -> list[dict]:
+    """One run per pasted ``pystack remote`` command (or one for the whole text)."""
+    reader = _Runs()
+    for line in lines:
+        reader.feed(line)
+    return reader.finish()
 
 
 def _frame_of(m: re.Match, native: bool) -> dict:

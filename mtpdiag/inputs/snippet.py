@@ -22,11 +22,16 @@ _SNIFF = re.compile(
     r'^\s*(?:\S*\s)?(?:[^\s()]+ \([^()\s]+?:[0-9]{1,9}\)|File "[^"]+", line [0-9]{1,9},? in \S+)\s*$', re.MULTILINE
 )
 _FIRST = "most recent call first"
+_SNIFF_CHARS = 200_000  # how far the prefix-aware look goes (this reader is the last one asked)
 FORM = "frame lines"
 
 
 def sniff(text: str, path: str) -> bool:
-    return _SNIFF.search(text) is not None
+    """Frame lines, or (behind log prefixes and their indentation: ``[date] worker-0 >> [rank0]:   File ...``)
+    frame lines once the prefixes are taken off."""
+    if _SNIFF.search(text) is not None:
+        return True
+    return any(_SPY.match(line.body) or _TRACEBACK.match(line.body) for line in clean_lines(text[:_SNIFF_CHARS]))
 
 
 def read(text: str, path: str, context: ReadContext) -> FileCaptures:

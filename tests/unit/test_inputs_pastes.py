@@ -10,6 +10,7 @@ ranks, same frames) and, through ``diagnose`` with the scenario's layout, the sa
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -223,3 +224,51 @@ def test_top_frames_pasted_without_a_header_are_read(tmp_path, scenario):
             (capture,) = load_paths([snippet]).captures
             whole = [f for f in plain[P.rank_of(path)].main_thread.frames if not f.native]
             assert capture.rank == P.rank_of(path) and capture.main_thread.frames == tuple(whole[:3]), (form, path)
+
+
+# ---------------------------------------------------------------- public pastes (benchmarks/accuracy/incidents)
+
+INCIDENTS = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy" / "incidents"
+
+
+def _incident_file(incident: str, name: str) -> str:
+    """A paste as posted publicly; its source and what was trimmed are in the incident's incident.json."""
+    return str(INCIDENTS / incident / name)
+
+
+def test_a_tools_own_prefixed_line_before_the_first_dump_names_its_rank():
+    """sglang's watchdog logs '[date TP0] Pyspy dump for PID N:' and then py-spy's own, unprefixed, text
+    (whose process title, sglang::scheduler_None, names no rank): the line leads into the first process."""
+    (capture,) = load_paths([_incident_file("sglang-4257-tp0-watchdog-pyspy", "tp0.log")]).captures
+    assert capture.rank == 0 and capture.pid == 2696393 and capture.error is None
+    assert [f.function for f in capture.main_thread.frames[:3]] == ["wait", "get", "resolve_batch_result"]
+    assert len(capture.threads) == 4
+
+
+def test_stacked_log_prefixes_are_all_taken_off_and_the_one_next_to_the_text_names_the_rank():
+    """'[date] worker-0 >> [rank0]:   File ...': a runner's prefixes in front of torch's, then indentation."""
+    (capture,) = load_paths([_incident_file("deepspeed-7044-zero2-traceback-prefixed", "worker0.log")]).captures
+    assert capture.rank == 0
+    assert [(f.function, f.line) for f in capture.main_thread.frames] == [  # innermost first
+        ("allreduce_bucket", 1502),
+        ("allreduce_and_copy_with_multiple_ranks", 1012),
+        ("allreduce_and_scatter", 1039),
+        ("average_tensor", 1131),
+    ]
+    assert capture.main_thread.frames[0].file == "deepspeed/runtime/zero/stage_1_and_2.py"
+
+
+def test_a_traceback_indented_behind_torchs_rank_prefix_is_frame_lines():
+    (capture,) = load_paths([_incident_file("deepspeed-7568-fp16-scheduler-traceback", "rank3.log")]).captures
+    assert capture.rank == 3
+    assert capture.main_thread.frames[0].function == "allreduce_and_copy_with_multiple_ranks"
+    assert capture.main_thread.frames[-1].function == "independent_gradient_partition_epilogue"
+
+
+def test_code_with_a_shift_is_not_a_log_prefix_but_a_runner_name_is():
+    from mtpdiag.inputs.lines import clean_lines
+
+    assert [(line.prefix, line.body) for line in clean_lines("x >> 2\nnode-3 >> Thread 7 (idle)")] == [
+        ("", "x >> 2"),
+        ("node-3 >>", "Thread 7 (idle)"),
+    ]
