@@ -193,8 +193,7 @@ def test_mtp_buggy_gate_without_context_parallelism_completes(tmp_path):
 
 # mtp_cp_pp is the session's canonical hang (``support/canonical_hang.py``): the same job, started once.
 SCENARIO_PARAMS = [
-    pytest.param(name, marks=pytest.mark.canonical_hang) if name == "mtp_cp_pp" else name
-    for name in sorted(EXPECTED)
+    pytest.param(name, marks=pytest.mark.canonical_hang) if name == "mtp_cp_pp" else name for name in sorted(EXPECTED)
 ]
 
 
