@@ -110,8 +110,14 @@ def test_inspect_reads_every_rank_while_py_spy_waits_for_a_cpu(spinning_job, bus
 
 
 def test_watch_makes_no_false_call_while_py_spy_waits_for_a_cpu(spinning_job, busy_cpu):
-    """The failure of the loaded CI run, made certain: watch, a healthy job, a starved py-spy."""
-    args = ("watch", "--pid", str(spinning_job.pid), "--duration", "20", "--timeout", "1", "--json")
+    """The failure of the loaded CI run, made certain: watch, a healthy job, a starved py-spy.
+
+    watch sees progress by comparing samples, so it must get a few: it watches four times as long as one starved
+    capture took here (at least 20 s), however slow this machine is today."""
+    started = time.monotonic()
+    starved(lambda: capture([spinning_job.pid], nonblocking=True, timeout=1.0))
+    duration = max(20.0, 4 * (time.monotonic() - started))
+    args = ("watch", "--pid", str(spinning_job.pid), "--duration", f"{duration:.0f}", "--timeout", "1", "--json")
     result = starved(lambda: run_cli_here(*args))
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
