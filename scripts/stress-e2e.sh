@@ -27,7 +27,7 @@ for run in $(seq 1 "$runs"); do
     --durations=30 tests/e2e "$@" >"$logs/run-$run.log" 2>&1 || code=$?
   [ "$code" -eq 0 ] || status=1
   echo "stress run $run/$runs: exit $code in $((SECONDS - started)) s, load $(cut -d' ' -f1-3 /proc/loadavg):" \
-    "$(grep -E '^=+ .*(passed|failed|error).* =+$' "$logs/run-$run.log" | tail -1 | tr -d '=')"
+    "$(grep -E '[0-9]+ (passed|failed|errors?)' "$logs/run-$run.log" | tail -1 | tr -d '=')"
   grep -E '^(FAILED|ERROR) ' "$logs/run-$run.log" || true
 done
 exit "$status"
