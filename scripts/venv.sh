@@ -84,7 +84,10 @@ _venv_from_cache() {  # $1: kind
   cached="$(_venv_cached "$kind")" || return 1
   rm -rf "$VENV"
   echo "setup: $VENV from the cached $cached" >&2
-  cp -al "$cached" "$VENV" 2>/dev/null || { rm -rf "$VENV" && cp -a "$cached" "$VENV"; } || return 1
+  (  # a shared lock: no cached venv is pruned while a clone copies it
+    flock -s 9
+    cp -al "$cached" "$VENV" 2>/dev/null || { rm -rf "$VENV" && cp -a "$cached" "$VENV"; }
+  ) 9>"$VENV_CACHE/.lock" || return 1
   rm -f "$VENV/.complete"
   # The scripts in bin/ name their venv: rewrite them as new files (sed -i renames), never through a link.
   for file in "$VENV"/bin/*; do
