@@ -32,9 +32,11 @@ _TORN = re.compile(r"Failed to get stack trace|Failed to copy|Bad address \(os e
 
 # The timeout counts py-spy's own time, not the time it waited for a CPU: on a node whose ranks spin at a host
 # sync on every core, or beside other jobs, a dump that needs 20 ms of CPU was measured taking 20-45 s of wall
-# time (/proc/PID/schedstat: all but those 20 ms spent runnable, waiting). Up to this many timeouts of wall time:
-# only a py-spy that the machine gives almost no CPU for that long is given up on while it waits.
+# time (/proc/PID/schedstat: all but those 20 ms spent runnable, waiting). Up to this many timeouts of wall time,
+# and at least STARVED_WAIT_MIN_S: only a py-spy that the machine gives almost no CPU for that long is given up on
+# while it waits (at load 80-110 on 2 cores, a py-spy at nice 19 waited over 60 s for its 20 ms).
 STARVED_WAIT_FACTOR = 60
+STARVED_WAIT_MIN_S = 300.0
 _POLL_S = 0.25
 
 
@@ -135,10 +137,10 @@ def finish(running: Running, timeout: float = 10.0) -> tuple[ThreadStack, ...]:
 def wait(running: Running, timeout: float) -> tuple[bytes, bytes]:
     """What py-spy printed, once it exits within ``timeout`` seconds of its own time (``_OwnClock``): the time it
     was runnable but waiting for a CPU (a busy node) does not count, up to ``STARVED_WAIT_FACTOR`` timeouts of
-    wall time. Raises subprocess.TimeoutExpired."""
+    wall time (at least ``STARVED_WAIT_MIN_S``). Raises subprocess.TimeoutExpired."""
     proc, clock = running.proc, _OwnClock(running.proc.pid)
     while True:
-        left = min(timeout - clock.own_s, STARVED_WAIT_FACTOR * timeout - clock.wall_s)
+        left = min(timeout - clock.own_s, max(STARVED_WAIT_FACTOR * timeout, STARVED_WAIT_MIN_S) - clock.wall_s)
         if left <= 0:
             raise subprocess.TimeoutExpired(proc.args, timeout)
         try:
