@@ -3,7 +3,15 @@
 #   ensure_venv demo   mtpdiag[verify] (torch, megatron-core), held to requirements-ci.txt's pins
 #   ensure_venv test   everything in requirements-ci.txt (pytest, hypothesis, ray, ruff, mypy, ...) and mtpdiag
 # A test install serves the demo too. Never touches the python3 that is active.
+#
+# The dependencies are installed once per machine and kept in a cache outside the clone, one venv per hash of
+# requirements-ci.txt + pyproject.toml (and kind, and python3 version): $MTPDIAG_VENV_CACHE, default
+# ~/.cache/mtpdiag/venvs. A clone's .venv is a hard-linked copy of the cached one (a copy where links cannot be
+# made), with mtpdiag then installed into it in editable mode from that clone: a fresh clone on the same machine
+# gets its .venv in seconds; a fresh machine, or changed pins, builds the cached venv first; a cached venv is
+# used only when its hash is the clone's, never a stale one. MTPDIAG_VENV_CACHE=off builds .venv in place.
 VENV="${MTPDIAG_VENV:-$PWD/.venv}"
+VENV_CACHE="${MTPDIAG_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mtpdiag/venvs}"
 
 _venv_hash() {
   cat requirements-ci.txt pyproject.toml | python3 -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())'
@@ -13,38 +21,101 @@ _venv_fresh() {  # $1: a stamp kind that would do
   [ -x "$VENV/bin/python" ] && [ -f "$VENV/.stamp-$1" ] && [ "$(cat "$VENV/.stamp-$1")" = "$(_venv_hash)" ]
 }
 
-ensure_venv() {
-  local kind="$1"
-  if _venv_fresh "$kind" || { [ "$kind" = demo ] && _venv_fresh test; }; then
-    export VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH"
-    return 0
+_venv_create() {  # $1: where
+  if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+    echo "setup: mtpdiag needs Python >= 3.10 (python3 is $(python3 --version 2>&1))" >&2
+    return 1
   fi
-  if [ ! -x "$VENV/bin/python" ]; then
-    if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
-      echo "setup: mtpdiag needs Python >= 3.10 (python3 is $(python3 --version 2>&1))" >&2
-      return 1
-    fi
-    echo "setup: creating $VENV" >&2
-    python3 -m venv "$VENV" || { echo "setup: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; return 1; }
-  fi
-  local log pins
+  echo "setup: creating $1" >&2
+  python3 -m venv "$1" || { echo "setup: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; return 1; }
+}
+
+_venv_pip() {  # $1: the venv; the rest: pip install's arguments
+  local venv="$1" log
+  shift
   log="$(mktemp)"
-  echo "setup: installing the $kind dependencies into $VENV (once; again only when requirements-ci.txt or pyproject.toml change)" >&2
-  if [ "$kind" = test ]; then
-    set -- -r requirements-ci.txt -e .
-  else
-    pins="$VENV/constraints.txt"  # pip's constraints take no extras: ray[default]==x becomes ray==x
-    sed -E 's/\[[^]]*\]//' requirements-ci.txt >"$pins"
-    set -- -c "$pins" -e ".[verify]"
-  fi
-  if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" >"$log" 2>&1; then
+  if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" >"$log" 2>&1; then
     cat "$log" >&2
     rm -f "$log"
     echo "setup: pip install failed" >&2
     return 1
   fi
   rm -f "$log"
-  "$VENV/bin/python" -W ignore -c "import torch, megatron.core, mtpdiag" || return 1
+}
+
+_venv_dependencies() {  # $1: kind; sets the arguments that install its dependencies (and mtpdiag, editable)
+  if [ "$1" = test ]; then
+    DEPENDENCIES=(-r requirements-ci.txt -e .)
+  else
+    local pins="$2/constraints.txt"  # pip's constraints take no extras: ray[default]==x becomes ray==x
+    sed -E 's/\[[^]]*\]//' requirements-ci.txt >"$pins"
+    DEPENDENCIES=(-c "$pins" -e ".[verify]")
+  fi
+}
+
+# The cached venv of this hash and kind: built (dependencies only) when missing, under a lock.
+_venv_cached() {  # $1: kind; prints the cached venv's path
+  local kind="$1" key dir
+  key="$(_venv_hash | cut -c1-20)-$kind-$(python3 -c 'import sys; print("py%d.%d" % sys.version_info[:2])')"
+  dir="$VENV_CACHE/$key"
+  mkdir -p "$VENV_CACHE"
+  (
+    flock 9
+    if [ -f "$dir/.complete" ]; then
+      exit 0
+    fi
+    rm -rf "$dir"
+    _venv_create "$dir" || exit 1
+    echo "setup: installing the $kind dependencies into $dir (once per machine and pins)" >&2
+    _venv_dependencies "$kind" "$dir"
+    _venv_pip "$dir" "${DEPENDENCIES[@]}" || exit 1
+    "$dir/bin/python" -W ignore -c "import torch, megatron.core, mtpdiag" || exit 1
+    "$dir/bin/python" -m pip uninstall -q -y mtpdiag >/dev/null 2>&1 || exit 1  # each clone installs its own
+    touch "$dir/.complete"
+    # Keep the three newest cached venvs: clones made from older ones keep their own links.
+    ls -1dt "$VENV_CACHE"/*/ 2>/dev/null | tail -n +4 | while read -r old; do rm -rf "$old"; done
+  ) 9>"$VENV_CACHE/.lock" >&2 || return 1
+  echo "$dir"
+}
+
+# .venv as a copy of the cached venv (hard links), its paths rewritten, and this clone's mtpdiag installed into it.
+_venv_from_cache() {  # $1: kind
+  local kind="$1" cached file
+  cached="$(_venv_cached "$kind")" || return 1
+  rm -rf "$VENV"
+  echo "setup: $VENV from the cached $cached" >&2
+  (  # a shared lock: no cached venv is pruned while a clone copies it
+    flock -s 9
+    cp -al "$cached" "$VENV" 2>/dev/null || { rm -rf "$VENV" && cp -a "$cached" "$VENV"; }
+  ) 9>"$VENV_CACHE/.lock" || return 1
+  rm -f "$VENV/.complete"
+  # The scripts in bin/ name their venv: rewrite them as new files (sed -i renames), never through a link.
+  for file in "$VENV"/bin/*; do
+    if [ -f "$file" ] && [ ! -L "$file" ] && grep -qI -F "$cached" "$file" 2>/dev/null; then
+      sed -i "s#$cached#$VENV#g" "$file"
+    fi
+  done
+  _venv_pip "$VENV" --no-deps --no-build-isolation -e . || _venv_pip "$VENV" --no-deps -e . || return 1
+  "$VENV/bin/python" -W ignore -c "import mtpdiag" || return 1
+}
+
+ensure_venv() {
+  local kind="$1"
+  if _venv_fresh "$kind" || { [ "$kind" = demo ] && _venv_fresh test; }; then
+    export VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH"
+    return 0
+  fi
+  if [ "$VENV_CACHE" != off ] && command -v flock >/dev/null; then
+    _venv_from_cache "$kind" || return 1
+  else
+    if [ ! -x "$VENV/bin/python" ]; then
+      _venv_create "$VENV" || return 1
+    fi
+    echo "setup: installing the $kind dependencies into $VENV (once; again only when requirements-ci.txt or pyproject.toml change)" >&2
+    _venv_dependencies "$kind" "$VENV"
+    _venv_pip "$VENV" "${DEPENDENCIES[@]}" || return 1
+    "$VENV/bin/python" -W ignore -c "import torch, megatron.core, mtpdiag" || return 1
+  fi
   _venv_hash >"$VENV/.stamp-$kind"
   export VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH"
 }

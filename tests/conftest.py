@@ -8,18 +8,37 @@
   machine, a failure in CI (``CI`` set), where every prerequisite must be there.
 * ``tests/`` is on ``sys.path`` (this file's directory, pytest's rootdir-less "prepend" import mode), so both
   kinds import their shared helpers as ``support.*``.
+* Every e2e test gets an ``xdist_group`` for ``pytest -n N --dist loadgroup`` (``scripts/test.sh``): one per
+  module (its module-scoped jobs start once), ``canonical-hang`` for the tests that read the session's one
+  canonical hung job (``canonical_hang``, ``support/canonical_hang.py``), ``timing`` for the tests whose result
+  depends on how fast a job or the machine runs (watch, spinning host syncs, a starved py-spy: one at a time),
+  and ``ray`` for the Ray clusters.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
 E2E = Path(__file__).resolve().parent / "e2e"
+
+# Modules whose tests read how fast things move (watch's stall windows, CPU burnt while spinning, a starved
+# py-spy): they run one after the other, in one group, never beside each other.
+TIMING_MODULES = frozenset(
+    {
+        "test_watch_e2e",
+        "test_gpu_hang_e2e",
+        "test_nccl_behaviour_e2e",
+        "test_ray_watch_e2e",
+        "test_capture_under_load_e2e",
+    }
+)
+RAY_MODULES = frozenset({"test_ray_e2e", "test_ray_cluster_e2e"})
 
 # What starts or attaches to a job: programs, and ``python -m`` modules.
 JOB_PROGRAMS = frozenset({"torchrun", "py-spy", "ray", "unshare", "nsenter"})
@@ -33,11 +52,37 @@ def unavailable(message: str) -> NoReturn:
     pytest.skip(message)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest's own hook applies -m
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook applies -m, and before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if E2E in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.xdist_group(name=xdist_group(item)))
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The xdist group of an e2e test: see the module's docstring."""
+    module = Path(item.path).stem
+    if "canonical_hang" in getattr(item, "fixturenames", ()) or item.get_closest_marker("canonical_hang"):
+        return "canonical-hang"
+    if module in TIMING_MODULES:
+        return "timing"
+    if module in RAY_MODULES:
+        return "ray"
+    return module
+
+
+@pytest.fixture(scope="session")
+def canonical_hang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The session's one canonical hung job (``support/canonical_hang.py``), for the tests that only read it."""
+    from support import canonical_hang as canonical
+
+    folder = tmp_path_factory.mktemp("canonical-hang")
+    job = canonical.start(folder)
+    try:
+        yield canonical.hung(job, folder)
+    finally:
+        job.kill()
 
 
 def starts_a_job(args: object) -> str | None:

@@ -187,27 +187,48 @@ def _dump_one(
     try:
         threads = pyspy.finish(running, timeout)
     except CaptureFailed as exc:
-        now = procfs.read_stat(pid)
-        if now is None or now.state == "Z":
-            return _Dumped(STATE_GONE, error="the process exited during the capture")
-        if not use_nonblocking and (exc.timed_out or "Failed to suspend process" in str(exc)):
-            # Pausing a rank that spins on a busy machine can take longer than the timeout, and one that another
-            # tracer holds cannot be paused at all: read its memory without pausing it instead.
-            try:
-                threads = pyspy.dump(pid, nonblocking=True, timeout=timeout)
-            except CaptureFailed as exc2:
-                return _Dumped(STATE_UNREADABLE, error=f"{exc}; without pausing: {exc2}")
-            return _Dumped(
-                now.state, threads, nonblocking=True, error=f"{exc}: read without pausing it (py-spy --nonblocking)"
-            )
-        if use_nonblocking or now.state not in _STOPPED:
-            return _Dumped(STATE_UNREADABLE, error=str(exc))
-        stat, use_nonblocking = now, True
-        try:
-            threads = pyspy.dump(pid, nonblocking=True, timeout=timeout)
-        except CaptureFailed as exc2:
-            return _Dumped(STATE_UNREADABLE, error=str(exc2))
+        return _dump_again(pid, exc, paused=not use_nonblocking, timeout=timeout, note=note)
     return _Dumped(stat.state, threads, nonblocking=use_nonblocking, error=note)
+
+
+def _dump_again(pid: int, exc: CaptureFailed, *, paused: bool, timeout: float, note: str | None) -> _Dumped:
+    """The rank's dump failed with ``exc`` (``paused``: a blocking one): it is gone, or it is read again without
+    pausing it where the failure calls for that, or it is unreadable."""
+    now = procfs.read_stat(pid)
+    if now is None or now.state == "Z":
+        return _Dumped(STATE_GONE, error="the process exited during the capture")
+    if paused and (exc.timed_out or "Failed to suspend process" in str(exc)):
+        # Pausing a rank that spins on a busy machine can take longer than the timeout, and one that another
+        # tracer holds cannot be paused at all: read its memory without pausing it instead.
+        try:
+            threads = _read_running(pid, timeout)
+        except CaptureFailed as exc2:
+            return _Dumped(STATE_UNREADABLE, error=f"{exc}; without pausing: {exc2}")
+        return _Dumped(
+            now.state, threads, nonblocking=True, error=f"{exc}: read without pausing it (py-spy --nonblocking)"
+        )
+    torn = exc.torn and not paused
+    stopped_meanwhile = paused and now.state in _STOPPED
+    if not (torn or stopped_meanwhile):
+        return _Dumped(STATE_UNREADABLE, error=str(exc))
+    # A torn read of a running rank, or a rank stopped during its blocking dump: read it (again) without pausing.
+    try:
+        threads = _read_running(pid, timeout)
+    except CaptureFailed as exc2:
+        return _Dumped(STATE_UNREADABLE, error=str(exc2))
+    return _Dumped(now.state, threads, nonblocking=True, error=note)
+
+
+def _read_running(pid: int, timeout: float, tries: int = 3) -> tuple[ThreadStack, ...]:
+    """``py-spy --nonblocking``, dumped again (up to ``tries`` in all) while its read was torn: reading a process
+    that runs, py-spy can follow a pointer the process is changing (1 dump in about 200 of a spinning job)."""
+    for _ in range(tries - 1):
+        try:
+            return pyspy.dump(pid, nonblocking=True, timeout=timeout)
+        except CaptureFailed as exc:
+            if not exc.torn:
+                raise
+    return pyspy.dump(pid, nonblocking=True, timeout=timeout)
 
 
 def _results(futures: list[Future[_Dumped]], *, show: bool) -> list[_Dumped]:

@@ -14,8 +14,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from functools import partial
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 from mtpdiag.capture import procfs, source
 from mtpdiag.errors import InputError
@@ -25,6 +26,18 @@ from mtpdiag.model import ThreadStack
 # py-spy's cause lines when ptrace or /proc/PID/mem is refused (another user, no CAP_SYS_PTRACE, a
 # non-dumpable target); its headline then says "Check that the process is running", which misleads.
 _DENIED = re.compile(r"Permission denied \(os error 13\)|Operation not permitted \(os error 1\)")
+# py-spy's cause lines when, reading a running process (--nonblocking), it followed a pointer the process was
+# changing: a torn read, which the next dump is unlikely to repeat.
+_TORN = re.compile(r"Failed to get stack trace|Failed to copy|Bad address \(os error 14\)")
+
+# The timeout counts py-spy's own time, not the time it waited for a CPU: on a node whose ranks spin at a host
+# sync on every core, or beside other jobs, a dump that needs 20 ms of CPU was measured taking 20-45 s of wall
+# time (/proc/PID/schedstat: all but those 20 ms spent runnable, waiting). Up to this many timeouts of wall time,
+# and at least STARVED_WAIT_MIN_S: only a py-spy that the machine gives almost no CPU for that long is given up on
+# while it waits (at load 80-110 on 2 cores, a py-spy at nice 19 waited over 60 s for its 20 ms).
+STARVED_WAIT_FACTOR = 60
+STARVED_WAIT_MIN_S = 300.0
+_POLL_S = 0.25
 
 
 class CaptureFailed(Exception):
@@ -33,6 +46,11 @@ class CaptureFailed(Exception):
     def __init__(self, message: str, timed_out: bool = False) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+
+    @property
+    def torn(self) -> bool:
+        """Whether py-spy failed in the middle of reading a process that kept running (worth another try)."""
+        return not self.timed_out and _TORN.search(str(self)) is not None
 
 
 def find_pyspy() -> str:
@@ -57,6 +75,8 @@ class Running(NamedTuple):
     proc: subprocess.Popen[bytes]
     nonblocking: bool
     before: procfs.ProcStat | None  # the state before py-spy paused it (to undo a pause a timeout leaves)
+    out: IO[bytes]  # what py-spy prints goes to memory files, not pipes: a py-spy that filled a pipe would wait
+    err: IO[bytes]  # for a reader the busy machine keeps from running, and that wait would count as its own
 
 
 def start(pid: int, *, native: bool = False, nonblocking: bool = False) -> Running:
@@ -68,21 +88,38 @@ def start(pid: int, *, native: bool = False, nonblocking: bool = False) -> Runni
         cmd.append("--nonblocking")
     cmd += ["--pid", str(pid)]
     before = procfs.read_stat(pid)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    return Running(pid, proc, nonblocking, before)
+    out, err = _memory_file("py-spy-out"), _memory_file("py-spy-err")
+    try:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+    except BaseException:
+        out.close()
+        err.close()
+        raise
+    return Running(pid, proc, nonblocking, before, out, err)
+
+
+def _memory_file(name: str) -> IO[bytes]:
+    """An anonymous file in memory (memfd): py-spy's output holds locals, which never go to a disk."""
+    return os.fdopen(os.memfd_create(name, os.MFD_CLOEXEC), "w+b")
 
 
 def finish(running: Running, timeout: float = 10.0) -> tuple[ThreadStack, ...]:
     """Every thread of the process ``running`` dumps, innermost frame first. Raises CaptureFailed on failure or
-    after ``timeout`` seconds of waiting."""
+    once py-spy has had ``timeout`` seconds of its own (see ``wait``)."""
     proc, pid = running.proc, running.pid
+    waiting_since = time.monotonic()
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = wait(running, timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.communicate()
+        proc.wait()
+        waited = time.monotonic() - waiting_since
+        busy = f" ({waited:.0f}s in all, waiting for a CPU)" if waited > 2 * timeout else ""
         note = "" if running.nonblocking else _resume_if_left_stopped(pid, running.before)
-        raise CaptureFailed(f"py-spy timed out after {timeout:g}s{note}", timed_out=True) from None
+        raise CaptureFailed(f"py-spy timed out after {timeout:g}s{busy}{note}", timed_out=True) from None
+    finally:
+        running.out.close()
+        running.err.close()
     if proc.returncode != 0:
         text = err.decode("utf-8", "replace")
         if _DENIED.search(text):
@@ -95,6 +132,55 @@ def finish(running: Running, timeout: float = 10.0) -> tuple[ThreadStack, ...]:
         return threads_from_bytes(out, line_calls=partial(source.line_calls, pid), live=True)
     except ValueError as exc:
         raise CaptureFailed(f"py-spy printed unreadable JSON ({exc})") from None
+
+
+def wait(running: Running, timeout: float) -> tuple[bytes, bytes]:
+    """What py-spy printed, once it exits within ``timeout`` seconds of its own time (``_OwnClock``): the time it
+    was runnable but waiting for a CPU (a busy node) does not count, up to ``STARVED_WAIT_FACTOR`` timeouts of
+    wall time (at least ``STARVED_WAIT_MIN_S``). Raises subprocess.TimeoutExpired."""
+    proc, clock = running.proc, _OwnClock(running.proc.pid)
+    while True:
+        left = min(timeout - clock.own_s, max(STARVED_WAIT_FACTOR * timeout, STARVED_WAIT_MIN_S) - clock.wall_s)
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        try:
+            proc.wait(timeout=min(left, _POLL_S))
+        except subprocess.TimeoutExpired:
+            clock.tick()
+            continue
+        running.out.seek(0)
+        running.err.seek(0)
+        return running.out.read(), running.err.read()
+
+
+class _OwnClock:
+    """The time a process has had since it started: its CPU time, plus the time it was seen sleeping or blocked
+    (on its target, on the kernel), but not the time it was seen runnable without running: waiting for a CPU.
+
+    Read from /proc at each ``tick``. schedstat's run delay would say the waiting directly, but the kernel adds
+    to it only when the process gets a CPU again: a py-spy still waiting shows none of its wait. Where /proc
+    cannot be read, every second counts, as a plain timeout would.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.started = self._last = time.monotonic()
+        self._cpu_ns = procfs.main_thread_cpu_ns(pid)
+        self.own_s = 0.0
+
+    @property
+    def wall_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        interval, self._last = now - self._last, now
+        stat, cpu_ns = procfs.read_stat(self.pid), procfs.main_thread_cpu_ns(self.pid)
+        if stat is not None and stat.state == "R" and cpu_ns is not None and self._cpu_ns is not None:
+            self.own_s += min(interval, (cpu_ns - self._cpu_ns) / 1e9)  # runnable: only the CPU it got
+        else:
+            self.own_s += interval
+        self._cpu_ns = cpu_ns
 
 
 def dump(

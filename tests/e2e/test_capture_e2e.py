@@ -1,8 +1,8 @@
 """Live capture of a real hung torchrun job (gloo, megatron-core, 4 ranks, cp=2 pp=2) with real py-spy.
 
-One job serves the whole module. It runs the MTP-CP reproducer through a tiny launcher that drops
-a canary ``--secret-flag=...`` before the worker parses its arguments, and with a canary
-``WANDB_API_KEY`` in its environment: neither may reach a bundle or the tool's output. The agent
+The job is the session's canonical hang (``support/canonical_hang.py``): the MTP-CP reproducer run through a
+tiny launcher that drops a canary ``--secret-flag=...`` before the worker parses its arguments, with canary
+secrets (``WANDB_API_KEY``, ...) in its environment: none may reach a bundle or the tool's output. The agent
 also carries a node-level ``RANK``/``WORLD_SIZE`` as a Kubeflow PyTorchJob sets them: it is still a
 launcher, not a worker.
 """
@@ -20,43 +20,21 @@ from pathlib import Path
 import pytest
 
 from mtpdiag.capture import capture, find_targets, procfs, pyspy
-from mtpdiag.fix.verify.launch import start_torchrun
 from mtpdiag.inputs import load_paths, parse_text_dump
 from mtpdiag.inputs.bundle import load_bundle
+from support.canonical_hang import CANARIES, SECRET_FLAG, WAITS
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER = REPO / "examples" / "mtp_cp_deadlock" / "worker.py"
-SECRET_ENV = "canary-env-5f1c0e9a"
-SECRET_FLAG = "canary-flag-b27d4a11"
-
-LAUNCHER = f'''"""Drop --secret-flag=... from argv (the worker would reject it), then run the worker."""
-import runpy, sys
-sys.argv = [{str(WORKER)!r}] + [a for a in sys.argv[1:] if not a.startswith("--secret-flag=")]
-runpy.run_path({str(WORKER)!r}, run_name="__main__")
-'''
-
-# rank -> (innermost function, first user frame below torch.distributed)
-EXPECTED = {
-    0: ("send", "send_forward"),
-    1: ("all_gather", "ring_attention"),
-    2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
-    3: ("all_gather", "ring_attention"),
-}
+EXPECTED = WAITS  # rank -> (innermost function, first user frame below torch.distributed)
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("e2e")
-    launcher = tmp / "launch_with_flag.py"
-    launcher.write_text(LAUNCHER)
-    args = ["--gate", "buggy", "--cp", "2", "--pp", "2", f"--secret-flag={SECRET_FLAG}"]
-    env = {"WANDB_API_KEY": SECRET_ENV, "RANK": "0", "WORLD_SIZE": "1"}
-    started = start_torchrun(str(launcher), args, nproc=4, env=env, log_path=str(tmp / "job.log"))
-    try:
-        workers = started.wait_until_stuck(quiet_s=3.0, timeout=180.0)
-        yield started, workers
-    finally:
-        started.kill()
+@pytest.fixture
+def job(canonical_hang):
+    return canonical_hang.job, canonical_hang.workers
+
+
+def _leaks(text: str) -> list[str]:
+    return [c for c in CANARIES if c in text]
 
 
 def _user_frame(frames):
@@ -126,13 +104,13 @@ def test_collect_cli_writes_a_bundle_that_round_trips(job, tmp_path):
     assert [c.main_thread.frames[0].function for c in snapshot.captures] == [EXPECTED[r][0] for r in range(4)]
     assert [c.source for c in load_paths([str(out)]).captures] == [str(out)] * 4
     for text in (raw, done.stdout, done.stderr):
-        assert SECRET_ENV not in text and SECRET_FLAG not in text and "secret-flag" not in text
+        assert not _leaks(text) and "secret-flag" not in text
 
 
 def test_no_secret_in_a_capture(job):
     agent, _ = job
     stored = json.dumps(capture([agent.pid], timeout=30.0).to_dict())
-    assert SECRET_ENV not in stored and SECRET_FLAG not in stored and "WANDB" not in stored
+    assert not _leaks(stored) and "WANDB" not in stored
     assert "--gate" not in stored  # no command line at all
 
 
@@ -153,16 +131,16 @@ def test_text_dump_with_locals_parses_like_json(job):
 
 
 def test_stopped_rank_is_captured_nonblocking(job):
+    """Stops rank 3 of the shared job for the capture, and gives it back as it was: asleep in its all_gather."""
     _, workers = job
     frozen = workers[3]
     os.kill(frozen, signal.SIGSTOP)
     try:
-        deadline = time.monotonic() + 10
-        while (procfs.read_stat(frozen).state != "T") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert _state_becomes(frozen, "T"), procfs.read_stat(frozen)
         snapshot = capture([frozen], timeout=30.0)
     finally:
         os.kill(frozen, signal.SIGCONT)
+        assert _state_becomes(frozen, "S"), procfs.read_stat(frozen)
     (c,) = snapshot.captures
     assert c.rank == 3 and c.state == "T" and c.nonblocking
     assert c.main_thread.frames and c.main_thread.frames[0].function == "all_gather"
@@ -186,3 +164,15 @@ def test_pasted_subprocess_dump_of_the_agent_loads_the_workers_only(job, tmp_pat
     assert innermost == sorted(op for op, _ in EXPECTED.values())
     assert all(dict(c.layout_hints) == {"cp": 2, "pp": 2} for c in snapshot.captures)
     assert SECRET_FLAG not in json.dumps(snapshot.to_dict())
+
+
+def _state_becomes(pid: int, state: str, within_s: float = 60.0) -> bool:
+    """Whether the process's state settles at ``state`` (twice in a row, 0.1 s apart) within ``within_s``."""
+    deadline, seen = time.monotonic() + within_s, 0
+    while time.monotonic() < deadline:
+        stat = procfs.read_stat(pid)
+        seen = seen + 1 if stat is not None and stat.state == state else 0
+        if seen >= 2:
+            return True
+        time.sleep(0.1)
+    return False

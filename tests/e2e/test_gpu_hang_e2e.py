@@ -11,7 +11,8 @@ futex. No rank has a torch.distributed frame on its stack. For each of the three
 * ``analyze --fr`` on those dumps alone gives the same answer.
 
 Then cp2-dp2 (entered [0, 2], absent [1, 3]), the dumps the watchdog writes on its timeout, a healthy job with
-3 s device steps that ``watch`` must not call hung for 60 s (20 steps), and ``--native`` on the gloo reproducer.
+3 s device steps that ``watch`` must not call hung for 30 s (10 steps, six stall windows), and ``--native`` on
+the session's canonical gloo hang.
 
 No timing is asserted: how long ``watch`` took after the job's last completed collective is printed.
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from mtpdiag.fix.verify.launch import start_torchrun
-from support.jobs_e2e import MTP_WORKER, run_cli
+from support.jobs_e2e import run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -232,21 +233,22 @@ def test_watch_makes_no_false_call_on_a_healthy_job_with_3s_device_steps(tmp_pat
     args = ["--healthy", *CP_PP, "--device-step-s", "3", "--sync", "spin"]
     with start_torchrun(WORKER, args, 4, env=env, log_path=str(log)) as job:
         record._wait_for_log(str(log), "rank 0 step 1 ", job, timeout=240)
-        result = run_cli("watch", "--pid", str(job.pid), "--duration", "60", "--json", timeout=400)
+        # 30 s: ten device steps, six of watch's 5 s stall windows
+        result = run_cli("watch", "--pid", str(job.pid), "--duration", "30", "--json", timeout=400)
         report = _json(result, 0)
         assert report["progress"]["hang"] is False and report["verdict"] == "ok"
-        assert report["progress"]["samples"] >= 8  # many device steps were seen (fewer samples on a loaded box)
+        assert report["progress"]["samples"] >= 4  # many device steps were seen (fewer samples on a loaded box)
         assert job.proc.poll() is None
 
 
 # ---------------------------------------------------------------- --native on the gloo reproducer
 
 
-def test_native_frames_do_not_change_the_gloo_finding(tmp_path):
-    with start_torchrun(MTP_WORKER, ["--gate", "buggy", *CP_PP], 4, log_path=str(tmp_path / "job.log")) as job:
-        job.wait_until_stuck(quiet_s=3.0, timeout=180)
-        plain = _json(run_cli("inspect", "--pid", str(job.pid), "--json"), 1)
-        native = _json(run_cli("inspect", "--pid", str(job.pid), "--native", "--json", timeout=300), 1)
+def test_native_frames_do_not_change_the_gloo_finding(canonical_hang):
+    """On the session's canonical hang (the gloo reproducer, cp 2, pp 2)."""
+    job = canonical_hang.job
+    plain = _json(run_cli("inspect", "--pid", str(job.pid), "--json"), 1)
+    native = _json(run_cli("inspect", "--pid", str(job.pid), "--native", "--json", timeout=300), 1)
     assert [f["id"] for f in native["findings"]] == [f["id"] for f in plain["findings"]] == ["mtp-cp-gated-reduce"]
     assert [(v["rank"], v["op"], v["site"]) for v in native["ranks"]] == [
         (v["rank"], v["op"], v["site"]) for v in plain["ranks"]

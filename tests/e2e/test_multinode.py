@@ -1,7 +1,7 @@
 """Multi-node merge through the real CLI: one bundle per host, merged by ``analyze DIR``.
 
-One real hung job (torchrun, gloo, megatron-core, 4 ranks, the MTP-CP reproducer with cp=2 pp=2)
-stands in for a two-node job: ``mtpdiag collect --pid <worker> --host node-a`` saves ranks 0-1 and
+The session's canonical hung job (torchrun, gloo, megatron-core, 4 ranks, the MTP-CP reproducer with cp=2
+pp=2: ``support/canonical_hang.py``) stands in for a two-node job: ``mtpdiag collect --pid <worker> --host node-a`` saves ranks 0-1 and
 ``--host node-b`` ranks 2-3, each into its own ``<host>.mtpdiag.json`` in one shared directory, as
 ``collect`` on two machines would. ``analyze`` must then merge them, name the files of a duplicated
 rank or of a world-size conflict, and report the ranks that no bundle holds.
@@ -23,8 +23,6 @@ from mtpdiag.layout import ParallelLayout
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
-WORKER = REPO / "examples" / "mtp_cp_deadlock" / "worker.py"
 HOSTS = {"node-a": (0, 1), "node-b": (2, 3)}
 LAYOUT = ParallelLayout.for_world(4, cp=2, pp=2)
 
@@ -41,14 +39,8 @@ def mtpdiag(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    log = tmp_path_factory.mktemp("multinode") / "job.log"
-    started = start_torchrun(str(WORKER), ["--gate", "buggy", "--cp", "2", "--pp", "2"], nproc=4, log_path=str(log))
-    try:
-        workers = started.wait_until_stuck(quiet_s=3.0, timeout=180.0)
-        yield started, workers
-    finally:
-        started.kill()
+def job(canonical_hang):
+    return canonical_hang.job, canonical_hang.workers
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +131,18 @@ def test_a_bundle_with_another_world_size_is_an_input_error_naming_both(bundles,
     assert " 4" in line and " 8" in line
 
 
-def test_ending_the_job_leaves_no_worker(job):
-    started, workers = job
-    started.kill()  # the fixture's own kill afterwards finds nothing left to do
+SLEEPER = "import time\ntime.sleep(600)\n"
+
+
+def test_ending_the_job_leaves_no_worker(tmp_path):
+    """A job of its own (the shared one must live on): real torchrun, four workers that sleep."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    started = start_torchrun(str(script), [], nproc=4, log_path=str(tmp_path / "job.log"))
+    try:
+        workers = started.wait_for_workers(timeout=240.0)
+    finally:
+        started.kill()
     pids = [started.pid, *workers]
     deadline = time.monotonic() + 15
     while True:

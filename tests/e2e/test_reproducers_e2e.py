@@ -191,9 +191,19 @@ def test_mtp_buggy_gate_without_context_parallelism_completes(tmp_path):
     assert {rank for rank, _, _ in _metric_lines(log)} == {2, 3}  # dp 2 on the last stage, cp 1
 
 
-@pytest.fixture(scope="module", params=sorted(EXPECTED))
+# mtp_cp_pp is the session's canonical hang (``support/canonical_hang.py``): the same job, started once.
+SCENARIO_PARAMS = [
+    pytest.param(name, marks=pytest.mark.canonical_hang) if name == "mtp_cp_pp" else name for name in sorted(EXPECTED)
+]
+
+
+@pytest.fixture(scope="module", params=SCENARIO_PARAMS)
 def hung(request):
     """Each scenario's job, hung, once for every test of this module that reads it (none changes it)."""
+    if request.param == "mtp_cp_pp":
+        canonical = request.getfixturevalue("canonical_hang")
+        yield request.param, canonical.job, dict(enumerate(canonical.workers)), []
+        return
     spec = record.SCENARIOS[request.param]
     if spec.cut_network:
         require_private_network()

@@ -1,9 +1,9 @@
 """No secret of a target process reaches any output: one real hung job, every command that touches it.
 
-The job is the MTP-CP reproducer (torchrun, gloo, 4 ranks, cp=2 pp=2) with canary secrets where real jobs
-keep theirs: several non-whitelisted environment variables (W&B, AWS, Hugging Face, a database URL), a
-``--secret-flag=...`` on every worker's command line (a tiny launcher drops it before the reproducer parses
-its arguments), and a local variable of a function on every worker's stack, which ``py-spy dump --locals``
+The job is the session's canonical hang (``support/canonical_hang.py``): the MTP-CP reproducer (torchrun, gloo,
+4 ranks, cp=2 pp=2) with canary secrets where real jobs keep theirs: several non-whitelisted environment
+variables (W&B, AWS, Hugging Face, a database URL), a ``--secret-flag=...`` on every worker's command line (a
+tiny launcher drops it before the reproducer parses its arguments), and a local variable of a function on every worker's stack, which ``py-spy dump --locals``
 shows. Then inspect (console, JSON, markdown, HTML), collect, watch (JSON, HTML, bundle), verify --pid and
 analyze on both bundles run, and no canary may appear on stdout, stderr or in any file they wrote.
 """
@@ -18,42 +18,15 @@ import pytest
 from mtpdiag.capture import procfs
 from mtpdiag.capture.pyspy import find_pyspy
 from mtpdiag.model import ENV_WHITELIST
-from support.jobs_e2e import MTP_WORKER, by_rank, hung_job, run_cli, worker_pids
+from support.canonical_hang import CANARIES, SECRET_ENV, SECRET_FLAG, SECRET_LOCAL
+from support.jobs_e2e import by_rank, run_cli, worker_pids
 
 pytestmark = pytest.mark.e2e
 
-STEM = "cnry-9d41"  # every canary starts with it: a truncated leak is a leak too
-SECRET_ENV = {
-    "WANDB_API_KEY": f"{STEM}-wandb-0c7e",
-    "AWS_SECRET_ACCESS_KEY": f"{STEM}-aws-5b2f",
-    "HF_TOKEN": f"{STEM}-hf-e81a",
-    "DATABASE_URL": f"postgres://trainer:{STEM}-db-77d0@db.internal/runs",
-}
-SECRET_FLAG = f"{STEM}-flag-a3c9"
-SECRET_LOCAL = f"{STEM}-local-4e10"
-CANARIES = (STEM, *SECRET_ENV.values(), SECRET_FLAG, SECRET_LOCAL)
 
-LAUNCHER = f'''"""Drop --secret-flag=... from argv, then run the reproducer below a frame holding a secret local."""
-import runpy, sys
-
-
-def main(api_token={SECRET_LOCAL!r}):
-    sys.argv = [{MTP_WORKER!r}] + [a for a in sys.argv[1:] if not a.startswith("--secret-flag=")]
-    runpy.run_path({MTP_WORKER!r}, run_name="__main__")
-
-
-main()
-'''
-
-
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("secrets")
-    launcher = tmp / "launch_with_secrets.py"
-    launcher.write_text(LAUNCHER)
-    args = ["--gate", "buggy", "--cp", "2", "--pp", "2", f"--secret-flag={SECRET_FLAG}"]
-    with hung_job(str(launcher), args, tmp, env=SECRET_ENV) as hung:
-        yield hung, tmp / "out"
+@pytest.fixture
+def job(canonical_hang, tmp_path):
+    return canonical_hang.job, tmp_path / "out"
 
 
 def _raw_environ(pid: int) -> bytes:

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 from conftest import unavailable
 from mtpdiag.capture import procfs
@@ -72,13 +73,20 @@ def hung_job(script: str, args: list[str], tmp_path, nproc: int = 4, env: dict |
         job.kill()
 
 
-def _wait_for_log(path, needle: str, timeout: float) -> None:
+def wait_for_log(path, needle: str, timeout: float, job: Job | None = None) -> None:
+    """Until ``needle`` is in the log at ``path``; fails at once when ``job`` has exited instead."""
     deadline = time.monotonic() + timeout
+    path = Path(path)
     while time.monotonic() < deadline:
         if path.exists() and needle in path.read_text(errors="replace"):
             return
+        if job is not None and job.proc.poll() is not None:
+            raise AssertionError(f"the job exited ({job.proc.returncode}) before {needle!r} appeared in {path}")
         time.sleep(0.2)
     raise AssertionError(f"{needle!r} never appeared in {path}")
+
+
+_wait_for_log = wait_for_log  # the name the older tests import
 
 
 def require_private_network() -> None:

@@ -1,0 +1,128 @@
+"""Capture on a loaded node: py-spy that waits for a CPU is slow, not stuck, and every rank is still read.
+
+The job is the healthy NCCL-behaviour loop of ``test_gpu_hang_e2e`` (3 s device steps, host syncs that spin:
+its four main threads burn a core each while they wait), with two busy loops beside it on CPU 0. The capture
+runs in a thread of this process that is pinned to CPU 0 at nice 19, so py-spy, which inherits both, waits
+seconds for each of the ~20 ms of CPU a dump needs: measured, 20 s of run-queue wait for 18 ms on a CPU. That is
+how ``watch`` failed on a healthy job in a loaded CI run: "could not capture any of 4 target(s) (... py-spy timed
+out after 10s)". Here the timeout is 1 s, so a capture that counted wall time would time out on every rank.
+
+No timing is asserted: the wall time of each capture is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import pytest
+
+from mtpdiag.capture import capture
+from mtpdiag.fix.verify.launch import Job, start_torchrun
+from support.jobs_e2e import ROOT, run_cli_here, wait_for_log
+
+pytestmark = pytest.mark.e2e
+
+NCCL_WORKER = os.path.join(ROOT, "examples", "nccl_behaviour", "worker.py")
+HEALTHY = ["--healthy", "--cp", "2", "--pp", "2", "--device-step-s", "3", "--sync", "spin"]
+STARVED_CPU = 0
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def spinning_job(tmp_path_factory) -> Iterator[Job]:
+    """The healthy job, its ranks spinning at host syncs, once it has run a step."""
+    tmp = tmp_path_factory.mktemp("under-load")
+    (tmp / "fr").mkdir()
+    (tmp / "pipes").mkdir()
+    env = {
+        "TORCH_FR_DUMP_TEMP_FILE": str(tmp / "fr" / "rank_"),
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp / "pipes" / "rank_"),
+    }
+    log = tmp / "job.log"
+    with start_torchrun(NCCL_WORKER, HEALTHY, 4, env=env, log_path=str(log)) as job:
+        job.wait_for_workers(timeout=240)
+        wait_for_log(log, "rank 0 step 1 ", timeout=240, job=job)
+        yield job
+
+
+@pytest.fixture
+def busy_cpu() -> Iterator[None]:
+    """Two busy loops on CPU 0, as ``stress --cpu 2`` would run beside the job; killed after the test."""
+    loops = [
+        subprocess.Popen(["taskset", "-c", str(STARVED_CPU), sys.executable, "-c", "while True: pass"])
+        for _ in range(2)
+    ]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait(timeout=30)
+
+
+def starved(work: Callable[[], T]) -> T:
+    """``work()`` on a thread pinned to CPU 0 at nice 19; what it starts (py-spy) inherits both."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            os.sched_setaffinity(0, {STARVED_CPU})  # this thread only (Linux: per thread)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            result.append(work())
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
+            failure.append(exc)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, name="starved-capture")
+    thread.start()
+    thread.join(timeout=900)
+    assert not thread.is_alive(), "the starved capture never returned"
+    print(f"\nstarved (CPU {STARVED_CPU}, nice 19, two busy loops): {time.monotonic() - started:.1f} s")
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+@pytest.mark.parametrize("nonblocking", [False, True], ids=["paused", "nonblocking"])
+def test_capture_reads_every_rank_while_py_spy_waits_for_a_cpu(spinning_job, busy_cpu, nonblocking):
+    snapshot = starved(lambda: capture([spinning_job.pid], nonblocking=nonblocking, timeout=1.0))
+    assert [c.rank for c in snapshot.captures] == [0, 1, 2, 3]
+    for c in snapshot.captures:
+        assert c.threads and c.main_thread is not None and c.main_thread.frames, (c.rank, c.state, c.error)
+        # read as asked: no timeout, so no fallback to a read without pausing
+        assert c.nonblocking == nonblocking and c.error is None, (c.rank, c.error)
+
+
+def test_inspect_reads_every_rank_while_py_spy_waits_for_a_cpu(spinning_job, busy_cpu):
+    result = starved(lambda: run_cli_here("inspect", "--pid", str(spinning_job.pid), "--timeout", "1", "--json"))
+    assert result.returncode != 3, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert [r["rank"] for r in report["ranks"]] == [0, 1, 2, 3]
+    assert all(r["stack"] is not None and r["state"] != "unreadable" for r in report["ranks"]), report["ranks"]
+
+
+def test_watch_makes_no_false_call_while_py_spy_waits_for_a_cpu(spinning_job, busy_cpu):
+    """The failure of the loaded CI run, made certain: watch, a healthy job, a starved py-spy.
+
+    watch sees progress by comparing samples, so it must get a few: it watches four times as long as one starved
+    capture took here (at least 20 s), however slow this machine is today."""
+    started = time.monotonic()
+    starved(lambda: capture([spinning_job.pid], nonblocking=True, timeout=1.0))
+    duration = max(20.0, 4 * (time.monotonic() - started))
+    args = ("watch", "--pid", str(spinning_job.pid), "--duration", f"{duration:.0f}", "--timeout", "1", "--json")
+    result = starved(lambda: run_cli_here(*args))
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["verdict"] == "ok" and report["progress"]["hang"] is False
+    assert report["progress"]["samples"] >= 2
+    assert [r["rank"] for r in report["ranks"]] == [0, 1, 2, 3]
+    assert all(r["stack"] is not None for r in report["ranks"]), report["ranks"]
+    assert spinning_job.proc.poll() is None
