@@ -1,0 +1,231 @@
+"""The root of each deadlock cycle: which split of a cyclic core of the wait-for graph is the bug, and how we know.
+
+In a cycle every split waits on another, so the graph alone cannot say which came first. Program order can:
+
+* the Flight Recorder's sequence numbers on a shared communicator show that a rank went on to later
+  collectives without issuing one (``flight_recorder.order``): it skipped it (``certain``);
+* the known-site table names functions that let part of the group return before their collectives (an early
+  return on an empty metric tracker, ``KnownSite.skip``);
+* the stacks: the ranks absent from a split that stand at a later line of the deepest frame they share with
+  its entered ranks went past it (``program_order``). Line order holds within one run of that frame only, so
+  alone it is ``possible`` and the report says a loop could reverse it.
+
+Where none of these orders the core, the heuristics of docs/design.md ("Root cause in a cycle") decide. A
+group kind that was guessed never outranks one the table, the recorder or the membership names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from itertools import chain, compress
+from operator import attrgetter, itemgetter
+
+import msgspec
+from msgspec.structs import replace as struct_replace
+
+from mtpdiag.analysis.known_sites import is_mtp_site, skip_of
+from mtpdiag.analysis.mismatch import mismatch_key
+from mtpdiag.analysis.program_order import OrderSource, Passing, RootOrder, StackOrders
+from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import Mismatch, RankView, Site
+from mtpdiag.vocabulary.ops import BARRIER_OPS
+from mtpdiag.vocabulary.states import GroupFrom, RankState
+from mtpdiag.vocabulary.waits import Confidence
+
+SiteKey = tuple[object, ...]  # which split or unmatched p2p call: kind, op, site (and group)
+CoreSite = tuple[int, str, Site | None, str]  # the splits of a site in a cyclic core: component, op, site, group
+
+
+class Candidate(msgspec.Struct):
+    """One site of a cyclic core, with what speaks for it being the root (``root_score``)."""
+
+    key: SiteKey
+    mtp: bool
+    barrier: bool
+    rank0_gate: bool
+    other_side_in_barrier: bool
+    entered: int
+    first: int
+    skipped: bool = False  # the Flight Recorder shows an absent rank went past it without issuing it
+    known_skip: bool = False  # the known-site table: the entered side's code can return before it
+    passed: bool = False  # the stacks: absent ranks stand at a later line of a frame they share with it
+    guessed: bool = False  # its group kind is a guess among several
+    passing: Passing | None = None
+    absent: tuple[int, ...] = ()
+
+
+class Roots(msgspec.Struct, frozen=True):
+    """The root site of each cyclic core (by component) and, for roots program order decided, why."""
+
+    keys: dict[int, SiteKey]
+    orders: dict[SiteKey, RootOrder]
+
+
+def mismatch_site_key(m: Mismatch) -> SiteKey:
+    return ("m", m.op, m.site, m.group)
+
+
+def choose_roots(
+    mismatches: Sequence[Mismatch],
+    cores: Mapping[CoreSite, list[int]],
+    p2p_in_cores: Mapping[int, Sequence[tuple[SiteKey, int, int]]],
+    views: Mapping[int, RankView],
+    layout: ParallelLayout | None,
+    root_hints: frozenset[SiteKey] = frozenset(),
+    orders: StackOrders | None = None,
+) -> Roots:
+    """The root site of each cyclic core (``cores``: the indices of the splits of each (component, op, site,
+    group) in a cyclic core, in order; ``p2p_in_cores``: per component, each unmatched send/recv in it as its
+    key, rank and peer)."""
+    candidates: dict[int, dict[SiteKey, Candidate]] = {}
+    in_barrier = _in_barrier(views) if cores or p2p_in_cores else set()
+    for (c, op, site, _), idx in cores.items():
+        first = mismatches[idx[0]]  # the site's first split speaks for its gate and its Flight Recorder key
+        splits = [mismatches[i] for i in idx]
+        key = mismatch_site_key(first)
+        absent = tuple(chain.from_iterable(map(attrgetter("absent"), splits)))
+        candidates.setdefault(c, {})[key] = Candidate(
+            key=key,
+            mtp=is_mtp_site(site),
+            barrier=op in BARRIER_OPS,
+            rank0_gate=_rank0_style(first.gate, layout),
+            other_side_in_barrier=not in_barrier.isdisjoint(absent),
+            entered=sum(map(len, map(attrgetter("entered"), splits))),
+            first=min(map(itemgetter(0), map(attrgetter("entered"), splits))),
+            skipped=mismatch_key(first) in root_hints,
+            known_skip=skip_of(site) is not None,
+            guessed=first.group_from == GroupFrom.GUESS,
+            absent=absent,
+        )
+    for c, waits in p2p_in_cores.items():
+        for key, rank, peer in waits:
+            cand = candidates.setdefault(c, {}).get(key)
+            if cand is None:
+                cand = candidates[c][key] = Candidate(
+                    key=key,
+                    mtp=False,
+                    barrier=False,
+                    rank0_gate=False,
+                    other_side_in_barrier=False,
+                    entered=0,
+                    first=rank,
+                )
+            cand.entered += 1
+            cand.other_side_in_barrier |= peer in in_barrier
+            cand.first = min(cand.first, rank)
+    if orders is not None:
+        for cands in candidates.values():
+            _read_order(cands, orders)
+    keys: dict[int, SiteKey] = {}
+    said: dict[SiteKey, RootOrder] = {}
+    skippers: dict[SiteKey, set[int]] = {}
+    for c, cands in candidates.items():
+        root = min(cands.values(), key=root_score)
+        keys[c] = root.key
+        known = said.get(root.key)
+        if known is None:
+            order = _order_of(root, views)
+            if order is not None:
+                said[root.key] = order
+                skippers[root.key] = set(order.skipped_by)
+        elif (known.source, known.confidence) == _source_of(root):
+            # one root split in many cores (a pipeline group each): who skipped it, over all of them
+            passed = root.passing.passed if root.passing is not None else ()
+            skippers[root.key].update(passed if known.source.startswith("stacks") else root.absent)
+    return Roots(keys, {k: struct_replace(o, skipped_by=tuple(sorted(skippers[k]))) for k, o in said.items()})
+
+
+def _read_order(cands: Mapping[SiteKey, Candidate], orders: StackOrders) -> None:
+    """What the stacks say of each split site of one core with more than one (a site alone orders nothing)."""
+    splits = [c for c in cands.values() if c.key[0] == "m"]
+    if len(splits) < 2:
+        return
+    for cand in splits:
+        passing = orders.passing((cand.first,), cand.absent)
+        cand.passing = passing
+        cand.passed = bool(passing.passed)
+        if passing.early_return is not None:
+            cand.known_skip = True
+
+
+def _source_of(root: Candidate) -> tuple[OrderSource, Confidence] | None:
+    """What program order makes ``root`` the root of its core on, and how sure that is; None when it does not
+    (never for the MTP signature, which names itself)."""
+    if root.mtp or root.key[0] != "m":
+        return None
+    if root.skipped:
+        return OrderSource.FLIGHT_RECORDER, Confidence.CERTAIN
+    passed = bool(root.passing and root.passing.passed)
+    if root.known_skip:
+        if passed:
+            return OrderSource.STACKS_AND_KNOWN_SITE, Confidence.LIKELY
+        return OrderSource.KNOWN_SITE, Confidence.POSSIBLE
+    if passed:
+        return OrderSource.STACKS, Confidence.POSSIBLE
+    return None
+
+
+def _order_of(root: Candidate, views: Mapping[int, RankView]) -> RootOrder | None:
+    """Why program order makes ``root`` the root of its core, when it does."""
+    found = _source_of(root)
+    if found is None:
+        return None
+    source, confidence = found
+    passing = root.passing or Passing()
+    who = root.absent if source in (OrderSource.FLIGHT_RECORDER, OrderSource.KNOWN_SITE) else passing.passed
+    instead = views.get(who[0]) if who else None
+    site = root.key[2]
+    return RootOrder(
+        source=source,
+        confidence=confidence,
+        skipped_by=tuple(sorted(set(who))),
+        instead_op=instead.op if instead is not None else None,
+        instead_site=instead.site if instead is not None else None,
+        at=passing.at if passing.passed else None,
+        early_return=passing.early_return or (skip_of(site) if isinstance(site, Site) else None),
+        loop_caveat=source == OrderSource.STACKS,
+        contradicted=bool(passing.behind) and not passing.passed and source == OrderSource.KNOWN_SITE,
+    )
+
+
+def _in_barrier(views: Mapping[int, RankView]) -> set[int]:
+    """The ranks waiting in a barrier (picked in C loops: a few of 16k ranks, if any)."""
+    named = compress(views, map(BARRIER_OPS.__contains__, map(attrgetter("op"), views.values())))
+    return {rank for rank in named if views[rank].state == RankState.COLLECTIVE}
+
+
+Score = tuple[bool, bool, bool, bool, bool, bool, bool, bool, int, int, str]
+
+
+def root_score(c: Candidate) -> Score:
+    """Lower is more likely the cause.
+
+    A known signature first; then program order: a split the Flight Recorder shows an absent rank skipped (it
+    went on to later collectives without issuing it), then one whose code the known-site table says returns
+    early on part of the group; a barrier is where ranks that went ahead wait, so it is never the cause while
+    something else is in the core; then a split whose absent ranks stand at a later line of a frame they share
+    with it (line order, which a loop can reverse); a split on a guessed group never outranks one on a group
+    that is known; a gate on 0 or on the last pipeline stage is how rank-dependent code is written; a split
+    whose absent side sits in a barrier is the one they skipped; then the split entered by fewer ranks; then
+    the lowest rank, for a stable answer.
+    """
+    return (
+        not c.mtp,
+        not c.skipped,
+        not c.known_skip,
+        c.barrier,
+        not c.passed,
+        c.guessed,
+        not c.rank0_gate,
+        not c.other_side_in_barrier,
+        c.entered,
+        c.first,
+        repr(c.key),
+    )
+
+
+def _rank0_style(gate: Mapping[str, int] | None, layout: ParallelLayout | None) -> bool:
+    if not gate:
+        return False
+    last_stage = layout.pp - 1 if layout is not None else None
+    return all(v == 0 or (k == "pp" and v == last_stage) for k, v in gate.items())
