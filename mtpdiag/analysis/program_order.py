@@ -18,8 +18,8 @@ stacks once), never per rank.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import compress, repeat
-from operator import attrgetter, is_not
+from itertools import compress
+from operator import attrgetter
 
 import msgspec
 
@@ -129,6 +129,9 @@ def _same_place(a: Site | Frame, b: Site | Frame) -> bool:
     return a.line == b.line and a.function == b.function and a.file == b.file
 
 
+_Reading = tuple[frozenset[int], frozenset[int], "Parting | None", "str | None"]
+
+
 class StackOrders:
     """Line orders between the stacks of a report (``stacks``: innermost first, as ``Report.stacks``), each
     distinct pair compared once."""
@@ -139,21 +142,45 @@ class StackOrders:
         self._outer: dict[int, tuple[Frame, ...]] = {}
         self._parts: dict[tuple[int, int], Parting | None] = {}
         self._skips: dict[tuple[int, int], str | None] = {}
+        self._readings: dict[tuple[int, tuple[int | None, ...]], _Reading] = {}
 
     def passing(self, entered: Sequence[int], absent: Sequence[int]) -> Passing:
-        """What the stacks say of a split whose entered ranks are ``entered`` (the first one speaks for them) and
-        whose absent ranks are ``absent`` (each distinct stack of theirs compared once)."""
-        mine = self._stack_id(entered[0]) if entered else None
-        if mine is None:
-            return Passing()
+        """What the stacks say of a split site whose entered ranks include ``entered`` (one per split is enough:
+        the ranks of a split at one site share their stack) and whose absent ranks are ``absent``. Each distinct
+        pair of their stacks is compared once; the ranks are picked in C."""
         views = self.views
-        present = list(compress(absent, map(views.__contains__, absent)))  # picked in C: no step per rank
+        mine = list(dict.fromkeys(map(attrgetter("stack"), filter(None, map(views.get, entered)))))
+        present = list(compress(absent, map(views.__contains__, absent)))
         ids = list(map(attrgetter("stack"), map(views.__getitem__, present)))
         later: set[int] = set()
         earlier: set[int] = set()
         at: Parting | None = None
         early: str | None = None
-        for sid in dict.fromkeys(compress(ids, map(is_not, ids, repeat(None)))):
+        for sid in mine:
+            if sid is None:
+                continue
+            key = (sid, tuple(dict.fromkeys(ids)))
+            reading = self._readings.get(key)
+            if reading is None:
+                reading = self._readings[key] = self._read(sid, key[1])
+            later |= reading[0]
+            earlier |= reading[1]
+            at, early = at or reading[2], early or reading[3]
+        earlier -= later
+        passed = tuple(compress(present, map(later.__contains__, ids))) if later else ()
+        behind = tuple(compress(present, map(earlier.__contains__, ids))) if earlier else ()
+        return Passing(passed, behind, at, early)
+
+    def _read(self, mine: int, theirs: Sequence[int | None]) -> _Reading:
+        """Which of the distinct stacks ``theirs`` stand at a later line of the frame they share with ``mine``
+        (``later``), which at an earlier one, where the first later one parts, and the early return found."""
+        later: set[int] = set()
+        earlier: set[int] = set()
+        at: Parting | None = None
+        early: str | None = None
+        for sid in theirs:
+            if sid is None:
+                continue
             parting = self._part(mine, sid)
             if parting is None or parting.first == parting.second:
                 continue
@@ -163,13 +190,7 @@ class StackOrders:
             else:
                 earlier.add(sid)
             early = early or self._skip(mine, sid)
-        passed = tuple(compress(present, map(later.__contains__, ids))) if later else ()
-        behind = tuple(compress(present, map(earlier.__contains__, ids))) if earlier else ()
-        return Passing(passed, behind, at, early)
-
-    def _stack_id(self, rank: int) -> int | None:
-        view = self.views.get(rank)
-        return view.stack if view is not None else None
+        return frozenset(later), frozenset(earlier), at, early
 
     def _outermost_first(self, sid: int) -> tuple[Frame, ...]:
         found = self._outer.get(sid)

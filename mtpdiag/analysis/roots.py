@@ -79,12 +79,14 @@ def choose_roots(
     key, rank and peer)."""
     candidates: dict[int, dict[SiteKey, Candidate]] = {}
     in_barrier = _in_barrier(views) if cores or p2p_in_cores else set()
+    skips: dict[Site | None, bool] = {}  # per site, not per core: a cycle repeated over replicas shares its sites
+    by_key: dict[SiteKey, list[Candidate]] = {}  # each split site's candidates, over the cores it is in
     for (c, op, site, _), idx in cores.items():
         first = mismatches[idx[0]]  # the site's first split speaks for its gate and its Flight Recorder key
         splits = [mismatches[i] for i in idx]
         key = mismatch_site_key(first)
         absent = tuple(chain.from_iterable(map(attrgetter("absent"), splits)))
-        candidates.setdefault(c, {})[key] = Candidate(
+        cand = candidates.setdefault(c, {})[key] = Candidate(
             key=key,
             mtp=is_mtp_site(site),
             barrier=op in BARRIER_OPS,
@@ -92,16 +94,17 @@ def choose_roots(
             other_side_in_barrier=not in_barrier.isdisjoint(absent),
             entered=sum(map(len, map(attrgetter("entered"), splits))),
             first=min(map(itemgetter(0), map(attrgetter("entered"), splits))),
-            skipped=mismatch_key(first) in root_hints,
-            known_skip=skip_of(site) is not None,
+            skipped=bool(root_hints) and mismatch_key(first) in root_hints,
+            known_skip=skips[site] if site in skips else skips.setdefault(site, skip_of(site) is not None),
             guessed=first.group_from == GroupFrom.GUESS,
             absent=absent,
         )
+        by_key.setdefault(key, []).append(cand)
     for c, waits in p2p_in_cores.items():
         for key, rank, peer in waits:
-            cand = candidates.setdefault(c, {}).get(key)
-            if cand is None:
-                cand = candidates[c][key] = Candidate(
+            wait = candidates.setdefault(c, {}).get(key)
+            if wait is None:
+                wait = candidates[c][key] = Candidate(
                     key=key,
                     mtp=False,
                     barrier=False,
@@ -110,42 +113,46 @@ def choose_roots(
                     entered=0,
                     first=rank,
                 )
-            cand.entered += 1
-            cand.other_side_in_barrier |= peer in in_barrier
-            cand.first = min(cand.first, rank)
+            wait.entered += 1
+            wait.other_side_in_barrier |= peer in in_barrier
+            wait.first = min(wait.first, rank)
     if orders is not None:
-        for cands in candidates.values():
-            _read_order(cands, orders)
+        _read_orders(by_key, orders)
     keys: dict[int, SiteKey] = {}
-    said: dict[SiteKey, RootOrder] = {}
-    skippers: dict[SiteKey, set[int]] = {}
+    said: dict[SiteKey, RootOrder | None] = {}
+    absent_of: dict[SiteKey, list[tuple[int, ...]]] = {}
     for c, cands in candidates.items():
         root = min(cands.values(), key=root_score)
         keys[c] = root.key
-        known = said.get(root.key)
-        if known is None:
-            order = _order_of(root, views)
-            if order is not None:
-                said[root.key] = order
-                skippers[root.key] = set(order.skipped_by)
-        elif (known.source, known.confidence) == _source_of(root):
-            # one root split in many cores (a pipeline group each): who skipped it, over all of them
-            passed = root.passing.passed if root.passing is not None else ()
-            skippers[root.key].update(passed if known.source.startswith("stacks") else root.absent)
-    return Roots(keys, {k: struct_replace(o, skipped_by=tuple(sorted(skippers[k]))) for k, o in said.items()})
+        if root.key not in said:
+            said[root.key] = _order_of(root, views)
+        absent_of.setdefault(root.key, []).append(root.absent)
+    out = {}
+    for key, order in said.items():
+        if order is None:
+            continue
+        if order.source in (OrderSource.FLIGHT_RECORDER, OrderSource.KNOWN_SITE):  # who skipped it, over its cores
+            order = struct_replace(order, skipped_by=tuple(sorted(set(chain.from_iterable(absent_of[key])))))
+        out[key] = order
+    return Roots(keys, out)
 
 
-def _read_order(cands: Mapping[SiteKey, Candidate], orders: StackOrders) -> None:
-    """What the stacks say of each split site of one core with more than one (a site alone orders nothing)."""
-    splits = [c for c in cands.values() if c.key[0] == "m"]
-    if len(splits) < 2:
-        return
-    for cand in splits:
-        passing = orders.passing((cand.first,), cand.absent)
-        cand.passing = passing
-        cand.passed = bool(passing.passed)
-        if passing.early_return is not None:
-            cand.known_skip = True
+def _read_orders(by_key: Mapping[SiteKey, Sequence[Candidate]], orders: StackOrders) -> None:
+    """What the stacks say of each split site (``by_key``: its candidates, one per core it is in), read once per
+    site over all its cores: each distinct pair of stacks is compared once, the ranks are picked in C. A site
+    alone in its core is read too: it orders nothing there, and its root score does not change."""
+    for site_cands in by_key.values():
+        passing = orders.passing(
+            list(map(attrgetter("first"), site_cands)),
+            list(chain.from_iterable(map(attrgetter("absent"), site_cands))),
+        )
+        if not passing.passed and passing.early_return is None:
+            continue
+        passed = frozenset(passing.passed)
+        for cand in site_cands:
+            cand.passing = passing
+            cand.passed = bool(passed) and not passed.isdisjoint(cand.absent)
+            cand.known_skip |= passing.early_return is not None
 
 
 def _source_of(root: Candidate) -> tuple[OrderSource, Confidence] | None:

@@ -90,7 +90,8 @@ def _finding(
     if order is not None:
         details["order"] = order.to_dict()
         never = order_phrase(order, op, entered, words)
-        rest = [r for r in absent if r not in order.skipped_by]
+        skipped = set(order.skipped_by)
+        rest = [r for r in absent if r not in skipped]
         if rest:
             never += f"; {words.ranks(rest, coords=True)} never joined ({doing_phrase(rest, doing_of)})"
     if _is_mtp(op, site, kind, instances):

@@ -201,7 +201,9 @@ def pids(ranks: Sequence[int], views: Mapping[int, RankView]) -> str:
 
 def order_phrase(order: RootOrder, op: str, entered: Sequence[int], words: Words) -> str:
     """What the ranks that went past a root did instead, and how program order shows it (``RootOrder``)."""
-    who = words.ranks(order.skipped_by, coords=True)
+    skipped = order.skipped_by
+    who = words.ranks(skipped, coords=True)
+    wait = words.verb(skipped, "waits", "wait")
     instead = f"{order.instead_op} in {words.where(order.instead_site)}" if order.instead_op else "elsewhere"
     at = order.at
     where = (
@@ -209,22 +211,22 @@ def order_phrase(order: RootOrder, op: str, entered: Sequence[int], words: Words
     )
     if order.source == "flight-recorder":
         return (
-            f"{who} skipped this {op}: the Flight Recorder shows them going on to later collectives without it; "
-            f"they wait at {instead}"
+            f"{who} skipped this {op}: the Flight Recorder shows {words.verb(skipped, 'it', 'them')} going on to "
+            f"later collectives without it; {words.verb(skipped, 'it waits', 'they wait')} at {instead}"
         )
     if order.source == "stacks":
         fn = at.function.rsplit(".", 1)[-1] if at else "their shared frame"
         return (
-            f"{who} went past this {op} without entering it and wait at {instead}, a later line of {where} "
+            f"{who} went past this {op} without entering it and {wait} at {instead}, a later line of {where} "
             f"(line order only: if {fn} runs these lines in a loop, {words.ranks(entered)} may instead be an "
-            f"iteration ahead, past the {order.instead_op or 'call'} that {words.ranks(order.skipped_by)} wait in: "
+            f"iteration ahead, past the {order.instead_op or 'call'} that {words.ranks(skipped)} {wait} in: "
             f"the Flight Recorder's sequence numbers decide)"
         )
     if order.source == "stacks+known-site":
-        return f"{who} returned before this {op} and wait at {instead}, a later line of {where}"
+        return f"{who} returned before this {op} and {wait} at {instead}, a later line of {where}"
     if order.contradicted:
         return (
-            f"{who} never joined and wait at {instead}: the known early return lets them skip it, an iteration "
+            f"{who} never joined and {wait} at {instead}: the known early return lets them skip it, an iteration "
             "ahead, since line order puts them before it (the Flight Recorder's sequence numbers decide)"
         )
-    return f"{who} never joined and wait at {instead}: the known early return lets them skip it"
+    return f"{who} never joined and {wait} at {instead}: the known early return lets them skip it"

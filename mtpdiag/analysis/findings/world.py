@@ -244,7 +244,9 @@ def known_site_lead(views: Sequence[RankView]) -> KnownLead | None:
     text = "; ".join(phrases)
     if others:
         who = [v.rank for v in others if v.rank is not None]
-        text += f", and {words.ranks(who)} {words.verb(who, 'is', 'are')} elsewhere ({_whereabouts(others, words)})"
+        places = _whereabouts(others, words)
+        where = f", {places[0][1]}" if len(places) == 1 else f" ({'; '.join(f'{r} {w}'.strip() for r, w in places)})"
+        text += f", and {words.ranks(who)} {words.verb(who, 'is', 'are')} elsewhere{where}"
     flag_text = "/".join(dict.fromkeys(flags))
     text += f". {fixes[0][0].upper()}{fixes[0][1:]}: pass {flag_text}" if fixes else f": pass {flag_text}"
     mtp = any(signature_of(site) == "mtp" for _, site, _, _ in lead)
@@ -252,14 +254,15 @@ def known_site_lead(views: Sequence[RankView]) -> KnownLead | None:
     return KnownLead(lead=text, flags=flag_text, fix=fix, sites=sites)
 
 
-def _whereabouts(views: Sequence[RankView], words: Words) -> str:
-    """``rank 0 in send at send_forward (worker.py:68); ranks 1, 3 in all_gather at ring_attention (...)``."""
+def _whereabouts(views: Sequence[RankView], words: Words) -> list[tuple[str, str]]:
+    """(``rank 0``, ``in send at send_forward (worker.py:68)``) for each place the ranks are at (four at most,
+    then ``…``)."""
     by: dict[str, list[int]] = {}
     for v in views:
         what = f"in {v.op} at {words.where(v.site)}" if v.op is not None else doing(v)
         by.setdefault(what, []).append(v.rank if v.rank is not None else -1)
-    said = [f"{words.ranks(ranks)} {what}" for what, ranks in by.items()]
-    return "; ".join(said[:4]) + ("; …" if len(said) > 4 else "")
+    said = [(words.ranks(ranks), what) for what, ranks in by.items()]
+    return said[:4] + ([("…", "")] if len(said) > 4 else [])
 
 
 def _speaks(row: KnownSite | None) -> bool:
