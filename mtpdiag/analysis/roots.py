@@ -50,7 +50,6 @@ class Candidate(msgspec.Struct):
     known_skip: bool = False  # the known-site table: the entered side's code can return before it
     passed: bool = False  # the stacks: absent ranks stand at a later line of a frame they share with it
     guessed: bool = False  # its group kind is a guess among several
-    passing: Passing | None = None
     absent: tuple[int, ...] = ()
 
 
@@ -116,8 +115,7 @@ def choose_roots(
             wait.entered += 1
             wait.other_side_in_barrier |= peer in in_barrier
             wait.first = min(wait.first, rank)
-    if orders is not None:
-        _read_orders(by_key, orders)
+    passings = _read_orders(by_key, orders) if orders is not None else {}
     keys: dict[int, SiteKey] = {}
     said: dict[SiteKey, RootOrder | None] = {}
     absent_of: dict[SiteKey, list[tuple[int, ...]]] = {}
@@ -125,7 +123,7 @@ def choose_roots(
         root = min(cands.values(), key=root_score)
         keys[c] = root.key
         if root.key not in said:
-            said[root.key] = _order_of(root, views)
+            said[root.key] = _order_of(root, views, passings.get(root.key) or Passing())
         absent_of.setdefault(root.key, []).append(root.absent)
     out = {}
     for key, order in said.items():
@@ -137,22 +135,22 @@ def choose_roots(
     return Roots(keys, out)
 
 
-def _read_orders(by_key: Mapping[SiteKey, Sequence[Candidate]], orders: StackOrders) -> None:
+def _read_orders(by_key: Mapping[SiteKey, Sequence[Candidate]], orders: StackOrders) -> dict[SiteKey, Passing]:
     """What the stacks say of each split site (``by_key``: its candidates, one per core it is in), read once per
-    site over all its cores: each distinct pair of stacks is compared once, the ranks are picked in C. A site
-    alone in its core is read too: it orders nothing there, and its root score does not change."""
-    for site_cands in by_key.values():
-        passing = orders.passing(
+    site over all its cores: each distinct pair of stacks is compared once, the ranks are picked in C."""
+    out = {}
+    for key, site_cands in by_key.items():
+        passing = out[key] = orders.passing(
             list(map(attrgetter("first"), site_cands)),
             list(chain.from_iterable(map(attrgetter("absent"), site_cands))),
         )
         if not passing.passed and passing.early_return is None:
-            continue
+            continue  # nothing to mark: no core's candidate changes
         passed = frozenset(passing.passed)
         for cand in site_cands:
-            cand.passing = passing
             cand.passed = bool(passed) and not passed.isdisjoint(cand.absent)
             cand.known_skip |= passing.early_return is not None
+    return out
 
 
 def _source_of(root: Candidate) -> tuple[OrderSource, Confidence] | None:
@@ -162,7 +160,7 @@ def _source_of(root: Candidate) -> tuple[OrderSource, Confidence] | None:
         return None
     if root.skipped:
         return OrderSource.FLIGHT_RECORDER, Confidence.CERTAIN
-    passed = bool(root.passing and root.passing.passed)
+    passed = root.passed
     if root.known_skip:
         if passed:
             return OrderSource.STACKS_AND_KNOWN_SITE, Confidence.LIKELY
@@ -172,13 +170,13 @@ def _source_of(root: Candidate) -> tuple[OrderSource, Confidence] | None:
     return None
 
 
-def _order_of(root: Candidate, views: Mapping[int, RankView]) -> RootOrder | None:
-    """Why program order makes ``root`` the root of its core, when it does."""
+def _order_of(root: Candidate, views: Mapping[int, RankView], passing: Passing) -> RootOrder | None:
+    """Why program order makes ``root`` the root of its core, when it does (``passing``: what the stacks say of
+    its site)."""
     found = _source_of(root)
     if found is None:
         return None
     source, confidence = found
-    passing = root.passing or Passing()
     who = root.absent if source in (OrderSource.FLIGHT_RECORDER, OrderSource.KNOWN_SITE) else passing.passed
     instead = views.get(who[0]) if who else None
     site = root.key[2]
