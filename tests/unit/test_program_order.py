@@ -127,7 +127,7 @@ def test_in_a_loop_body_line_order_alone_is_possible_and_says_so():
     order = first.details["order"]
     assert order["source"] == "stacks" and order["confidence"] == "possible" and order["loop_caveat"]
     assert order["frame"]["function"] == "log_metrics"
-    assert "line order only: if log_metrics runs these lines in a loop" in first.summary
+    assert "(line order only: if log_metrics loops, ranks 0, 1 may instead be an iteration ahead" in first.summary
     assert "the Flight Recorder's sequence numbers decide" in first.summary
     with_fr = _report(TRACKER_LOOP).findings[0]
     assert with_fr.details["order"]["confidence"] == "certain"

@@ -218,9 +218,8 @@ def order_phrase(order: RootOrder, op: str, entered: Sequence[int], words: Words
         fn = at.function.rsplit(".", 1)[-1] if at else "their shared frame"
         return (
             f"{who} went past this {op} without entering it and {wait} at {instead}, a later line of {where} "
-            f"(line order only: if {fn} runs these lines in a loop, {words.ranks(entered)} may instead be an "
-            f"iteration ahead, past the {order.instead_op or 'call'} that {words.ranks(skipped)} {wait} in: "
-            f"the Flight Recorder's sequence numbers decide)"
+            f"(line order only: if {fn} loops, {words.ranks(entered)} may instead be an iteration ahead; the "
+            "Flight Recorder's sequence numbers decide)"
         )
     if order.source == "stacks+known-site":
         return f"{who} returned before this {op} and {wait} at {instead}, a later line of {where}"
