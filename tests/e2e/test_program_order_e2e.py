@@ -132,4 +132,6 @@ def test_recorded_fixture_is_where_the_readme_says(scenario):
             ("PIPELINE_MODEL_PARALLEL_GROUP", 2, (1,)),
             ("default_pg", 3, (2, 3)),
         }
-        assert sorted(p.name for p in (folder / "fr").glob("rank_*")) == [f"rank_{r}" for r in range(4)]
+        assert sorted(p.name for p in (folder / "fr_gloo").glob("rank_*")) == [f"rank_{r}" for r in range(4)]
+        bundle = json.loads((folder / "bundle.json").read_text())  # collect found the dumps where torch's env says
+        assert sorted(r["rank"] for r in bundle["flight_recorder"]["ranks"]) == [0, 1, 2, 3]

@@ -6,7 +6,7 @@
   stage 1 waits in the indexer's pipeline all_reduce. Before issue #20, ``--pp 2`` made the later all_reduce the
   root on a guessed pipeline group.
 * ``tracker_loop_gloo_fr`` (examples/gated_collectives ``tracker-loop``, with the Flight Recorder a stall
-  watcher dumped): a tracker of the job's own returns early on stage 0 inside ``log_metrics``' loop, and stage 0
+  watcher dumped, in ``fr_gloo/``): a tracker of the job's own returns early on stage 0 inside ``log_metrics``' loop, and stage 0
   goes round into the next tracker's world all_reduce, at an *earlier* line of the loop body than the pipeline
   all_reduce stage 1 waits in. Line order alone points the wrong way; the recorder's sequence numbers decide.
 * ``mtp_cp_pp`` and ``mtp_cp_dp`` without a layout: the MTP reduce is a known site, and the headline says so.
@@ -22,6 +22,7 @@ from mtpdiag.analysis import diagnose
 from mtpdiag.analysis.program_order import StackOrders, part, program_order
 from mtpdiag.analysis.views import StackReader
 from mtpdiag.inputs import load_paths
+from mtpdiag.inputs.flight_recorder import load_fr_dumps
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import replace
 from support.captures import load_scenario, scenario_dir
@@ -34,9 +35,12 @@ PASTES = os.path.join(os.path.dirname(scenario_dir("mtp_cp_pp")), os.pardir, "pa
 
 
 def _report(name: str, layout: ParallelLayout | None = None, fr: bool = True):
+    """The recorded hang diagnosed, with its gloo Flight Recorder dumps (``fr_gloo/``) unless ``fr`` is off."""
     snapshot, recorded, _ = load_scenario(name)
-    if not fr:
-        snapshot = replace(snapshot, flight_recorder=None)
+    dumps = os.path.join(scenario_dir(name), "fr_gloo")
+    snapshot = replace(
+        snapshot, flight_recorder=load_fr_dumps(os.path.join(dumps, "rank_")) if fr and os.path.isdir(dumps) else None
+    )
     return diagnose(snapshot, layout or recorded, "scenario.json")
 
 
