@@ -10,6 +10,10 @@ parallelism and runs a small training loop with one bug in it:
 * ``straggler`` (cp 2, dp 2): one rank never gets its data shard and sleeps in ``load_batch``; the
   others wait in the gradient all_reduce.
 * ``healthy`` (dp 4): compute plus a gradient all_reduce, with no bug. SIGSTOP one rank to freeze it.
+* ``tracker-loop`` (cp 2, pp 2): the job's own metric trackers, reduced over the pipeline group in a loop
+  that first agrees a job-wide sample count over the world group; a tracker that only the last stage fills
+  returns early on the first stage, which goes round the loop into the next count while the last stage
+  waits in the tracker's all_reduce.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 
-SCENARIOS = ("tp-broadcast", "p2p-count", "straggler", "healthy")
+SCENARIOS = ("tp-broadcast", "p2p-count", "straggler", "healthy", "tracker-loop")
 # Parallel sizes each scenario needs when none are given; dp is what remains of the world.
 DEFAULT_SIZES = {
     "tp-broadcast": {"tp": 2, "cp": 1, "pp": 1},
     "p2p-count": {"tp": 1, "cp": 1, "pp": 2},
     "straggler": {"tp": 1, "cp": 2, "pp": 1},
     "healthy": {"tp": 1, "cp": 1, "pp": 1},
+    "tracker-loop": {"tp": 1, "cp": 2, "pp": 2},
 }
 
 
@@ -176,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rank {rank} ({coords}) ready, scenario={args.scenario}", flush=True)
     if args.scenario in ("straggler", "healthy"):
         train(args)
+    elif args.scenario == "tracker-loop":
+        for step in range(args.steps):
+            tracker_loop_step(step)
     else:
         for step in range(args.steps):
             if args.scenario == "tp-broadcast":
@@ -187,6 +195,55 @@ def main(argv: list[str] | None = None) -> int:
     mpu.destroy_model_parallel()
     dist.destroy_process_group()
     return 0
+
+
+# ---------------------------------------------------------------- tracker-loop
+
+
+class MetricTracker:
+    """A metric the layers of a stage add to, summed over the pipeline group when it is logged. A layer adds
+    only to the trackers it knows, so a stage without such layers holds an empty one."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.values: list[float] = []
+
+    def reduce(self) -> torch.Tensor | None:
+        if not self.values:  # BUG: a stage with nothing to report returns before its group's all_reduce
+            return None
+        total = torch.tensor([sum(self.values)])
+        dist.all_reduce(total, group=mpu.get_pipeline_model_parallel_group())
+        self.values.clear()
+        return total
+
+
+def sync_counts(samples: int) -> int:
+    """The job-wide number of samples a metric is normalised by: an all_reduce over the world group."""
+    total = torch.tensor([samples])
+    dist.all_reduce(total)
+    return int(total.item())
+
+
+def log_metrics(trackers: list[MetricTracker], samples: int) -> None:
+    """For each metric: the job-wide sample count, then the metric summed over the pipeline."""
+    for tracker in trackers:
+        seen = sync_counts(samples)
+        total = tracker.reduce()
+        if total is not None and dist.get_rank() == 0:
+            print(f"{tracker.name}: {float(total) / seen:.4f}", flush=True)
+
+
+TRACKERS = ("loss", "expert_load", "grad_norm")  # expert_load: only the last stage's (MoE) layers add to it
+
+
+def tracker_loop_step(step: int) -> None:
+    """A step's layers fill this stage's trackers; then the metrics are logged."""
+    trackers = [MetricTracker(name) for name in TRACKERS]
+    last = mpu.is_pipeline_last_stage()
+    for tracker in trackers:
+        if tracker.name != "expert_load" or last:
+            tracker.values.append(0.1 * (step + 1))
+    log_metrics(trackers, samples=8)
 
 
 if __name__ == "__main__":

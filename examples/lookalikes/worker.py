@@ -24,6 +24,11 @@ scenario a metric tracker's collective on the *pipeline* group hangs, never one 
 collectives only queue work, the hosts run on to their next host sync, and after ``--timeout-s`` the
 watchdog logs, every rank writes its Flight Recorder dump, and the job aborts (``--no-abort`` keeps it).
 
+``--step-sync`` adds the job's own end-of-step check after ``training_log``: an all_reduce over the world
+group at a call site of the job (Megatron-LM's ``--exit-duration-in-mins`` check). With ``dsa-indexer``
+and ``--log-interval 10``, the first stage returns early from the indexer's reduce and waits there, a
+later line of ``main``, while the last stage waits in the indexer's pipeline all_reduce.
+
 ``--fixed`` runs the same job with the tracker made the same on every stage (what the upstream fixes
 do), to show that the bug, not the harness, hangs it: it finishes ``--steps`` iterations and exits 0.
 """
@@ -127,10 +132,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sync", choices=SYNC_MODES, default="spin", help="nccl mode: how a host sync waits")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="nccl mode: the groups' watchdog timeout")
     parser.add_argument("--no-abort", action="store_true", help="nccl mode: stay hung after the watchdog's dumps")
+    parser.add_argument("--step-sync", action="store_true",
+                        help="after training_log, the job's own step_sync: an all_reduce over the world group")
     args = parser.parse_args(argv)
     if args.scenario == "aux-loss-sizes" and args.mode == "gloo":
         parser.error("aux-loss-sizes needs --mode nccl: gloo itself fails on unequal all_reduce sizes "
                      "(gloo::EnforceNotMet on the smaller rank) instead of hanging")
+    if args.step_sync and args.mode != "gloo":
+        parser.error("--step-sync is a gloo-mode option: its flag is a host tensor")
     return args
 
 
@@ -338,15 +347,27 @@ def main(argv: list[str] | None = None) -> int:
           f"{', fixed' if args.fixed else ''}", flush=True)
     optimizer = ENGINE.DistributedOptimizer(device)
     total_loss_dict: dict = {}
+    started = time.monotonic()
     for iteration in range(1, args.steps + 1):
         train_step(iteration, model, args, device, optimizer)
         print(f"rank {rank} iteration {iteration}: training_log", flush=True)
         training_log(args.scenario, model, args, device, iteration, total_loss_dict)
+        if args.step_sync and step_sync(started, args.steps * 600.0):
+            break
     dist.barrier()
     print(f"rank {rank} done", flush=True)
     mpu.destroy_model_parallel()
     process_group.destroy()  # the emulated watchdog and stream end first
     return 0
+
+
+def step_sync(started: float, budget_s: float) -> bool:
+    """--step-sync: the job's own end-of-step check, as Megatron-LM's train loop makes it for
+    --exit-duration-in-mins: every rank agrees whether the time budget is spent, an all_reduce MAX of a flag
+    over the world group, then reads it on the host. A call site of the job, which no table knows."""
+    done = torch.tensor([int(time.monotonic() - started > budget_s)])
+    dist.all_reduce(done, op=dist.ReduceOp.MAX)
+    return bool(done.item())
 
 
 if __name__ == "__main__":

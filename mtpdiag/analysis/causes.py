@@ -5,8 +5,9 @@ which waits in an all_gather for rank 2. Only one of them is the bug. This modul
 "who waits on whom" — a rank waits on its split instance, an instance waits on its absent members, a
 send/recv waits on its peer when the peer is not in the matching op — and finds:
 
-* the cyclic cores (strongly connected components); in each, one root site is chosen (``_root_score``)
-  and every other split instance in the core is a consequence;
+* the cyclic cores (strongly connected components); in each, one root site is chosen (``roots``: program
+  order from the Flight Recorder, the known-site table and the stacks, then heuristics) and every other
+  split instance in the core is a consequence;
 * the problem sinks: ranks that are waited on but wait on nothing themselves, because they run
   (stragglers), are stopped or unreadable (frozen), or were never captured (missing);
 * everything that waits, directly or not, on a core or a problem sink is a consequence. A split with
@@ -19,17 +20,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from itertools import chain, compress, repeat
-from operator import attrgetter, is_not, itemgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 
 import msgspec
 from msgspec.structs import replace as struct_replace
 
-from mtpdiag.analysis.known_sites import is_mtp_site
-from mtpdiag.analysis.mismatch import is_p2p_op, mismatch_key
+from mtpdiag.analysis.mismatch import is_p2p_op
+from mtpdiag.analysis.program_order import RootOrder, StackOrders
+from mtpdiag.analysis.roots import CoreSite, SiteKey, choose_roots, mismatch_site_key
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Mismatch, RankView, Site
-from mtpdiag.vocabulary.ops import BARRIER_OPS, RECV_OPS, SEND_OPS
+from mtpdiag.model import Mismatch, RankView, Site, Stack
+from mtpdiag.vocabulary.ops import RECV_OPS, SEND_OPS
 from mtpdiag.vocabulary.states import FROZEN_STATES, RankState, Role
 from mtpdiag.vocabulary.waits import SELF_INFLICTED
 
@@ -70,6 +72,8 @@ class Causes(msgspec.Struct, frozen=True):
     consequence_p2p: tuple[P2PWait, ...]
     # problem rank (running/stopped/gone/unreadable or not captured) -> what waits on it directly
     blocked_on: Mapping[int, tuple[Waiter, ...]] = msgspec.field(default_factory=dict)
+    # root site (``roots.mismatch_site_key``) -> why program order makes it the root of its cycle, when it does
+    orders: Mapping[SiteKey, RootOrder] = msgspec.field(default_factory=dict)
 
 
 def _direction(view: RankView) -> str:
@@ -207,18 +211,16 @@ class _Graph:
         return reached
 
 
-SiteKey = tuple[object, ...]  # which split or unmatched p2p call: kind, op, site (and group)
-CoreSite = tuple[int, str, Site | None, str]  # the splits of a site in a cyclic core: component, op, site, group
-
-
 def find_causes(
     mismatches: Sequence[Mismatch],
     views: Mapping[int, RankView],
     layout: ParallelLayout | None,
     root_hints: frozenset[SiteKey] = frozenset(),
+    stacks: Sequence[Stack] = (),
 ) -> Causes:
     """Assign root/consequence roles and find the problem ranks others wait on. ``root_hints``: the keys
-    (``mismatch.mismatch_key``) of splits the Flight Recorder's program order shows some rank skipped."""
+    (``mismatch.mismatch_key``) of splits the Flight Recorder's program order shows some rank skipped;
+    ``stacks``: the report's stack table (``RankView.stack`` indexes it), for the stacks' program order."""
     p2p = unmatched_p2p(views)
     graph = _Graph(list(views))
     # A split of one entered and one absent rank (a CP pair) is an edge between them, not a node of its own:
@@ -263,8 +265,11 @@ def find_causes(
     for i, (m, c) in enumerate(zip(mismatches, mcomp, strict=True)):
         if c in cyclic:
             cores.setdefault((c, *site_of(m)), []).append(i)
-    root_keys = _choose_roots(mismatches, cores, p2p, views, graph, comp, cyclic, layout, root_hints)
-    roots = {i for (c, *_), idx in cores.items() if root_keys.get(c) == _mismatch_key(mismatches[idx[0]]) for i in idx}
+    orders = StackOrders(stacks, views) if stacks else None
+    chosen = choose_roots(mismatches, cores, _p2p_in_cores(p2p, graph, comp, cyclic), views, layout, root_hints, orders)
+    root_keys = chosen.keys
+    key_of = mismatch_site_key
+    roots = {i for (c, *_), idx in cores.items() if root_keys.get(c) == key_of(mismatches[idx[0]]) for i in idx}
     roles = []
     for i, (m, node, c) in enumerate(zip(mismatches, nodes, mcomp, strict=True)):
         if c in cyclic:
@@ -287,6 +292,7 @@ def find_causes(
         root_p2p=tuple(root_p2p),
         consequence_p2p=tuple(consequence_p2p),
         blocked_on={r: tuple(ws) for r, ws in sorted(blocked.items())},
+        orders=chosen.orders,
     )
 
 
@@ -297,23 +303,20 @@ def _holding_up(views: Mapping[int, RankView]) -> set[int]:
     return {r for r in compress(views, map(RankState.COLLECTIVE.__ne__, states)) if holds_up(views[r])}
 
 
-def _mismatch_key(m: Mismatch) -> SiteKey:
-    return ("m", m.op, m.site, m.group)
+def _p2p_in_cores(
+    p2p: Sequence[P2PWait], graph: _Graph, comp: list[int], cyclic: set[int]
+) -> dict[int, list[tuple[SiteKey, int, int]]]:
+    """Per cyclic core, each unmatched send/recv whose rank and peer are both in it: its key, rank and peer."""
+    out: dict[int, list[tuple[SiteKey, int, int]]] = {}
+    for w in p2p:
+        c = comp[graph.rank_nodes[w.rank]]
+        if c in cyclic and comp[graph.rank_nodes[w.peer]] == c:
+            out.setdefault(c, []).append((_p2p_key(w), w.rank, w.peer))
+    return out
 
 
 def _p2p_key(w: P2PWait) -> SiteKey:
     return ("p", w.op, w.site)
-
-
-class _Candidate(msgspec.Struct):
-    key: SiteKey
-    mtp: bool
-    barrier: bool
-    rank0_gate: bool
-    other_side_in_barrier: bool
-    entered: int
-    first: int
-    skipped: bool = False  # the Flight Recorder shows an absent rank went past it without issuing it
 
 
 def _pair_components(
@@ -326,89 +329,3 @@ def _pair_components(
         e if e == a else -1 - i
         for e, a, i in zip(map(comp_of, map(node, entered)), map(comp_of, map(node, absent)), indices, strict=True)
     ]
-
-
-def _choose_roots(
-    mismatches: Sequence[Mismatch],
-    cores: Mapping[CoreSite, list[int]],
-    p2p: Sequence[P2PWait],
-    views: Mapping[int, RankView],
-    graph: _Graph,
-    comp: list[int],
-    cyclic: set[int],
-    layout: ParallelLayout | None,
-    root_hints: frozenset[SiteKey] = frozenset(),
-) -> dict[int, SiteKey]:
-    """The root site of each cyclic core (``cores``: the indices of the splits of each (component, op, site,
-    group) in a cyclic core, in order)."""
-    candidates: dict[int, dict[SiteKey, _Candidate]] = {}
-    in_barrier = _in_barrier(views) if cores or p2p else set()
-    for (c, op, site, _), idx in cores.items():
-        first = mismatches[idx[0]]  # the site's first split speaks for its gate and its Flight Recorder key
-        splits = [mismatches[i] for i in idx]
-        key = _mismatch_key(first)
-        candidates.setdefault(c, {})[key] = _Candidate(
-            key=key,
-            mtp=is_mtp_site(site),
-            barrier=op in BARRIER_OPS,
-            rank0_gate=_rank0_style(first.gate, layout),
-            other_side_in_barrier=not in_barrier.isdisjoint(chain.from_iterable(map(attrgetter("absent"), splits))),
-            entered=sum(map(len, map(attrgetter("entered"), splits))),
-            first=min(map(itemgetter(0), map(attrgetter("entered"), splits))),
-            skipped=mismatch_key(first) in root_hints,
-        )
-    for w in p2p:
-        c = comp[graph.rank_nodes[w.rank]]
-        if c not in cyclic or comp[graph.rank_nodes[w.peer]] != c:
-            continue
-        key = _p2p_key(w)
-        cand = candidates.setdefault(c, {}).get(key)
-        if cand is None:
-            cand = candidates[c][key] = _Candidate(
-                key=key,
-                mtp=False,
-                barrier=False,
-                rank0_gate=False,
-                other_side_in_barrier=False,
-                entered=0,
-                first=w.rank,
-                skipped=False,
-            )
-        cand.entered += 1
-        cand.other_side_in_barrier |= w.peer in in_barrier
-        cand.first = min(cand.first, w.rank)
-    return {c: min(cands.values(), key=_root_score).key for c, cands in candidates.items()}
-
-
-def _in_barrier(views: Mapping[int, RankView]) -> set[int]:
-    """The ranks waiting in a barrier (picked in C loops: a few of 16k ranks, if any)."""
-    named = compress(views, map(BARRIER_OPS.__contains__, map(attrgetter("op"), views.values())))
-    return {rank for rank in named if views[rank].state == RankState.COLLECTIVE}
-
-
-def _root_score(c: _Candidate) -> tuple[bool, bool, bool, bool, bool, int, int, str]:
-    """Lower is more likely the cause.
-
-    A known signature first; then a split the Flight Recorder shows an absent rank skipped (it went on to
-    later collectives without issuing it: program order, not a guess); a barrier is where ranks that went
-    ahead wait, so it is never the cause while something else is in the core; a gate on 0 or on the last
-    pipeline stage is how rank-dependent code is written; a split whose absent side sits in a barrier is
-    the one they skipped; then the split entered by fewer ranks; then the lowest rank, for a stable answer.
-    """
-    return (
-        not c.mtp,
-        not c.skipped,
-        c.barrier,
-        not c.rank0_gate,
-        not c.other_side_in_barrier,
-        c.entered,
-        c.first,
-        repr(c.key),
-    )
-
-
-def _rank0_style(gate: Mapping[str, int] | None, layout: ParallelLayout | None) -> bool:
-    if not gate:
-        return False
-    last_stage = layout.pp - 1 if layout is not None else None
-    return all(v == 0 or (k == "pp" and v == last_stage) for k, v in gate.items())

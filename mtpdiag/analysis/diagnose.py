@@ -96,7 +96,7 @@ def diagnose(
         )
         if logged is not None:
             split = (*split, *logged.mismatches)
-        causes = find_causes(split, by_rank, layout, evidence.root_hints if evidence else frozenset())
+        causes = find_causes(split, by_rank, layout, evidence.root_hints if evidence else frozenset(), stacks)
         mismatches = _ordered_mismatches(causes.mismatches)
         idle = (
             [r for r, v in by_rank.items() if v.state == RankState.STOPPED and r not in causes.blocked_on]
@@ -113,7 +113,7 @@ def diagnose(
         world_splits = _world_op_splits(by_rank, world_size) if evidence is None and logged is None else []
         if world_splits:
             mode = Mode.WORLD_OPS
-            causes = find_causes(world_splits, by_rank, None)
+            causes = find_causes(world_splits, by_rank, None, stacks=stacks)
             mismatches = _ordered_mismatches(causes.mismatches)
     waited_on = set(causes.blocked_on) if causes is not None and mode == Mode.GROUPS else set()
     if evidence is not None:  # members of a group a dumped member waits in, that have no dump

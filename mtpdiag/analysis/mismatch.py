@@ -4,8 +4,10 @@ For each (op, site) where ranks wait in a collective, the group kind comes from 
 when the site is known, else it is inferred from the layout: the smallest kind (of size > 1) whose
 instances touched by the waiting ranks are *consistent*: either every one of them is only partly
 entered (each waiting rank is explained: its group lacks someone) or every one is fully entered
-(nothing is split there). Kinds that mix the two are skipped; if every kind mixes, the smallest one
-with a split instance is used. Each partly entered instance becomes a ``Mismatch``.
+(nothing is split there). A kind whose instances are all fully entered gives way to a larger one that
+leaves every instance partly entered when absent members are captured elsewhere: a fully entered
+group cannot be what its members wait for. Kinds that mix the two are skipped; if every kind mixes, the
+smallest one with a split instance is used. Each partly entered instance becomes a ``Mismatch``.
 
 Collectives without a group argument in practice (barrier, process-group creation) default to the
 world group, and point-to-point ops are matched by peer elsewhere (``waits``), not here.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from functools import lru_cache
 from itertools import chain, filterfalse
 from operator import itemgetter
@@ -89,7 +91,13 @@ class KindReading(NamedTuple):
     candidates: tuple[str, ...]
 
 
-def read_kind(op: str, site: Site | None, entered: Sequence[int], layout: ParallelLayout) -> KindReading:
+def read_kind(
+    op: str,
+    site: Site | None,
+    entered: Sequence[int],
+    layout: ParallelLayout,
+    captured: Container[int] | None = None,
+) -> KindReading:
     """The group kind for the ranks waiting at a site, and how it was found.
 
     The known-site table names it for megatron's and verl's call sites. Otherwise it is read from the
@@ -98,7 +106,7 @@ def read_kind(op: str, site: Site | None, entered: Sequence[int], layout: Parall
     or none (then the smallest kind with a split), is a ``guess`` and the report lists the candidates.
     """
     kinds = candidate_kinds(op, site, layout)
-    kind = choose_kind(entered, kinds, layout)
+    kind = choose_kind(entered, kinds, layout, captured)
     known = lookup(site)
     if known is not None and not known.p2p:
         return KindReading(kind, GroupFrom.KNOWN_SITE, (kind,))
@@ -133,21 +141,43 @@ def _all_split(entered: Sequence[int], kind: str, layout: ParallelLayout) -> boo
     return all(counts[key] < len(group) for key, group in instances.items())
 
 
-def choose_kind(entered: Sequence[int], kinds: Sequence[str], layout: ParallelLayout) -> str:
-    """The first consistent kind for these waiting ranks (see the module docstring)."""
+def choose_kind(
+    entered: Sequence[int], kinds: Sequence[str], layout: ParallelLayout, captured: Container[int] | None = None
+) -> str:
+    """The first consistent kind for these waiting ranks (see the module docstring).
+
+    Every member of a fully entered instance is in the collective, so it cannot be what they wait for (unless
+    the cause is below Python). With ``captured`` (the ranks whose whereabouts are known), a larger kind that
+    every waiting rank leaves partly entered, with absent members captured elsewhere, explains the wait better
+    and is preferred: a world-group all_reduce of one pipeline stage fills its CP groups.
+    """
     if len(kinds) == 1:
         return kinds[0]  # whatever the membership says (a known site's one kind)
     first_split: str | None = None
+    first_full: str | None = None
     for kind in kinds:
         instances, counts = _instances(entered, kind, layout)
         if max(map(len, instances.values())) < 2:
             continue  # a group of one cannot hang
         split = sum(1 for key, group in instances.items() if counts[key] < len(group))
-        if split == len(instances) or split == 0:
-            return kind
-        if first_split is None:
+        if split == len(instances):
+            if first_full is None or (captured is not None and _absent_captured(entered, instances, captured)):
+                return kind
+            continue
+        if split == 0:
+            if captured is None:
+                return kind
+            first_full = first_full or kind
+        elif first_split is None:
             first_split = kind
-    return first_split or kinds[0]
+    return first_full or first_split or kinds[0]
+
+
+def _absent_captured(entered: Sequence[int], instances: Mapping[int, Sequence[int]], captured: Container[int]) -> bool:
+    """Some member of these instances that did not enter was captured elsewhere: the split is seen, not merely
+    inferred from ranks nobody captured (one node of many, whose peers on other nodes wait with them)."""
+    absent = set(chain.from_iterable(instances.values())).difference(entered)
+    return any(map(captured.__contains__, absent))
 
 
 def mismatch_key(m: Mismatch) -> tuple[object, ...]:
@@ -172,7 +202,7 @@ def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout) -> li
     said = _Doing(views, waiting)
     out: list[Mismatch] = []
     for (op, site), entered in sorted(by_site.items(), key=lambda item: min(item[1])):
-        reading = read_kind(op, site, entered, layout)
+        reading = read_kind(op, site, entered, layout, views)
         kind = reading.kind
         instances, counts = _instances(entered, kind, layout)
         # an instance's members are ascending (the layout's contract): its first is its least

@@ -40,6 +40,10 @@ FIRST_FINDING = {
     "lookalike_moe_lazy_tracker_gloo": "gated-collective",
     "lookalike_moe_lazy_tracker_nccl": "gated-collective",
     "lookalike_aux_loss_sizes_nccl": "size-mismatch",
+    # root cause by program order (issue #20): the indexer's early return, then the job's own world all_reduce;
+    # a tracker of the job's own in a loop body, with the Flight Recorder that decides it
+    "lookalike_dsa_step_sync_gloo": "gated-collective",
+    "tracker_loop_gloo_fr": "gated-collective",
 }
 
 

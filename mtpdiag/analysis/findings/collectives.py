@@ -14,10 +14,12 @@ from mtpdiag.analysis.findings.words import (
     gate_source_phrase,
     grouped,
     groups_phrase,
+    order_phrase,
     union,
 )
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, signature_of, skip_of
+from mtpdiag.analysis.program_order import RootOrder
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Finding, Mismatch, Site
 from mtpdiag.vocabulary.states import FindingId
@@ -28,12 +30,19 @@ if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there 
 
 def mtp_findings(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
     """The verl #5895 signature: the MTP loss reduce on DP×CP, entered only where cp == 0."""
-    return [_finding(*split, facts.layout) for split in _root_splits(facts) if _is_mtp(*split)]
+    return [_finding(*split, facts.layout, _order(facts, *split)) for split in _root_splits(facts) if _is_mtp(*split)]
 
 
 def gated_findings(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
     """Every other root split collective (a known metric tracker's, or any gated call)."""
-    return [_finding(*split, facts.layout) for split in _root_splits(facts) if not _is_mtp(*split)]
+    return [
+        _finding(*split, facts.layout, _order(facts, *split)) for split in _root_splits(facts) if not _is_mtp(*split)
+    ]
+
+
+def _order(facts: Facts, op: str, site: Site | None, kind: str, instances: Sequence[Mismatch]) -> RootOrder | None:
+    """Why program order makes this root the root of its cycle, when it does."""
+    return facts.causes.orders.get(("m", op, site, kind)) if facts.causes is not None else None
 
 
 def _root_splits(facts: Facts) -> Iterator[tuple[str, Site | None, str, list[Mismatch]]]:
@@ -48,7 +57,12 @@ def _is_mtp(op: str, site: Site | None, kind: str, instances: Sequence[Mismatch]
 
 
 def _finding(
-    op: str, site: Site | None, kind: str, instances: list[Mismatch], layout: ParallelLayout | None
+    op: str,
+    site: Site | None,
+    kind: str,
+    instances: list[Mismatch],
+    layout: ParallelLayout | None,
+    order: RootOrder | None = None,
 ) -> Finding:
     """One finding per root (op, site, group): the verl #5895 signature or a gated collective."""
     words = Words(layout)
@@ -73,6 +87,13 @@ def _finding(
     }
     group = groups_phrase(kind, instances, words)
     never = f"{words.ranks(absent, coords=True)} never joined ({doing_phrase(absent, doing_of)})"
+    if order is not None:
+        details["order"] = order.to_dict()
+        never = order_phrase(order, op, entered, words)
+        skipped = set(order.skipped_by)
+        rest = [r for r in absent if r not in skipped]
+        if rest:
+            never += f"; {words.ranks(rest, coords=True)} never joined ({doing_phrase(rest, doing_of)})"
     if _is_mtp(op, site, kind, instances):
         cp = layout.cp if layout is not None else "N"
         return Finding(
@@ -96,7 +117,7 @@ def _finding(
             details=details,
             summary=(
                 f"{name} {op} at {words.where(site)} on {group} entered only by {describe_gate(gate)} "
-                f"ranks ({words.ranks(entered)}); {never}: {skip_of(site) or 'a tracker skip'}"
+                f"ranks ({words.ranks(entered)}); {never}: {_skip_words(site)}"
             ),
             remedy=fix,
         )
@@ -124,6 +145,15 @@ def _finding(
             "compare the absent ranks' stacks with the entered ones to see where they turned off"
         )
     return Finding(id=FindingId.GATED_COLLECTIVE, ranks=members, summary=summary, remedy=remedy, details=details)
+
+
+def _skip_words(site: Site | None) -> str:
+    """``reduce_loss_in_tracker returns before its first collective when ...``: how the table says its
+    function lets part of the group skip it."""
+    skip = skip_of(site)
+    if skip is None or site is None:
+        return "a tracker skip"
+    return f"{site.function.rsplit('.', 1)[-1]} {skip}"
 
 
 def size_mismatches(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:

@@ -9,6 +9,7 @@ from typing import TypeVar
 
 from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.analysis.known_sites import is_mtp_site
+from mtpdiag.analysis.program_order import RootOrder
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
 from mtpdiag.vocabulary.groups import GROUP_NAMES
@@ -32,6 +33,18 @@ TRACKER_WORDS = {
         "entries on stages without MoE layers (NeMo-RL #3419)",
     ),
 }
+
+# A metric tracker's collective seen without a layout: the hang it is known for, and the size that shows it.
+SIGNATURE_HANGS = {
+    "mtp": ("MTP-loss", "the verl #5895 deadlock when CP > 1", "--cp"),
+    "dsa-indexer": (
+        "DeepSeek-indexer loss",
+        "the Megatron-LM #4745 hang when a pipeline stage holds no indexer layers",
+        "--pp",
+    ),
+    "moe-aux-loss": ("MoE aux-loss", "the Megatron-LM #1444 hang when a pipeline stage holds no MoE layers", "--pp"),
+}
+SIZE_FLAGS = {"tp": "--tp", "cp": "--cp", "pp": "--pp", "ep": "--ep", "etp": "--etp", "mp": "--tp/--pp"}
 
 FR_LAUNCH_ENV = (
     "TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_ "
@@ -184,3 +197,35 @@ def grouped(items: Iterable[T], key: Callable[[T], K]) -> dict[K, list[T]]:
 def pids(ranks: Sequence[int], views: Mapping[int, RankView]) -> str:
     pids = [str(views[r].pid) for r in ranks[:SHOW] if r in views and views[r].pid is not None]
     return " ".join(pids) if pids else "PID"
+
+
+def order_phrase(order: RootOrder, op: str, entered: Sequence[int], words: Words) -> str:
+    """What the ranks that went past a root did instead, and how program order shows it (``RootOrder``)."""
+    skipped = order.skipped_by
+    who = words.ranks(skipped, coords=True)
+    wait = words.verb(skipped, "waits", "wait")
+    instead = f"{order.instead_op} in {words.where(order.instead_site)}" if order.instead_op else "elsewhere"
+    at = order.at
+    where = (
+        f"{at.function.rsplit('.', 1)[-1]} ({os.path.basename(at.file)}:{at.second}, after :{at.first})" if at else ""
+    )
+    if order.source == "flight-recorder":
+        return (
+            f"{who} skipped this {op}: the Flight Recorder shows {words.verb(skipped, 'it', 'them')} going on to "
+            f"later collectives without it; {words.verb(skipped, 'it waits', 'they wait')} at {instead}"
+        )
+    if order.source == "stacks":
+        fn = at.function.rsplit(".", 1)[-1] if at else "their shared frame"
+        return (
+            f"{who} went past this {op} without entering it and {wait} at {instead}, a later line of {where} "
+            f"(line order only: if {fn} loops, {words.ranks(entered)} may instead be an iteration ahead; the "
+            "Flight Recorder's sequence numbers decide)"
+        )
+    if order.source == "stacks+known-site":
+        return f"{who} returned before this {op} and {wait} at {instead}, a later line of {where}"
+    if order.contradicted:
+        return (
+            f"{who} never joined and {wait} at {instead}: the known early return lets them skip it, an iteration "
+            "ahead, since line order puts them before it (the Flight Recorder's sequence numbers decide)"
+        )
+    return f"{who} never joined and {wait} at {instead}: the known early return lets them skip it"

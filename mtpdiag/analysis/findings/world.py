@@ -3,14 +3,19 @@ that all wait at one number) and ``unexplained-wait``, the finding of an incompl
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mtpdiag.analysis.findings.facts import Facts
-from mtpdiag.analysis.findings.words import FLIGHT_RECORDER_HINT, FR_HOW, Words, union
+import msgspec
+
+from mtpdiag.analysis.findings.facts import Facts, Mode
+from mtpdiag.analysis.findings.words import FLIGHT_RECORDER_HINT, FR_HOW, SIGNATURE_HANGS, SIZE_FLAGS, Words, union
+from mtpdiag.analysis.known_sites import KnownSite, lookup, signature_of
+from mtpdiag.analysis.mismatch import doing
 from mtpdiag.analysis.wait import is_stuck
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Finding, RankView
+from mtpdiag.model import Finding, RankView, Site
 from mtpdiag.vocabulary.states import FROZEN_STATES, FindingId, RankState
 from mtpdiag.vocabulary.waits import WAIT_PHRASES
 
@@ -50,7 +55,10 @@ def unexplained(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
     if not facts.by_rank:
         return []
     stuck = [v for v in facts.views if v.state in FROZEN_STATES or is_stuck(v.wait)]
-    return [unexplained_wait_finding(stuck, facts.layout is not None, facts.fr_found)] if stuck else []
+    if not stuck:
+        return []
+    known = known_site_lead(facts.views) if facts.mode == Mode.LAYOUT_FREE else None
+    return [unexplained_wait_finding(stuck, facts.layout is not None, facts.fr_found, known)]
 
 
 def missing_finding(
@@ -99,7 +107,9 @@ def all_waiting_finding(views: Sequence[RankView]) -> Finding:
     )
 
 
-def unexplained_wait_finding(stuck: Sequence[RankView], layout_known: bool, fr_found: bool = False) -> Finding:
+def unexplained_wait_finding(
+    stuck: Sequence[RankView], layout_known: bool, fr_found: bool = False, known: KnownLead | None = None
+) -> Finding:
     """Ranks that wait, and evidence that cannot say for what: where they wait, and what to collect next.
 
     On NCCL this is the usual picture of a hang: the collective that hangs only enqueued a kernel, and every
@@ -125,7 +135,15 @@ def unexplained_wait_finding(stuck: Sequence[RankView], layout_known: bool, fr_f
         parts.append(f"{words.ranks(who)} {phrase}{where}")
     ranks = tuple(sorted(v.rank for v in stuck if v.rank is not None))
     kinds = set(by_kind)
-    if kinds == {"collective"} and not layout_known:
+    details: dict[str, Any] = {}
+    if known is not None and not layout_known:
+        summary = known.lead
+        remedy = f"give the layout ({known.flags} with the other sizes, or --config) to confirm which group is split"
+        if known.fix:
+            remedy += f"; once confirmed: {known.fix}"
+        remedy += f"; the Flight Recorder names the groups too: {FR_HOW}"
+        details["known_sites"] = known.sites
+    elif kinds == {"collective"} and not layout_known:
         summary = "ranks wait in collectives at different call sites and no parallel layout is known: " + "; ".join(
             parts
         )
@@ -134,39 +152,122 @@ def unexplained_wait_finding(stuck: Sequence[RankView], layout_known: bool, fr_f
             f"the Flight Recorder names the groups too: {FR_HOW}"
         )
     else:
-        lead = (
-            "no rank is in a collective the stacks can see"
-            if "collective" not in kinds
-            else "the stacks do not explain the hang"
-        )
-        summary = f"{lead}: " + "; ".join(parts)
-        if "host_sync" in kinds:
-            summary += (
-                ". On NCCL a collective only enqueues a kernel, so the one that hangs is not on any "
-                "stack: the ranks wait for it at their next host sync"
-            )
-        steps = []
-        native_first = not kinds & {"host_sync", "collective", "comm_init"}
-        if native_first:
-            steps.append("see what the C calls wait on with `mtpdiag inspect --native` (py-spy --native)")
-        if fr_found:
-            steps.append(
-                "the Flight Recorder dumps found with this capture did not name a split collective: "
-                "check that they are from this hang and cover every rank"
-            )
-        else:
-            steps.append(f"get {FR_HOW}")
-        steps.append("tell a hang from a slow step with `mtpdiag watch --pid <pid>`")
-        if not native_first and kinds & {"lock", "io", "unknown"}:
-            steps.append("see what the C calls wait on with `mtpdiag inspect --native`")
-        remedy = "; ".join(steps)
+        summary, remedy = _unexplained_words(kinds, parts, fr_found)
     return Finding(
         id=FindingId.UNEXPLAINED_WAIT,
         ranks=ranks,
         summary=summary,
         remedy=remedy,
-        details={"waits": {k: sorted(v.rank for v in vs if v.rank is not None) for k, vs in sorted(by_kind.items())}},
+        details={
+            "waits": {k: sorted(v.rank for v in vs if v.rank is not None) for k, vs in sorted(by_kind.items())},
+            **details,
+        },
     )
+
+
+def _unexplained_words(kinds: set[str], parts: Sequence[str], fr_found: bool) -> tuple[str, str]:
+    """The summary and the next steps of ranks stuck where the stacks do not say why."""
+    lead = (
+        "no rank is in a collective the stacks can see"
+        if "collective" not in kinds
+        else "the stacks do not explain the hang"
+    )
+    summary = f"{lead}: " + "; ".join(parts)
+    if "host_sync" in kinds:
+        summary += (
+            ". On NCCL a collective only enqueues a kernel, so the one that hangs is not on any "
+            "stack: the ranks wait for it at their next host sync"
+        )
+    steps = []
+    native_first = not kinds & {"host_sync", "collective", "comm_init"}
+    if native_first:
+        steps.append("see what the C calls wait on with `mtpdiag inspect --native` (py-spy --native)")
+    if fr_found:
+        steps.append(
+            "the Flight Recorder dumps found with this capture did not name a split collective: "
+            "check that they are from this hang and cover every rank"
+        )
+    else:
+        steps.append(f"get {FR_HOW}")
+    steps.append("tell a hang from a slow step with `mtpdiag watch --pid <pid>`")
+    if not native_first and kinds & {"lock", "io", "unknown"}:
+        steps.append("see what the C calls wait on with `mtpdiag inspect --native`")
+    return summary, "; ".join(steps)
+
+
+class KnownLead(msgspec.Struct, frozen=True):
+    """What known call sites imply without a layout: the headline's lead, the sizes that would confirm it, the
+    fix once confirmed, and the sites (for ``details``)."""
+
+    lead: str
+    flags: str
+    fix: str | None
+    sites: list[dict[str, Any]]
+
+
+def known_site_lead(views: Sequence[RankView]) -> KnownLead | None:
+    """Without a layout, a collective at a site whose group the known-site table names still speaks: ``rank 2 is
+    in megatron-core's MTP-loss all_reduce over DP×CP, and ranks 0, 1, 3 are elsewhere. This is the verl #5895
+    deadlock when CP > 1: pass --cp``. A metric tracker's reduce leads; else every known site is named."""
+    at: dict[tuple[str, Site | None], list[int]] = {}
+    for v in views:
+        if v.state == RankState.COLLECTIVE and v.op is not None and v.rank is not None:
+            at.setdefault((v.op, v.site), []).append(v.rank)
+    known = [(op, site, ranks, row) for (op, site), ranks in at.items() if _speaks(row := lookup(site)) and row]
+    if not known:
+        return None
+    signed = [k for k in known if signature_of(k[1]) in SIGNATURE_HANGS]
+    lead = signed[:1] or known
+    words = Words(None)
+    phrases, flags, fixes, sites = [], [], [], []
+    for op, site, ranks, row in lead:
+        kind = row.kinds[0]
+        signature = signature_of(site)
+        is_are = words.verb(ranks, "is", "are")
+        if signature in SIGNATURE_HANGS:
+            name, hang, flag = SIGNATURE_HANGS[signature]
+            where = f"{os.path.basename(site.file)}:{site.line}" if site else "?"
+            phrases.append(
+                f"{words.ranks(ranks)} {is_are} in {row.package}'s {name} {op} over {words.group(kind)} ({where})"
+            )
+            fixes.append(f"this is {hang}")
+            flags.append(flag)
+        else:
+            phrases.append(
+                f"{words.ranks(ranks)} {is_are} in {op} at {words.where(site)}, on the {words.group(kind)} group by "
+                f"the known-site table ({row.why})"
+            )
+            flags += [SIZE_FLAGS[k] for k in kind.split("_") if k in SIZE_FLAGS] or ["--tp/--cp/--pp"]
+        sites.append({"op": op, "site": site.to_dict() if site else None, "ranks": sorted(ranks), "group": kind})
+    inside = {r for _, _, ranks, _ in lead for r in ranks}
+    others = [v for v in views if v.rank is not None and v.rank not in inside]
+    text = "; ".join(phrases)
+    if others:
+        who = [v.rank for v in others if v.rank is not None]
+        places = _whereabouts(others, words)
+        where = f", {places[0][1]}" if len(places) == 1 else f" ({'; '.join(f'{r} {w}'.strip() for r, w in places)})"
+        text += f", and {words.ranks(who)} {words.verb(who, 'is', 'are')} elsewhere{where}"
+    flag_text = "/".join(dict.fromkeys(flags))
+    text += f". {fixes[0][0].upper()}{fixes[0][1:]}: pass {flag_text}" if fixes else f": pass {flag_text}"
+    mtp = any(signature_of(site) == "mtp" for _, site, _, _ in lead)
+    fix = "mtpdiag check && mtpdiag apply (verl PR #5895)" if mtp else None
+    return KnownLead(lead=text, flags=flag_text, fix=fix, sites=sites)
+
+
+def _whereabouts(views: Sequence[RankView], words: Words) -> list[tuple[str, str]]:
+    """(``rank 0``, ``in send at send_forward (worker.py:68)``) for each place the ranks are at (four at most,
+    then ``…``)."""
+    by: dict[str, list[int]] = {}
+    for v in views:
+        what = f"in {v.op} at {words.where(v.site)}" if v.op is not None else doing(v)
+        by.setdefault(what, []).append(v.rank if v.rank is not None else -1)
+    said = [(words.ranks(ranks), what) for what, ranks in by.items()]
+    return said[:4] + ([("…", "")] if len(said) > 4 else [])
+
+
+def _speaks(row: KnownSite | None) -> bool:
+    """A known row that names the group of a collective (not pipeline p2p, matched by peers; not the world)."""
+    return row is not None and not row.p2p and bool(row.kinds) and row.kinds[0] != "world"
 
 
 def stuck_groups_finding(stuck: Sequence[StuckGroup]) -> Finding:

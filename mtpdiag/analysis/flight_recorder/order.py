@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mtpdiag.analysis.program_order import program_order
 from mtpdiag.inputs.flight_recorder.calls import Call
 from mtpdiag.model import Site
 from mtpdiag.model.flight_recorder import FREntry, FRRankDump
@@ -180,21 +181,6 @@ def _sync_point(call: Call, entered: RankIndex, absent: RankIndex) -> FREntry | 
         if theirs is not None and theirs.frames:
             return theirs
     return None
-
-
-def program_order(x: tuple[Site, ...], y: tuple[Site, ...]) -> str:
-    """Where stack ``y`` lies relative to ``x`` (both outermost frame first): before | after | same | unknown.
-
-    At the first frame that differs, the same function at a larger line means ``y`` comes later ("before"
-    reads: x comes before y).
-    """
-    for fx, fy in zip(x, y, strict=False):  # the shorter one ends the comparison
-        if fx == fy:
-            continue
-        if fx.file == fy.file and fx.function == fy.function:
-            return "before" if fx.line < fy.line else "after"
-        return "unknown"
-    return "same" if len(x) == len(y) and x else "unknown"
 
 
 def _outer_first(frames: tuple[Site, ...]) -> tuple[Site, ...]:
