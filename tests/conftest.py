@@ -25,6 +25,12 @@ from typing import Any, NoReturn
 
 import pytest
 
+# The console report wraps at the terminal's width (report.terminal_width: 100-200 columns, 140 without a
+# terminal). pytest-xdist's workers see COLUMNS=80 and a developer's terminal has its own width, so the suite
+# pins the width CI sees without a terminal: tests that read the console output then read the same lines in
+# any of these ways of running them (and the CLI subprocesses they start inherit it).
+os.environ["COLUMNS"] = "140"
+
 E2E = Path(__file__).resolve().parent / "e2e"
 
 # Modules whose tests read how fast things move (watch's stall windows, CPU burnt while spinning, a starved
