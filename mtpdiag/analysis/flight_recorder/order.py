@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mtpdiag.inputs.flight_recorder.calls import Call
+from mtpdiag.analysis.flight_recorder.calls import Call
 from mtpdiag.model import Site
 from mtpdiag.model.flight_recorder import FREntry, FRRankDump
 
