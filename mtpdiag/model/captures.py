@@ -180,6 +180,12 @@ class Snapshot(Record, frozen=True, kw_only=True, tag_field="schema", tag=BUNDLE
         Cached: reading the files, resolving the layout and the diagnosis each ask (6 ms at 16k ranks)."""
         return world_sizes(self.captures)
 
+    @property
+    def world_size(self) -> int | None:
+        """The largest WORLD_SIZE the captures carry, None when none does (the diagnosis notes a disagreement)."""
+        sizes = self.world_sizes
+        return sizes[-1] if sizes else None
+
     def stored(self) -> Snapshot:
         """The snapshot as a bundle stores it: without ``watch``'s locals hashes, with the Flight Recorder's
         stacks stored once per rank (``FRDump.packed``)."""
