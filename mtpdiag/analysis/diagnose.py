@@ -90,7 +90,7 @@ def diagnose(
         layout=world.layout.to_dict() if world.layout is not None else None,
         ranks=placed.views,
         stacks=ranks.stacks,
-        sites=group_sites(placed.views),
+        sites=group_sites(placed.sited),
         mismatches=splits.mismatches,
         findings=found,
         layout_source=layout_source,

@@ -55,11 +55,13 @@ class _Coordinates(dict[int, Mapping[str, int]]):
 
 
 class Placed(msgspec.Struct, frozen=True):
-    """The views by rank (unranked last), and the ones the group analysis reads, by rank."""
+    """The views by rank (unranked last); the ones the group analysis reads, by rank; and the views the site
+    groups are made of: all of them, but for a rank captured differently by several files, only the one read."""
 
     views: tuple[RankView, ...]
     by_rank: dict[int, RankView]
     notes: Notes
+    sited: tuple[RankView, ...]
 
 
 def place_ranks(
@@ -75,10 +77,27 @@ def place_ranks(
         ranks.sort()
         if layout is None or 0 <= ranks[0] and ranks[-1] < layout.world_size:
             views = tuple(sorted(captured, key=attrgetter("rank")))
-            return Placed(views=views, by_rank=dict(zip(ranks, views, strict=True)), notes=())
+            return Placed(views=views, by_rank=dict(zip(ranks, views, strict=True)), notes=(), sited=views)
     views = tuple(sorted(captured, key=lambda v: (v.rank is None, v.rank or 0, v.pid or 0 if v.rank is None else 0)))
     by_rank, notes = _index(views, layout, conflicts)
-    return Placed(views=views, by_rank=by_rank, notes=notes)
+    return Placed(views=views, by_rank=by_rank, notes=notes, sited=_sited(views, conflicts))
+
+
+def _sited(views: tuple[RankView, ...], conflicts: tuple[RankConflict, ...]) -> tuple[RankView, ...]:
+    """The views without the captures of a conflicting rank after its first (the one the analysis reads), so
+    that a rank stands at one site, the one its diagnosis is about."""
+    if not conflicts:
+        return views
+    in_conflict = {c.rank for c in conflicts}
+    seen: set[int] = set()
+    out = []
+    for view in views:
+        if view.rank in in_conflict:
+            if view.rank in seen:
+                continue
+            seen.add(view.rank)
+        out.append(view)
+    return tuple(out)
 
 
 def _index(
@@ -122,7 +141,7 @@ def _conflict_note(conflict: RankConflict) -> str:
     first, *others = conflict.sources
     return (
         f"rank {conflict.rank} was captured differently ({conflict.why}) by {first} and {', '.join(others)}: "
-        f"each capture is listed, and the group analysis reads the one from {first}"
+        f"each capture is listed, and the group analysis and the site groups read the one from {first}"
     )
 
 

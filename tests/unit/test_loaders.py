@@ -247,11 +247,15 @@ def test_nonexistent_path_is_an_input_error(tmp_path):
     assert str(missing) in _one_line(exc)
 
 
-def test_same_rank_in_two_files_names_both():
-    with pytest.raises(InputError) as exc:
-        load_paths([str(SCENARIO / "rank0.json"), str(SCENARIO / "rank0.txt")])
-    message = _one_line(exc)
-    assert "rank 0" in message and "rank0.json" in message and "rank0.txt" in message
+def test_same_rank_in_two_files_is_one_capture_or_a_conflict_naming_both():
+    """The JSON and the text dump of one capture are one rank; another job's rank 0 is kept beside it, named
+    (tests/unit/test_same_rank.py holds the rest)."""
+    same = load_paths([str(SCENARIO / "rank0.json"), str(SCENARIO / "rank0.txt")])
+    assert [c.rank for c in same.captures] == [0] and same.conflicts == ()
+    other = SCENARIO.parent / "straggler" / "rank0.json"
+    differ = load_paths([str(SCENARIO / "rank0.json"), str(other)])
+    assert [c.rank for c in differ.captures] == [0, 0]
+    assert [c.sources for c in differ.conflicts] == [(str(SCENARIO / "rank0.json"), str(other))]
 
 
 def test_conflicting_world_sizes_name_both_bundles(tmp_path):
