@@ -149,12 +149,14 @@ def _python_stacks(c: RankCapture) -> list[tuple[FrameKey, ...]]:
     return sorted(s for s in stacks if s)
 
 
-def _richness(c: RankCapture) -> tuple[bool, bool, bool, bool]:
+def _richness(c: RankCapture) -> tuple[bool, bool, int, bool]:
+    """Native frames, then kept arguments, then how many Python frames name their file by a path (py-spy's text
+    shortens all but site-packages' to a base name), then a /proc state."""
     frames = [f for t in c.threads for f in t.frames]
     return (
         any(f.native for f in frames),
         any(f.args is not None for f in frames),
-        any("/" in f.file for f in frames if not f.native),
+        sum("/" in f.file for f in frames if not f.native),
         c.state not in (STATE_UNKNOWN, STATE_UNREADABLE),
     )
 

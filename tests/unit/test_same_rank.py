@@ -44,6 +44,9 @@ def test_the_richest_form_is_kept_with_what_the_others_add():
         assert capture.source == f"{MTP}/rank0.json"
         assert capture.main_thread.frames[0].function == "send" and capture.main_thread.frames[0].arg("dst") == 2
         assert dict(capture.layout_hints) == {"cp": 2, "pp": 2}  # from the text dump's command line
+    (capture,) = read_inputs([f"{MTP}/rank1.txt", f"{MTP}/rank1.json"]).snapshot.captures  # no kept arguments
+    assert capture.source == f"{MTP}/rank1.json"  # full paths, where the text shortens them
+    assert capture.main_thread.frames[-1].file.startswith("/")
     nccl = f"{CAPTURES}/nccl_mtp_cp_pp_spin"
     (capture,) = read_inputs([f"{nccl}/rank2.json", f"{nccl}/rank2.txt", f"{nccl}/rank2.native.json"]).snapshot.captures
     assert capture.source == f"{nccl}/rank2.native.json"
