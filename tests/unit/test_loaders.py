@@ -17,6 +17,7 @@ import pytest
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.inputs import load_paths, rank_from_name
 from mtpdiag.inputs.bundle import load_bundle, save_bundle
+from mtpdiag.inputs.files import expand
 from mtpdiag.model import Env, replace
 
 SCENARIO = Path(__file__).parent.parent / "fixtures" / "captures" / "mtp_cp_pp"
@@ -97,8 +98,11 @@ def test_a_file_named_again_through_a_directory_a_link_or_a_hard_link_is_read_on
     os.link(tmp_path / "rank1.json", elsewhere / "rank1-hard.json")
     (elsewhere / "dangling.json").symlink_to(tmp_path / "gone.json")
     os.mkfifo(elsewhere / "pipe.json")  # never opened: reading a FIFO found in a walk would block
-    snapshot = load_paths([str(tmp_path / "rank2.json"), str(tmp_path), str(elsewhere)])
-    assert sorted(c.rank for c in snapshot.captures) == list(RANKS)  # no "rank 0 is in two files"
+    named = [str(tmp_path / "rank2.json"), str(tmp_path), str(elsewhere)]
+    # Each file once (a file read twice would now merge into one rank unseen, so the walk itself is asked).
+    assert sorted(os.path.basename(f) for f in expand(named)) == [f"rank{r}.json" for r in RANKS]
+    snapshot = load_paths(named)
+    assert sorted(c.rank for c in snapshot.captures) == list(RANKS)
     assert snapshot.errors == ()
 
 
