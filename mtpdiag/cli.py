@@ -87,12 +87,15 @@ def console_main() -> None:
 def main(*, own_process: bool = False) -> None:
     """Run the app; any MtpdiagError becomes one stderr line and its exit code, never a traceback.
 
-    In-process callers (tests) keep the default: the command returns, whatever it is."""
+    In-process callers (tests) keep the default: the command returns, whatever it is. An internal error (exit
+    70) writes a crash file (``mtpdiag.crash``) and names it in its one line."""
+    argv = sys.argv[1:]
+    app: typer.Typer | None = None
     try:
         # Without standalone mode click returns the code of a typer.Exit instead of exiting.
         from mtpdiag.commands.options import fill_optional_values
 
-        argv = fill_optional_values(sys.argv[1:])
+        argv = fill_optional_values(argv)
         command = invoked_command(argv)
         app = build_app((command,) if command else COMMAND_MODULES)
         if own_process and command in EXIT_WITHOUT_TEARDOWN:
@@ -117,10 +120,23 @@ def main(*, own_process: bool = False) -> None:
         if os.environ.get("MTPDIAG_DEBUG"):
             raise
         typer.echo(
-            f"mtpdiag: internal error: {type(exc).__name__}: {_one_line(exc)} (set MTPDIAG_DEBUG=1 for a traceback)",
+            f"mtpdiag: internal error: {type(exc).__name__}: {_one_line(exc)}; {_crash_file(exc, argv, app)} "
+            "(set MTPDIAG_DEBUG=1 for a traceback)",
             err=True,
         )
         sys.exit(EXIT_INTERNAL)
+
+
+def _crash_file(exc: Exception, argv: list[str], app: typer.Typer | None) -> str:
+    """Where the crash file of ``exc`` went, in words; never an error of its own (it would hide the first)."""
+    try:
+        from mtpdiag.crash import option_kinds, write_crash_file
+
+        command = typer.main.get_command(app) if app is not None else None
+        path, why = write_crash_file(exc, argv, option_kinds(command))
+    except Exception as err:
+        path, why = None, f"{type(err).__name__}: {err}"
+    return f"crash report: {path}" if path else f"no crash report ({_one_line(why)})"
 
 
 def _one_line(message: object) -> str:

@@ -53,7 +53,7 @@ def analyze(
     from mtpdiag.errors import InputError
     from mtpdiag.inputs import read_inputs
     from mtpdiag.model import Snapshot
-    from mtpdiag.report import emit
+    from mtpdiag.pipeline.output import emit
 
     output = o.output_format(fmt, as_json, markdown)
     if not paths and fr is None and not log:

@@ -44,7 +44,7 @@ def inspect(
     """Capture every rank (py-spy, in parallel) and say which collective only part of a group entered."""
     from mtpdiag import pipeline
     from mtpdiag.capture import capture
-    from mtpdiag.report import emit
+    from mtpdiag.pipeline.output import emit
 
     if not pid and not all_ and ray is None:
         raise InputError("give --pid PID (a worker or its torchrun agent), --all or --ray")

@@ -27,7 +27,7 @@ from mtpdiag.capture.flight_recorder import LiveProgress
 from mtpdiag.commands import options as o
 from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Snapshot
-from mtpdiag.report import emit
+from mtpdiag.pipeline.output import emit
 
 
 def watch(

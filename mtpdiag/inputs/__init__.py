@@ -11,7 +11,9 @@ Rules (the same for every command that reads files):
 * A file (or one process in it) that is recognised but yields no frame is a rank that could not be
   read: ``state="unreadable"`` and ``error`` saying why. So is a failed capture (py-spy's or pystack's
   error text) and an empty file named after a rank. Frames never vanish into a healthy-looking rank.
-* The same rank in two files, or two different world sizes, is an input error naming both files.
+* One rank in several files is one capture when they are of one process and moment (a py-spy JSON and a
+  text dump of it, its Python and ``--native`` dumps), the richest kept; captures of it that differ are all
+  kept, as a conflict naming the files (``merge``). Two different world sizes are an input error naming both.
 * Ranks: ``identity.rank_of`` (file name, ``RANK=`` lines, log prefixes, process titles, ``--rank N``,
   or ``rank_from``). World size: ``WORLD_SIZE`` (or ``SLURM_NTASKS``) in the dumps, never the file count.
 * A raw dump's state is ``"unknown"``: none of these tools records the process state.
@@ -80,7 +82,7 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
         raise InputError("no input: give bundle files, py-spy dumps or directories")
     # The registry (and the bundle reader it holds) loads with the first file: a live capture reads py-spy's
     # output with pyspy_json alone.
-    from mtpdiag.inputs.merge import check_duplicate_ranks, check_world_sizes, merge
+    from mtpdiag.inputs.merge import check_world_sizes, merge
     from mtpdiag.inputs.registry import read_file
 
     context = ReadContext()
@@ -101,8 +103,8 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
             errors[0] if len(errors) == 1 else f"none of {len(errors)} files could be read (first: {errors[0]})"
         )
     snapshot = merge(loaded, errors)
-    check_world_sizes(loaded, snapshot.world_sizes)
-    check_duplicate_ranks(loaded, snapshot.captures)
+    merged = len(snapshot.captures) < sum(len(item.captures) for item in loaded)  # a rank's captures made one
+    check_world_sizes(loaded, None if merged else snapshot.world_sizes)
     if not any(c.threads for c in snapshot.captures):  # exit 3, as when a live capture reads nothing
         if not snapshot.captures:
             raise NothingCaptured(f"the {len(loaded)} input(s) hold no capture")

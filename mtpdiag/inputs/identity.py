@@ -47,7 +47,7 @@ def rank_from_name(path: str) -> int | None:
     return None
 
 
-def compile_rank_from(regex: str | None) -> re.Pattern | None:
+def compile_rank_from(regex: str | None) -> re.Pattern[str] | None:
     """``--rank-from``: a regular expression whose first group is the rank; InputError if it is not one."""
     if regex is None:
         return None
@@ -60,7 +60,7 @@ def compile_rank_from(regex: str | None) -> re.Pattern | None:
     return pattern
 
 
-def rank_of(dump: Dumped, path: str, single: bool, rank_from: re.Pattern | None) -> int | None:
+def rank_of(dump: Dumped, path: str, single: bool, rank_from: re.Pattern[str] | None) -> int | None:
     """The rank of one dumped process; ``single``: the file holds only this process (its name counts)."""
     if rank_from is not None:
         found = _rank_from(dump, path if single else None, rank_from)
@@ -110,7 +110,7 @@ def _tp(text: str) -> int | None:
     return int(m[1])
 
 
-def _rank_from(dump: Dumped, path: str | None, pattern: re.Pattern) -> int | None:
+def _rank_from(dump: Dumped, path: str | None, pattern: re.Pattern[str]) -> int | None:
     texts = [line.raw for line in dump.context] + ([dump.title] if dump.title else [])
     if path is not None:
         texts.append(path)

@@ -158,6 +158,16 @@ class RankCapture(Record, frozen=True, kw_only=True):
         return self.threads[0] if self.threads else None
 
 
+class RankConflict(Record, frozen=True, kw_only=True):
+    """One rank that several captures show differently (files of two moments or two jobs, or two processes
+    that claim it). Every capture is kept in ``Snapshot.captures``; the group analysis reads the one from
+    ``sources[0]``: the first file named (a directory's files by name) that holds a stack of it."""
+
+    rank: Rank
+    sources: tuple[str, ...]  # where each capture came from, the one the analysis reads first
+    why: str  # what differs: "different stacks", "different pids: 812, 901", "different hosts: a, b"
+
+
 class Snapshot(Record, frozen=True, kw_only=True, tag_field="schema", tag=BUNDLE_SCHEMA, gc=True, dict=True):
     """Every rank captured at one moment (or read from files), plus what could not be captured.
 
@@ -172,6 +182,7 @@ class Snapshot(Record, frozen=True, kw_only=True, tag_field="schema", tag=BUNDLE
     tool_version: str = ""
     errors: tuple[str, ...] = ()  # targets that yielded no capture at all, one line each
     flight_recorder: FRDump | None = None  # the Flight Recorder dumps taken with the stacks, if any
+    conflicts: tuple[RankConflict, ...] = ()  # ranks that several files captured differently (inputs.merge)
 
     @functools.cached_property
     def world_sizes(self) -> list[int]:
@@ -179,6 +190,12 @@ class Snapshot(Record, frozen=True, kw_only=True, tag_field="schema", tag=BUNDLE
 
         Cached: reading the files, resolving the layout and the diagnosis each ask (6 ms at 16k ranks)."""
         return world_sizes(self.captures)
+
+    @property
+    def world_size(self) -> int | None:
+        """The largest WORLD_SIZE the captures carry, None when none does (the diagnosis notes a disagreement)."""
+        sizes = self.world_sizes
+        return sizes[-1] if sizes else None
 
     def stored(self) -> Snapshot:
         """The snapshot as a bundle stores it: without ``watch``'s locals hashes, with the Flight Recorder's

@@ -60,9 +60,8 @@ class LayoutOptions(msgspec.Struct, frozen=True):
 
 
 def world_size_of(snapshot: Snapshot) -> int | None:
-    """The largest WORLD_SIZE the captures carry (diagnose() notes any disagreement)."""
-    sizes = snapshot.world_sizes
-    return sizes[-1] if sizes else None
+    """``Snapshot.world_size``, under the name ``fix.verify.plan`` still imports."""
+    return snapshot.world_size
 
 
 def with_flight_recorder(snapshot: Snapshot, request: bool = False, wait_s: float = 10.0) -> Snapshot:
@@ -150,7 +149,7 @@ def diagnose_snapshot(
     for capture in snapshot.captures:
         if capture.layout_hints and capture.layout_hints not in hints:
             hints.append(dict(capture.layout_hints))
-    world_size = world_size_of(snapshot) or layout_options.world_size
+    world_size = snapshot.world_size or layout_options.world_size
     if world_size is None and fr is not None:
         from mtpdiag.analysis.flight_recorder.evidence import world_size as recorded_world
 

@@ -5,16 +5,13 @@
 * ``markdown``: for pasting into an incident ticket;
 * ``html``: one self-contained page with the rank grid and every stack (``report/assets``).
 
-A format's module is imported only when it is used: ``--json`` never loads rich.
+A format's module is imported only when it is used: ``--json`` never loads rich. Rendering is pure: printing a
+report and writing its page are the pipeline's edge (``pipeline.output``).
 """
 
 from __future__ import annotations
 
-import codecs
 import importlib
-import shutil
-import sys
-from pathlib import Path
 
 import msgspec
 
@@ -48,34 +45,3 @@ def render(report: Report, fmt: str, *, color: bool = False, width: int = 120) -
         return printed
     text: str = module.render(report)
     return text if text.endswith("\n") else text + "\n"
-
-
-def emit(report: Report, fmt: str = "console", html: Path | None = None) -> None:
-    """Print the report to stdout in ``fmt``, and also write the HTML page to ``html`` when asked."""
-    if html is not None:
-        write_page(report, html)
-    buffer = getattr(sys.stdout, "buffer", None)
-    if fmt == "json" and buffer is not None and codecs.lookup(sys.stdout.encoding or "ascii").name == "utf-8":
-        from mtpdiag.report import json_report
-
-        sys.stdout.flush()
-        buffer.write(json_report.document(report))
-        buffer.flush()
-        return
-    sys.stdout.write(render(report, fmt, color=sys.stdout.isatty(), width=terminal_width()))
-    sys.stdout.flush()
-
-
-def write_page(report: Report, path: Path) -> None:
-    """The HTML report as a file (atomically, readable by all: a report is for sharing)."""
-    from mtpdiag.atomic import shared_mode, write_atomic
-    from mtpdiag.errors import InputError
-
-    try:
-        write_atomic(path, render(report, "html"), mode=shared_mode())
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-def terminal_width() -> int:
-    return max(100, min(shutil.get_terminal_size((140, 40)).columns, 200))

@@ -317,3 +317,34 @@ def test_wait_graph_links_a_split_to_an_uncaptured_absent_rank():
     assert graph.edges[split] == [graph.rank_nodes[5]]
     assert graph.edges[graph.rank_nodes[0]] == [split]
     assert graph.edges[graph.rank_nodes[5]] == []
+
+
+def test_a_diagnosis_of_stacks_alone_loads_neither_the_recorders_nor_the_logs_analysis():
+    """``diagnose`` imports nothing on a condition (``analysis.recorded`` is its typed boundary): the Flight
+    Recorder's and the watchdog log's analyses load only when such a record is there."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from mtpdiag.analysis import diagnose\n"
+        "from mtpdiag.model import Snapshot\n"
+        "from mtpdiag.model.watchdog import WatchdogLog\n"
+        "from support.captures import load_scenario\n"
+        "snapshot, layout, _ = load_scenario('mtp_cp_pp')\n"
+        "recorded = load_scenario('nccl_mtp_cp_pp_spin')[0].flight_recorder\n"
+        "heavy = ('mtpdiag.analysis.flight_recorder.evidence', 'mtpdiag.analysis.log_evidence')\n"
+        "assert diagnose(snapshot, layout).findings\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+        "diagnose(Snapshot(captures=()), layout, fr=recorded)\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+        "diagnose(Snapshot(captures=()), layout, log=WatchdogLog())\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tests)
+    assert done.returncode == 0, done.stderr
+    stacks_alone, with_dumps, with_log = done.stdout.splitlines()
+    assert stacks_alone == "[]"
+    assert with_dumps == "['mtpdiag.analysis.flight_recorder.evidence']"  # the controls: each loads with its record
+    assert with_log == "['mtpdiag.analysis.flight_recorder.evidence', 'mtpdiag.analysis.log_evidence']"

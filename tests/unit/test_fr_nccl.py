@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from mtpdiag.analysis.flight_recorder import match_groups, mismatches
+from mtpdiag.analysis.flight_recorder.calls import group_calls
 from mtpdiag.inputs.flight_recorder import load_fr_dumps
-from mtpdiag.inputs.flight_recorder.calls import group_calls
 from mtpdiag.inputs.watchdog_log import parse_watchdog_log
 from support.fr_fixtures import nccl_scenarios
 

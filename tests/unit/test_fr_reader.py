@@ -14,9 +14,9 @@ import threading
 
 import pytest
 
+from mtpdiag.analysis.flight_recorder.calls import group_calls
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder import load_fr_dumps, op_name, parse_profiling_name, read_dump_file
-from mtpdiag.inputs.flight_recorder.calls import group_calls
 from mtpdiag.inputs.flight_recorder.sites import SourceIndex
 from mtpdiag.model import Site, replace
 from mtpdiag.model.flight_recorder import FRDump

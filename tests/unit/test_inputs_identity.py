@@ -100,11 +100,16 @@ def test_a_bad_rank_from_is_an_input_error(regex, words):
         load_paths([str(_dump(2))], rank_from=regex)
 
 
-def test_two_processes_of_one_file_naming_one_rank_are_an_input_error(tmp_path):
+def test_two_processes_of_one_file_naming_one_rank_are_a_conflict_that_says_how_to_tell_them_apart(tmp_path):
+    """No refusal (issue #20): both processes are kept, and the conflict names the file, the pids and --rank-from."""
     paths = P.files("mtp_cp_pp", "pyspy")
     text = "".join(P.prefixed(p.read_text(), "[rank1]: ") for p in paths[:2])
-    message = _one_line_error(tmp_path, "two.txt", text)
-    assert "rank 1" in message and "two.txt" in message
+    path = P.written(tmp_path, "two.txt", text)
+    snapshot = load_paths([path])
+    assert [c.rank for c in snapshot.captures] == [1, 1]
+    (conflict,) = snapshot.conflicts
+    assert conflict.rank == 1 and all(s.startswith(f"{path} (pid ") for s in conflict.sources)
+    assert "--rank-from REGEX" in conflict.why
 
 
 def _mtpdiag(*args: str) -> subprocess.CompletedProcess:

@@ -50,14 +50,21 @@ def test_host_bundles_merge_by_rank_and_keep_host_and_file(host_bundles):
     assert ids[0] == "mtp-cp-gated-reduce" and "missing-rank" not in ids
 
 
-def test_a_rank_in_two_host_bundles_and_a_host_of_another_world_are_refused_naming_the_files(host_bundles, tmp_path):
+def test_a_rank_in_two_host_bundles_is_one_or_a_conflict_and_a_host_of_another_world_is_refused(host_bundles, tmp_path):
     _, paths, _ = host_bundles
     merged = load_paths(paths)
     assert merged.world_sizes == [WORLD] and merged.host == ",".join(f"node-{n}" for n in range(WORLD // PER_HOST))
-    moved = tmp_path / "moved.mtpdiag.json"
-    save_bundle(Snapshot(captures=(replace(merged.captures[WORLD - 1], source=None),), host="moved"), str(moved))
-    with pytest.raises(InputError, match=f"rank {WORLD - 1} is in two files: {paths[-1]} and {moved}"):
-        load_paths([*paths, str(moved)])
+    last = replace(merged.captures[WORLD - 1], source=None)
+    again = tmp_path / "again.mtpdiag.json"  # the same capture saved twice: one rank
+    save_bundle(Snapshot(captures=(last,), host="again"), str(again))
+    twice = load_paths([*paths, str(again)])
+    assert len(twice.captures) == WORLD and twice.conflicts == ()
+    moved = tmp_path / "moved.mtpdiag.json"  # another process claims the rank: both kept, named
+    save_bundle(Snapshot(captures=(replace(last, pid=(last.pid or 0) + 1),), host="moved"), str(moved))
+    both = load_paths([*paths, str(moved)])
+    assert len(both.captures) == WORLD + 1 and [c.rank for c in both.captures[-2:]] == [WORLD - 1, WORLD - 1]
+    (conflict,) = both.conflicts
+    assert conflict.rank == WORLD - 1 and conflict.sources == (paths[-1], str(moved))
     other = tmp_path / "other.mtpdiag.json"
     stray = replace(merged.captures[0], rank=WORLD, env=replace(merged.captures[0].env, WORLD_SIZE=str(2 * WORLD)))
     save_bundle(Snapshot(captures=(replace(stray, source=None),), host="other"), str(other))

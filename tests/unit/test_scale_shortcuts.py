@@ -2,9 +2,9 @@
 
 * ``StackReader.views`` reads each class of ranks once; every recorded capture (and a tiled 64-rank world)
   must read as each rank read on its own does (``StackReader._one``, the general path).
-* ``diagnose._sorted_and_indexed`` orders and indexes views whose ranks are distinct by rank alone: it must
+* ``ranks.place_ranks`` orders and indexes views whose ranks are distinct by rank alone: it must
   give what the general sort and ``_index`` give, notes included, whatever the ranks.
-* ``diagnose._Coordinates`` (the analysis' ``coords_of``) holds the views' coordinates and computes any other
+* ``ranks._Coordinates`` (the analysis' ``coords_of``) holds the views' coordinates and computes any other
   rank's as ``ParallelLayout.coords`` does.
 * ``ParallelLayout.coordinates_alike``: when it says so, every instance of a kind varies in the same
   coordinates as its first one (the gate reads them from one split instance).
@@ -30,10 +30,10 @@ import random
 import pytest
 
 from mtpdiag.analysis.causes import _Graph, _pair_components
-from mtpdiag.analysis.diagnose import _Coordinates, _index, _sorted_and_indexed
 from mtpdiag.analysis.gate import read_gate
 from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.mismatch import doing, find_mismatches
+from mtpdiag.analysis.ranks import _Coordinates, _index, place_ranks
 from mtpdiag.analysis.views import StackReader
 from mtpdiag.layout import GROUP_KINDS, LayoutError, ParallelLayout
 from mtpdiag.model import Mismatch, replace
@@ -77,12 +77,14 @@ def test_views_ordered_by_rank_alone_are_ordered_and_indexed_as_by_the_general_p
     }
     for case, captured in cases.items():
         for lay in (big, None):
-            general_notes: list[str] = []
-            general = tuple(sorted(captured, key=lambda v: (v.rank is None, v.rank or 0, v.pid or 0)))
-            expected = (general, _index(general, lay, general_notes))
-            notes: list[str] = []
-            got = _sorted_and_indexed(list(captured), lay, notes)
-            assert got == expected and list(got[1]) == list(expected[1]) and notes == general_notes, (case, lay)
+            # the general path: by rank, a rank's views in capture order, unranked ones last by pid
+            general = tuple(
+                sorted(captured, key=lambda v: (v.rank is None, v.rank or 0, (v.pid or 0) * (v.rank is None)))
+            )
+            by_rank, general_notes = _index(general, lay, ())
+            got = place_ranks(list(captured), lay)
+            assert got.views == general and got.by_rank == by_rank and list(got.by_rank) == list(by_rank), (case, lay)
+            assert got.notes == general_notes, (case, lay)
 
 
 def test_coords_of_is_each_views_coordinates_and_the_layouts_for_any_other_rank():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from mtpdiag.analysis.flight_recorder.calls import Call, group_calls
 from mtpdiag.analysis.flight_recorder.order import BEHIND, SHIFTED, SKIPPED, AbsentWhy, RankIndex, absent_why
 from mtpdiag.analysis.flight_recorder.progress import group_sort_key
 from mtpdiag.analysis.flight_recorder.results import (
@@ -34,7 +35,6 @@ from mtpdiag.analysis.flight_recorder.results import (
     signature,
     size_key,
 )
-from mtpdiag.inputs.flight_recorder.calls import Call, group_calls
 from mtpdiag.model import Mismatch, Site
 from mtpdiag.model.flight_recorder import FRDump, FREntry, FRRankDump
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS

@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mtpdiag.analysis.flight_recorder.calls import Call
 from mtpdiag.analysis.program_order import program_order
-from mtpdiag.inputs.flight_recorder.calls import Call
 from mtpdiag.model import Site
 from mtpdiag.model.flight_recorder import FREntry, FRRankDump
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from mtpdiag.analysis.flight_recorder.calls import Call
 from mtpdiag.analysis.flight_recorder.order import AbsentWhy
-from mtpdiag.inputs.flight_recorder.calls import Call
 from mtpdiag.model import Site
 from mtpdiag.vocabulary.ops import UNEVEN_INPUT_OPS, UNEVEN_OUTPUT_OPS
 

@@ -112,7 +112,8 @@ def _layout_label(layout: ParallelLayout) -> str:
 
 
 def report_text(report: Report) -> str:
-    from mtpdiag.report import render, terminal_width
+    from mtpdiag.pipeline.output import terminal_width
+    from mtpdiag.report import render
 
     return render(report, "console", color=sys.stdout.isatty(), width=terminal_width()).rstrip("\n")
 

@@ -6,12 +6,13 @@ that issued it. On a GPU hang it is often the only record of *which* collective 
 
 * ``dump``: load the per-rank files (pickle or JSON) without running code (``load_fr_dumps``);
 * ``parse``: one rank's content, as torch wrote it, into an ``FRRankDump``;
-* ``names``: torch's profiling names (``nccl:send 0->1``) read into public op names;
-* ``calls``: a rank's entries in one group read as the calls it made (a batch and its closing entry);
 * ``sites``: an entry's stack as display sites, with qualified names read from the source files.
+
+torch's profiling names (``nccl:send 0->1``) are read into public op names by ``vocabulary.profiling_names``
+(re-exported here), and a rank's entries into the calls it made by ``analysis.flight_recorder.calls``.
 """
 
 from mtpdiag.inputs.flight_recorder.dump import load_fr_dumps, read_dump_file
-from mtpdiag.inputs.flight_recorder.names import op_name, parse_profiling_name
+from mtpdiag.vocabulary.profiling_names import op_name, parse_profiling_name
 
 __all__ = ["load_fr_dumps", "op_name", "parse_profiling_name", "read_dump_file"]

@@ -13,11 +13,11 @@ import json
 from typing import Any
 
 from mtpdiag.errors import InputError
-from mtpdiag.inputs.flight_recorder.calls import batches
-from mtpdiag.inputs.flight_recorder.names import parse_profiling_name
 from mtpdiag.inputs.flight_recorder.sites import Qualify, call_site, plain, stack_of
 from mtpdiag.model import replace
 from mtpdiag.model.flight_recorder import FREntry, FRGroup, FRGroupStatus, FRRankDump, as_bool, as_int
+from mtpdiag.model.fr_batches import batches
+from mtpdiag.vocabulary.profiling_names import parse_profiling_name
 
 KNOWN_MAJOR = 2
 NEWEST_KNOWN_MINOR = 10  # torch 2.13 writes "2.10"
