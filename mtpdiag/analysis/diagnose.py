@@ -150,7 +150,7 @@ def diagnose(
     report = Report(
         verdict=verdict,
         world_size=world_size,
-        layout=layout.to_dict() if layout is not None else None,
+        layout=layout.record() if layout is not None else None,
         ranks=views,
         stacks=stacks,
         sites=group_sites(views),

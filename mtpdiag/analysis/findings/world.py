@@ -4,14 +4,25 @@ that all wait at one number) and ``unexplained-wait``, the finding of an incompl
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mtpdiag.analysis.findings.facts import Facts
 from mtpdiag.analysis.findings.words import FLIGHT_RECORDER_HINT, FR_HOW, Words, union
 from mtpdiag.analysis.wait import is_stuck
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Finding, RankView
-from mtpdiag.vocabulary.states import FROZEN_STATES, FindingId, RankState
+from mtpdiag.model import (
+    AllWaiting,
+    AllWaitingDetails,
+    Finding,
+    MissingDetails,
+    MissingRank,
+    OpSite,
+    RankView,
+    UnexplainedWait,
+    UnexplainedWaitDetails,
+    WaitingGroup,
+)
+from mtpdiag.vocabulary.states import FROZEN_STATES, RankState, Source
 from mtpdiag.vocabulary.waits import WAIT_PHRASES
 
 if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there are dumps
@@ -65,11 +76,9 @@ def missing_finding(
     )
     if waited:
         summary += f"; {words.ranks(waited)} {words.verb(waited, 'is', 'are')} waited on by others"
-    details: dict[str, Any] = {"missing": list(missing), "world_size": world_size}
-    if layout is not None:
-        details["coords"] = {str(r): layout.coords(r) for r in missing if r < layout.world_size}
-    return Finding(
-        id=FindingId.MISSING_RANK,
+    coords = {r: layout.coords(r) for r in missing if r < layout.world_size} if layout is not None else None
+    details = MissingDetails(missing=tuple(missing), world_size=world_size, coords=coords)
+    return MissingRank(
         ranks=tuple(missing),
         summary=summary,
         details=details,
@@ -90,12 +99,11 @@ def all_waiting_finding(views: Sequence[RankView]) -> Finding:
         what = f"waits in {op} at {words.where(site)}"
     else:
         what = f"waits in a collective ({len(sites)} sites)"
-    return Finding(
-        id=FindingId.ALL_WAITING,
+    return AllWaiting(
         ranks=ranks,
         remedy=FLIGHT_RECORDER_HINT,
         summary=f"every rank ({len(ranks)}) {what} and no group is split: the cause is below Python",
-        details={"sites": [{"op": op, "site": site.to_dict() if site else None} for op, site in sites]},
+        details=AllWaitingDetails(sites=tuple(OpSite(op, site) for op, site in sites)),
     )
 
 
@@ -160,12 +168,13 @@ def unexplained_wait_finding(stuck: Sequence[RankView], layout_known: bool, fr_f
         if not native_first and kinds & {"lock", "io", "unknown"}:
             steps.append("see what the C calls wait on with `mtpdiag inspect --native`")
         remedy = "; ".join(steps)
-    return Finding(
-        id=FindingId.UNEXPLAINED_WAIT,
+    return UnexplainedWait(
         ranks=ranks,
         summary=summary,
         remedy=remedy,
-        details={"waits": {k: sorted(v.rank for v in vs if v.rank is not None) for k, vs in sorted(by_kind.items())}},
+        details=UnexplainedWaitDetails(
+            {k: tuple(sorted(v.rank for v in vs if v.rank is not None)) for k, vs in sorted(by_kind.items())}
+        ),
     )
 
 
@@ -174,18 +183,17 @@ def stuck_groups_finding(stuck: Sequence[StuckGroup]) -> Finding:
     ranks = union(s.members for s in stuck)
     first = stuck[0]
     more = f" (and {len(stuck) - 1} more group{'s' if len(stuck) > 2 else ''})" if len(stuck) > 1 else ""
-    return Finding(
-        id=FindingId.ALL_WAITING,
+    return AllWaiting(
         ranks=ranks,
         remedy=FLIGHT_RECORDER_HINT.split("; compare")[0],
         summary=(
             f"the Flight Recorder shows every member of {first.desc or first.group} waiting in {first.op} "
             f"#{first.seq}{more}, and no group split: the cause is below Python"
         ),
-        details={
-            "source": "flight-recorder",
-            "groups": [
-                {"group": s.group, "desc": s.desc, "seq": s.seq, "op": s.op, "members": list(s.members)} for s in stuck
-            ],
-        },
+        details=AllWaitingDetails(
+            source=Source.FLIGHT_RECORDER,
+            groups=tuple(
+                WaitingGroup(group=s.group, desc=s.desc, seq=s.seq, op=s.op, members=s.members) for s in stuck
+            ),
+        ),
     )
