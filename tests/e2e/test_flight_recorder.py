@@ -152,8 +152,8 @@ def test_a_mislabelled_dump_shows_up_as_disagreements(hung, tmp_path):
     for rank, source in ((0, 0), (1, 1), (2, 2), (3, 2)):
         shutil.copy(f"{hung.prefix}{source}", tmp_path / f"rank_{rank}")
     result = correlate(hung.report, load_fr_dumps(str(tmp_path)))
-    [root] = [m for m in result.mismatches if m["op"] == "all_reduce"]
-    assert (root["fr_entered"], root["fr_absent"], root["agrees"]) == ([2, 3], [], False)
+    [root] = [m for m in result.mismatches if m.op == "all_reduce"]
+    assert (root.fr_entered, root.fr_absent, root.agrees) == ((2, 3), (), False)
     assert any(
         d.startswith("FR says rank 3 waits in all_reduce") and d.endswith("stacks say it waits in all_gather")
         for d in result.disagreements
@@ -171,13 +171,8 @@ def test_without_pg_config_the_layout_supplies_the_members(fr, hung, tmp_path):
     assert all(d.groups == () for d in bare.ranks)
     g = _progress(bare, DP_CP, 2)
     assert (g.members, g.members_from, g.behind) == ((2,), "entries", ())
-    [root] = [m for m in correlate(hung.report, bare).mismatches if m["op"] == "all_reduce"]
-    assert (root["fr_members"], root["fr_members_from"], root["fr_absent"], root["agrees"]) == (
-        [2, 3],
-        "entries",
-        [3],
-        True,
-    )
+    [root] = [m for m in correlate(hung.report, bare).mismatches if m.op == "all_reduce"]
+    assert (root.fr_members, root.fr_members_from, root.fr_absent, root.agrees) == ((2, 3), "entries", (3,), True)
 
 
 def test_torchfrtrace_agrees_with_the_matcher_on_the_live_dumps(hung):
