@@ -90,7 +90,7 @@ def diagnose(
     report = Report(
         verdict=verdict,
         world_size=world.size,
-        layout=world.layout.to_dict() if world.layout is not None else None,
+        layout=world.layout.record() if world.layout is not None else None,
         ranks=placed.views,
         stacks=ranks.stacks,
         sites=group_sites(placed.sited),

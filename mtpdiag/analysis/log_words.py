@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from mtpdiag.analysis.findings.words import FR_HOW
-from mtpdiag.model import Finding
+from mtpdiag.model import Finding, UnexplainedWait, UnexplainedWaitDetails
 from mtpdiag.model.watchdog import PGRef, WatchdogLog, WatchdogStatus, WatchdogTimeout
 from mtpdiag.vocabulary.labels import rank_list
-from mtpdiag.vocabulary.states import FindingId
+from mtpdiag.vocabulary.states import Source
 
 UNNAMED = "unnamed"  # the group of a timeout whose lines name none
 SHOW = 8  # ranks named before "…"
@@ -96,12 +96,11 @@ def unexplained(log: WatchdogLog, rank_of: Callable[[WatchdogTimeout], int | Non
     timed_out = sorted({r for at in where.values() for r in at.ranks})
     ranks = sorted(set(timed_out) | {s.signal_rank for s in signals if s.signal_rank is not None})
     return (
-        Finding(
-            id=FindingId.UNEXPLAINED_WAIT,
+        UnexplainedWait(
             ranks=tuple(ranks),
             summary=summary,
             remedy=NEXT_STEPS.format(fr=FR_HOW),
-            details={"source": "watchdog-log", "timed_out": timed_out},
+            details=UnexplainedWaitDetails(source=Source.WATCHDOG_LOG, timed_out=tuple(timed_out)),
         ),
     )
 

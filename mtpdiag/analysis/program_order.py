@@ -24,18 +24,9 @@ from operator import attrgetter
 import msgspec
 
 from mtpdiag.analysis.known_sites import skip_of
-from mtpdiag.model import Frame, RankView, Site, Stack
-from mtpdiag.vocabulary.states import StrEnum
+from mtpdiag.model import Frame, OrderFrame, OrderInstead, RankView, RootOrderDetails, Site, Stack
+from mtpdiag.vocabulary.states import OrderSource
 from mtpdiag.vocabulary.waits import Confidence
-
-
-class OrderSource(StrEnum):
-    """What a root's program order rests on."""
-
-    STACKS = "stacks"  # line order in the deepest shared frame
-    KNOWN_SITE = "known-site"  # the known-site table's early return
-    STACKS_AND_KNOWN_SITE = "stacks+known-site"
-    FLIGHT_RECORDER = "flight-recorder"  # sequence numbers on a shared communicator
 
 
 class Parting(msgspec.Struct, frozen=True, gc=False):
@@ -77,26 +68,18 @@ class RootOrder(msgspec.Struct, frozen=True):
     loop_caveat: bool = False
     contradicted: bool = False  # line order says the other way round (a loop explains it)
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "source": str(self.source),
-            "confidence": str(self.confidence),
-            "skipped_by": list(self.skipped_by),
-            "instead": {"op": self.instead_op, "site": self.instead_site.to_dict() if self.instead_site else None},
-            "frame": (
-                {
-                    "file": self.at.file,
-                    "function": self.at.function,
-                    "line": self.at.first,
-                    "their_line": self.at.second,
-                }
-                if self.at
-                else None
-            ),
-            "early_return": self.early_return,
-            "loop_caveat": self.loop_caveat,
-            "contradicted": self.contradicted,
-        }
+    def details(self) -> RootOrderDetails:
+        """The finding's ``details.order``."""
+        return RootOrderDetails(
+            source=self.source,
+            confidence=self.confidence,
+            skipped_by=self.skipped_by,
+            instead=OrderInstead(self.instead_op, self.instead_site),
+            frame=OrderFrame(self.at.file, self.at.function, self.at.first, self.at.second) if self.at else None,
+            early_return=self.early_return,
+            loop_caveat=self.loop_caveat,
+            contradicted=self.contradicted,
+        )
 
 
 def program_order(x: Sequence[Site | Frame], y: Sequence[Site | Frame]) -> str:

@@ -25,11 +25,11 @@ from msgspec.structs import replace as struct_replace
 
 from mtpdiag.analysis.known_sites import is_mtp_site, skip_of
 from mtpdiag.analysis.mismatch import mismatch_key
-from mtpdiag.analysis.program_order import OrderSource, Passing, RootOrder, StackOrders
+from mtpdiag.analysis.program_order import Passing, RootOrder, StackOrders
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
 from mtpdiag.vocabulary.ops import BARRIER_OPS
-from mtpdiag.vocabulary.states import GroupFrom, RankState
+from mtpdiag.vocabulary.states import GroupFrom, OrderSource, RankState
 from mtpdiag.vocabulary.waits import Confidence
 
 SiteKey = tuple[object, ...]  # which split or unmatched p2p call: kind, op, site (and group)

@@ -6,11 +6,12 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from mtpdiag.model import RankView, Site, SiteGroup
+from mtpdiag.vocabulary.waits import WaitKind
 
 
 def group_sites(views: Iterable[RankView]) -> tuple[SiteGroup, ...]:
     """One SiteGroup per (op, site, wait kind) over ranked views, largest first, then by first rank."""
-    groups: defaultdict[tuple[str | None, Site | None, str | None], list[int]] = defaultdict(list)
+    groups: defaultdict[tuple[str | None, Site | None, WaitKind | None], list[int]] = defaultdict(list)
     for view in views:
         op = view.op
         if op is not None:  # the wait kind groups only ranks in no collective

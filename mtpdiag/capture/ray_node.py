@@ -18,6 +18,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
 import mtpdiag
 from mtpdiag.capture import capture, procfs, raylet_hints
 from mtpdiag.capture.discover import workers_below
@@ -74,7 +76,7 @@ def capture_node(request: dict[str, Any]) -> dict[str, Any]:
             reply["fr_progress"] = {"moved": moved, "ranks": sorted(ranks), "state": progress.state(ranks)}
     except MtpdiagError as exc:
         return {**reply, "failure": str(exc)}
-    return {**reply, "bundle": snapshot.to_dict(), "notes": list(notes)}
+    return {**reply, "bundle": msgspec.to_builtins(snapshot.stored()), "notes": list(notes)}
 
 
 def own_raylet() -> int | None:

@@ -5,16 +5,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import typer
 
 from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
+from mtpdiag.vocabulary.states import CheckStatus
 
 PATH = typer.Option(
     None,
     "--path",
     help="The engine file (default: the installed verl's verl/workers/engine/megatron/transformer_impl.py).",
 )
-EXIT_BY_STATUS = {"fixed": EXIT_OK, "not-applicable": EXIT_OK, "affected": EXIT_PROBLEM, "unknown": EXIT_USAGE}
+EXIT_BY_STATUS = {
+    CheckStatus.FIXED: EXIT_OK,
+    CheckStatus.NOT_APPLICABLE: EXIT_OK,
+    CheckStatus.AFFECTED: EXIT_PROBLEM,
+    CheckStatus.UNKNOWN: EXIT_USAGE,
+}
 
 
 def engine_path(path: Path | None) -> Path | None:
@@ -44,17 +51,16 @@ def check(
     if target is None:  # verl is installed but has no Megatron engine
         where = installed_verl_dirs()[0]
         result = EngineCheck(
-            path=where.joinpath(*ENGINE_PARTS[1:]),
-            status="not-applicable",
+            path=str(where.joinpath(*ENGINE_PARTS[1:])),
+            verl_version=verl_version(where.joinpath(*ENGINE_PARTS[1:])),
+            status=CheckStatus.NOT_APPLICABLE,
             lines=None,
             reason="this verl has no Megatron engine file",
-            gate=None,
-            verl_version=verl_version(where.joinpath(*ENGINE_PARTS[1:])),
         )
     else:
         result = check_engine(target)
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        typer.echo(json.dumps(msgspec.to_builtins(result), indent=2))
     else:
         typer.echo(check_text(result, explicit_path=path is not None))
     raise typer.Exit(EXIT_BY_STATUS[result.status])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import typer
 
 from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM
@@ -23,7 +24,7 @@ def lint(
     for skipped in result.skipped:
         typer.echo(f"mtpdiag: skipped {skipped}", err=True)
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        typer.echo(json.dumps(msgspec.to_builtins(result.document), indent=2))
     else:
         for f in result.findings:
             typer.echo(f"{f.file}:{f.line}: {f.collective} under `{f.condition}`\n    {f.reason}")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
 import typer
 
 from mtpdiag.errors import InputError
+from mtpdiag.report import RENDERERS
+from mtpdiag.vocabulary.states import OutputFormat
 
 # typer options (module-level so every command spells them the same way)
 PID = typer.Option(None, "--pid", help="A worker pid, or a launcher (torchrun agent, raylet) to expand. Repeatable.")
@@ -35,12 +36,13 @@ VPP = typer.Option(None, "--vpp", min=1, help="Virtual pipeline size.")
 ORDER = typer.Option(None, "--order", help="Megatron rank order (default tp-cp-ep-dp-pp).")
 CONFIG = typer.Option(None, "--config", help="A verl config YAML to read the parallel sizes from.")
 OVERRIDE = typer.Option(None, "--override", help="A hydra key=value override for --config. Repeatable.")
+# ``--format``'s choices are the renderer registry's keys (``mtpdiag.report.RENDERERS``), and its help their words.
+Format = OutputFormat
 FORMAT = typer.Option(
     None,
     "--format",
     case_sensitive=False,
-    help="The report on stdout: console (the default), "
-    "json (the mtpdiag.report/2 document), markdown (for an incident ticket) or html.",
+    help="The report on stdout: " + ", ".join(f"{r.name} ({r.says})" for r in RENDERERS.values()) + ".",
 )
 JSON = typer.Option(False, "--json", help="Print the mtpdiag.report/2 JSON document (--format json).")
 MARKDOWN = typer.Option(False, "--markdown", help="Print a markdown report for an incident ticket (--format markdown).")
@@ -112,21 +114,12 @@ def ray_cluster(
     return RayCluster(address, timeout)
 
 
-class Format(str, Enum):
-    """``--format``'s choices: the report's renderers (``mtpdiag.report.FORMATS``)."""
-
-    console = "console"
-    json = "json"
-    markdown = "markdown"
-    html = "html"
-
-
-def output_format(fmt: Format | None, as_json: bool, as_markdown: bool) -> str:
+def output_format(fmt: OutputFormat | None, as_json: bool, as_markdown: bool) -> OutputFormat:
     """The one format asked for by ``--format`` and its aliases ``--json`` and ``--markdown``. Contradictory
     flags are refused here, before anything is captured or sampled."""
     if as_json and as_markdown:
         raise InputError("choose one of --json and --markdown")
-    alias = "json" if as_json else "markdown" if as_markdown else None
-    if fmt is not None and alias is not None and fmt.value != alias:
-        raise InputError(f"--format {fmt.value} and --{alias} ask for different formats: choose one")
-    return alias or (fmt.value if fmt is not None else "console")
+    alias = OutputFormat.JSON if as_json else OutputFormat.MARKDOWN if as_markdown else None
+    if fmt is not None and alias is not None and fmt != alias:
+        raise InputError(f"--format {fmt} and --{alias} ask for different formats: choose one")
+    return alias or fmt or OutputFormat.CONSOLE

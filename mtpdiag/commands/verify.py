@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
+import msgspec
 import typer
 
 from mtpdiag.commands import options as o
@@ -72,11 +73,9 @@ def verify(
                 typer.echo(indent(report_text(run.report)))
 
     runs = run_all(layout, [RunSpec(e, g) for e, g in choice.runs], WatchSettings(timeout_s=timeout), on_result=show)
-    result = VerifyResult(layout=layout, mode=choice.mode, runs=runs, engine_path=choice.path)
+    result = VerifyResult.of(layout, choice.mode, runs, engine_path=choice.path, layout_source=source)
     if as_json:
-        doc = result.to_dict()
-        doc["layout_source"] = source
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        sys.stdout.write(json.dumps(msgspec.to_builtins(result), indent=2) + "\n")
     else:
         typer.echo(phases_line(runs))
         typer.echo(verdict_line(result))

@@ -18,11 +18,12 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from mtpdiag import lint
 from mtpdiag.analysis import known_sites
 from mtpdiag.errors import InputError
+from mtpdiag.model import Record
+from mtpdiag.vocabulary.states import CheckStatus, EngineGate
 
 ENGINE_PARTS = tuple((known_sites.engine_row().file_suffix or "").split("/"))
 ENGINE_FUNCTION = known_sites.engine_row().short_name
@@ -33,30 +34,27 @@ MTP_COLLECTIONS = frozenset(known_sites.collection_rows("mtp"))
 DP_CP = lint.group_coords("dp_cp")
 PR = "verl PR #5895"
 
-Status = Literal["affected", "fixed", "not-applicable", "unknown"]
-Gate = Literal["buggy", "fixed"]
+CHECK_SCHEMA = "mtpdiag.check/1"
+Status = CheckStatus
+Gate = EngineGate
+# The gate an engine of each status uses: the buggy one where it is affected, the fixed one where it is fixed.
+GATE_OF: dict[CheckStatus, EngineGate] = {CheckStatus.AFFECTED: EngineGate.BUGGY, CheckStatus.FIXED: EngineGate.FIXED}
 
 
-@dataclass(frozen=True)
-class EngineCheck:
-    """The verdict on one engine file. ``gate`` is the gate the engine uses: "buggy", "fixed" or None."""
+class EngineCheck(Record, frozen=True, kw_only=True, omit_defaults=False, tag_field="schema", tag=CHECK_SCHEMA):
+    """The verdict on one engine file (``mtpdiag.check/1``): the file, verl's version beside it (None when
+    unknown), the status, the first and last line of the MTP-loss block (None when there is none), and why."""
 
-    path: Path
+    path: str
+    verl_version: str | None
     status: Status
     lines: tuple[int, int] | None
     reason: str
-    gate: Gate | None
-    verl_version: str | None
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "schema": "mtpdiag.check/1",
-            "path": str(self.path),
-            "verl_version": self.verl_version,
-            "status": self.status,
-            "lines": list(self.lines) if self.lines else None,
-            "reason": self.reason,
-        }
+    @property
+    def gate(self) -> Gate | None:
+        """The gate the engine uses: buggy (affected), fixed (fixed), or None."""
+        return GATE_OF.get(self.status)
 
 
 @dataclass(frozen=True)
@@ -76,14 +74,14 @@ def check_text(result: EngineCheck, explicit_path: bool) -> str:
     version = f"verl {result.verl_version}" if result.verl_version else "verl (version unknown)"
     where = f" (lines {result.lines[0]}-{result.lines[1]})" if result.lines else ""
     headline = {
-        "affected": "AFFECTED: the MTP loss collection deadlocks with context parallelism",
-        "fixed": "fixed: the MTP loss collection is safe with context parallelism",
-        "not-applicable": "not applicable: no MTP loss collection to fix",
-        "unknown": "unknown: mtpdiag does not recognise this engine's MTP block",
+        CheckStatus.AFFECTED: "AFFECTED: the MTP loss collection deadlocks with context parallelism",
+        CheckStatus.FIXED: "fixed: the MTP loss collection is safe with context parallelism",
+        CheckStatus.NOT_APPLICABLE: "not applicable: no MTP loss collection to fix",
+        CheckStatus.UNKNOWN: "unknown: mtpdiag does not recognise this engine's MTP block",
     }[result.status]
     lines = [f"{version}: {result.path}", f"{headline}{where}", f"  {result.reason}"]
-    if result.status == "affected":
-        flag = f" --path {shlex.quote(str(result.path))}" if explicit_path else ""
+    if result.status == CheckStatus.AFFECTED:
+        flag = f" --path {shlex.quote(result.path)}" if explicit_path else ""
         lines.append(f"next step: mtpdiag apply{flag}   (preview with --dry-run; undo with --revert)")
     return "\n".join(lines)
 
@@ -170,12 +168,11 @@ def check_engine(path: Path) -> EngineCheck:
     text, tree = parse_source(read_source(path), path)
     verdict = classify(text, tree)
     return EngineCheck(
-        path=path,
+        path=str(path),
+        verl_version=verl_version(path),
         status=verdict.status,
         lines=verdict.lines,
         reason=verdict.reason,
-        gate=verdict.gate,
-        verl_version=verl_version(path),
     )
 
 
@@ -197,31 +194,31 @@ def classify(text: str, tree: ast.Module) -> Verdict:
         if collections:
             first = collections[0]
             return Verdict(
-                "unknown",
+                CheckStatus.UNKNOWN,
                 None,
                 f"no {ENGINE_FUNCTION}, but the MTP loss is collected at line "
                 f"{first.call.lineno}; not a layout mtpdiag knows",
             )
-        return Verdict("unknown", None, f"no {ENGINE_FUNCTION} in this file: is it verl's Megatron engine?")
+        return Verdict(CheckStatus.UNKNOWN, None, f"no {ENGINE_FUNCTION} in this file: is it verl's Megatron engine?")
     if not inside:
         nested = [gc for gc in collections if gc.function is not None and _within(gc.call, functions)]
         if nested or collections:
             where = (nested or collections)[0].call.lineno
             return Verdict(
-                "unknown",
+                CheckStatus.UNKNOWN,
                 None,
                 f"the MTP loss is collected at line {where}, outside the body of "
                 f"{ENGINE_FUNCTION}; not a layout mtpdiag knows",
             )
         return Verdict(
-            "not-applicable",
+            CheckStatus.NOT_APPLICABLE,
             None,
             f"{ENGINE_FUNCTION} collects no MTP loss, so the MTP/CP deadlock of {PR} cannot happen here",
         )
     if len(inside) > 1:
         lines = ", ".join(str(gc.call.lineno) for gc in inside)
         return Verdict(
-            "unknown",
+            CheckStatus.UNKNOWN,
             None,
             f"{ENGINE_FUNCTION} collects the MTP loss {len(inside)} times (lines "
             f"{lines}); mtpdiag knows the single-collection layout",
@@ -254,18 +251,18 @@ def _judge_collection(gc: lint.GuardedCall, text: str) -> Verdict:
         guard, test = splitting[0]
         cond = lint.guard_text(guard, text)
         return Verdict(
-            "affected",
+            CheckStatus.AFFECTED,
             lines,
             f"{name} (an all_reduce over DP×CP) runs only where `{cond}` holds, and {test.text} "
             f"is false on some ranks of that group (e.g. cp > 0): they never join and training "
             f"hangs with context parallelism ({PR})",
-            gate="buggy",
+            gate=EngineGate.BUGGY,
             collection=gc,
             block=block,
         )
     if unclear:
         return Verdict(
-            "unknown",
+            CheckStatus.UNKNOWN,
             lines,
             f"{name} is gated by {unclear[0]}, which mtpdiag cannot classify as rank-free or rank-dependent",
             collection=gc,
@@ -278,7 +275,7 @@ def _judge_collection(gc: lint.GuardedCall, text: str) -> Verdict:
         )
     else:
         reason = f"{name} runs on every rank that reaches it (no rank-dependent gate)"
-    return Verdict("fixed", lines, reason, gate="fixed", collection=gc, block=block)
+    return Verdict(CheckStatus.FIXED, lines, reason, gate=EngineGate.FIXED, collection=gc, block=block)
 
 
 def _block_of(gc: lint.GuardedCall) -> ast.stmt:

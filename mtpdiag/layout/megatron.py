@@ -14,6 +14,7 @@ from typing import NoReturn
 
 import msgspec
 
+from mtpdiag.model.report import Layout
 from mtpdiag.vocabulary.groups import COORDINATES
 from mtpdiag.vocabulary.labels import coords_label
 
@@ -293,20 +294,11 @@ class ParallelLayout(msgspec.Struct, frozen=True, dict=True):
     def _index_cache(self) -> dict[str, list[tuple[int, ...]]]:
         return {}
 
-    def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "tp": self.tp,
-            "cp": self.cp,
-            "ep": self.ep,
-            "dp": self.dp,
-            "pp": self.pp,
-            "order": self.order,
-        }
-        if self.vpp is not None:
-            out["vpp"] = self.vpp
-        if self.etp is not None:
-            out["etp"] = self.etp
-        return out
+    def record(self) -> Layout:
+        """The layout as the report and ``verify --json`` state it (``model.Layout``)."""
+        return Layout(
+            tp=self.tp, cp=self.cp, ep=self.ep, dp=self.dp, pp=self.pp, order=self.order, vpp=self.vpp, etp=self.etp
+        )
 
     def describe(self, rank: int) -> str:
         """``tp0 cp1 pp1`` style label; sizes of 1 are left out, except tp, cp and pp."""

@@ -10,13 +10,13 @@ from mtpdiag.lint.groups import _GROUP_CALL_KINDS, ANY, _collective_group, group
 from mtpdiag.lint.guards import Guard, GuardedCall, guarded_calls
 from mtpdiag.lint.names import call_name, source_text
 from mtpdiag.lint.rank_tests import _MEMBERSHIP_TESTS, TRACKER_WHY, RankTest, rank_tests
+from mtpdiag.model import Record
 from mtpdiag.vocabulary.ops import P2P_CALLS, P2P_PARTNER
 
 SCHEMA = "mtpdiag.lint/1"
 
 
-@dataclass(frozen=True)
-class LintFinding:
+class LintFinding(Record, frozen=True, omit_defaults=False):
     """A collective that part of its group can skip."""
 
     file: str
@@ -25,14 +25,11 @@ class LintFinding:
     condition: str
     reason: str
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "file": self.file,
-            "line": self.line,
-            "collective": self.collective,
-            "condition": self.condition,
-            "reason": self.reason,
-        }
+
+class LintReport(Record, frozen=True, tag_field="schema", tag=SCHEMA):
+    """What ``lint --json`` prints (``mtpdiag.lint/1``)."""
+
+    findings: tuple[LintFinding, ...]
 
 
 @dataclass(frozen=True)
@@ -41,8 +38,9 @@ class LintResult:
     files: int
     skipped: tuple[str, ...]  # "path: why" for files under a directory that could not be parsed
 
-    def to_dict(self) -> dict[str, object]:
-        return {"schema": SCHEMA, "findings": [f.to_dict() for f in self.findings]}
+    @property
+    def document(self) -> LintReport:
+        return LintReport(findings=self.findings)
 
 
 def lint_source(source: str, filename: str) -> list[LintFinding]:

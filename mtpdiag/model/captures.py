@@ -14,22 +14,22 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from mtpdiag.model.fields import Record, as_json_value, decimal
+from mtpdiag.model.fields import Record, decimal
 from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.model.frames import Frame
+from mtpdiag.vocabulary.states import ProcessState
 
 BUNDLE_SCHEMA = "mtpdiag.bundle/1"
 
-# Process states (from /proc/PID/stat, or how the capture went).
-STATE_RUNNING = "R"
-STATE_SLEEPING = "S"
-STATE_DISK = "D"
-STATE_STOPPED = "T"
-STATE_ZOMBIE = "Z"
-# How a capture went when there is no /proc letter to give.
-STATE_GONE = "gone"  # the process exited before or during the capture
-STATE_UNREADABLE = "unreadable"  # no stack could be read
-STATE_UNKNOWN = "unknown"  # read from a file: py-spy and the others do not record the process state
+# Process states (from /proc/PID/stat, or how the capture went: ``vocabulary.states.ProcessState``).
+STATE_RUNNING = ProcessState.RUNNING
+STATE_SLEEPING = ProcessState.SLEEPING
+STATE_DISK = ProcessState.DISK
+STATE_STOPPED = ProcessState.STOPPED
+STATE_ZOMBIE = ProcessState.ZOMBIE
+STATE_GONE = ProcessState.GONE
+STATE_UNREADABLE = ProcessState.UNREADABLE
+STATE_UNKNOWN = ProcessState.UNKNOWN
 UNKNOWN_HOST = "unknown"
 
 Name = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]  # a call's name (``item``, ``acquire``)
@@ -172,7 +172,7 @@ class Snapshot(Record, frozen=True, kw_only=True, tag_field="schema", tag=BUNDLE
     """Every rank captured at one moment (or read from files), plus what could not be captured.
 
     The bundle's JSON is this type with ``"schema": "mtpdiag.bundle/1"`` first (``inputs.bundle``); its
-    ``flight_recorder`` is the recorder's own ``mtpdiag.fr/1`` document (``FRDump.to_dict``). It has a
+    ``flight_recorder`` is the recorder's own ``mtpdiag.fr/1`` document (``FRDump.packed``). It has a
     ``__dict__`` (which msgspec needs ``gc=True`` for) only to cache ``world_sizes``.
     """
 
@@ -213,6 +213,3 @@ class Snapshot(Record, frozen=True, kw_only=True, tag_field="schema", tag=BUNDLE
         )
         fr = self.flight_recorder.packed() if self.flight_recorder is not None else None
         return msgspec.structs.replace(self, captures=captures, flight_recorder=fr)
-
-    def to_dict(self) -> dict[str, Any]:
-        return as_json_value(self.stored())  # type: ignore[no-any-return]

@@ -4,7 +4,7 @@ text from other processes, ``scrub`` for a whole decoded document, ``decimal`` f
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 import msgspec
 
@@ -16,11 +16,8 @@ class SchemaError(ValueError):
 class Record(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """A frozen Struct whose fields are its JSON keys: msgspec's compiled decoders check a document against
     the type as they build it, and its encoders write the type back. A field left at its default is not
-    written (``omit_defaults``); a field that the JSON always carries has no default."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON document as Python values (what ``json.loads`` of the encoded record gives)."""
-        return as_json_value(self)  # type: ignore[no-any-return]
+    written (``omit_defaults``); a field that the JSON always carries has no default. The Python value of the
+    document is ``msgspec.to_builtins(record)``; there is no ``to_dict``."""
 
 
 T = TypeVar("T")
@@ -103,11 +100,3 @@ def replace(obj: T, /, **changes: object) -> T:
     import dataclasses
 
     return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
-
-
-def as_json_value(value: object) -> Any:
-    """``value`` as its JSON document's Python value: what ``json.loads`` of its encoding gives."""
-    try:
-        return msgspec.json.decode(msgspec.json.encode(value))
-    except UnicodeEncodeError:  # a lone surrogate (a file name that is not UTF-8) in some text
-        return msgspec.json.decode(msgspec.json.encode(scrub(value)))

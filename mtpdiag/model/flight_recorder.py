@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from mtpdiag.model.fields import Record, as_json_value, decode_error
+from mtpdiag.model.fields import Record, decode_error
 from mtpdiag.model.frames import Site
 
 FR_SCHEMA = "mtpdiag.fr/1"
@@ -183,10 +183,6 @@ class FRDump(Record, frozen=True, kw_only=True, tag_field="schema", tag=FR_SCHEM
     def packed(self) -> FRDump:
         """The dumps as a bundle stores them (``FRRankDump.packed``)."""
         return msgspec.structs.replace(self, ranks=tuple(r.packed() for r in self.ranks))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``mtpdiag.fr/1`` document a bundle carries."""
-        return as_json_value(self.packed())  # type: ignore[no-any-return]
 
     @staticmethod
     def from_dict(d: Any) -> FRDump:

@@ -7,15 +7,53 @@ classes do: a 16k-rank job holds a handful of stacks.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated
+
+from msgspec import Meta
 
 from mtpdiag.model.fields import Record
+from mtpdiag.model.findings import Finding
 from mtpdiag.model.frames import Site, Stack
 from mtpdiag.model.sections import FlightRecorderSection, Progress, WatchdogSection
+from mtpdiag.vocabulary.groups import GroupKind
 from mtpdiag.vocabulary.states import GateStrength, GroupFrom, RankState, Role, Source, Verdict
 from mtpdiag.vocabulary.waits import Confidence, WaitKind
 
 REPORT_SCHEMA = "mtpdiag.report/2"
+
+Coords = dict[str, int]  # coordinate (``Coordinate``) -> value
+# A split's group: a layout group kind wherever one fits (``GroupKind``); else the name the Flight Recorder or the
+# watchdog's log gives the group (a group of the job's own, which no kind of the layout describes). JSON Schema
+# and msgspec cannot say "one of these words, or any other string", so the kinds are its examples.
+GroupName = Annotated[
+    str,
+    Meta(
+        description="a group kind (GroupKind), or the recorded name of a group no kind of the layout fits",
+        examples=[k.value for k in GroupKind],
+    ),
+]
+
+
+class Layout(Record, frozen=True):
+    """The parallel layout the diagnosis used (``layout.ParallelLayout``'s sizes and rank order); ``vpp`` and
+    ``etp`` only when set."""
+
+    tp: int
+    cp: int
+    ep: int
+    dp: int
+    pp: int
+    order: str
+    vpp: int | None = None
+    etp: int | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    def sizes(self) -> dict[str, int]:
+        """The sizes that are set, by name: ``tp``, ``cp``, ``ep``, ``dp``, ``pp``, and ``vpp``, ``etp``."""
+        return {k: v for k in ("tp", "cp", "ep", "dp", "pp", "vpp", "etp") if (v := getattr(self, k)) is not None}
 
 
 class WaitState(Record, frozen=True, omit_defaults=False):
@@ -44,7 +82,7 @@ class RankView(Record, frozen=True, kw_only=True):
     pid: int | None
     host: str
     state: RankState
-    coords: dict[str, int] | None
+    coords: Coords | None
     op: str | None
     site: Site | None
     stack: int | None
@@ -60,7 +98,7 @@ class SiteGroup(Record, frozen=True, omit_defaults=False):
     op: str | None
     site: Site | None
     ranks: tuple[int, ...]
-    wait: str | None = None
+    wait: WaitKind | None = None
 
 
 class Mismatch(Record, frozen=True, kw_only=True, omit_defaults=False):
@@ -68,11 +106,11 @@ class Mismatch(Record, frozen=True, kw_only=True, omit_defaults=False):
 
     op: str
     site: Site | None
-    group: str
+    group: GroupName
     members: tuple[int, ...]
     entered: tuple[int, ...]
     absent: tuple[int, ...]
-    gate: dict[str, int] | None
+    gate: Coords | None
     absent_doing: dict[int, str] = {}  # rank -> "all_gather in ring_attention", by rank
     role: Role = Role.ROOT
     # How the group kind was found: known-site | flight-recorder | unique-fit | guess; every kind that fit.
@@ -82,19 +120,9 @@ class Mismatch(Record, frozen=True, kw_only=True, omit_defaults=False):
     # coordinate conditions separate the sides as well (``gate_alternatives``): data-dependent divergence
     # (a loop that ran once more on some ranks) fits just as well.
     gate_strength: GateStrength | None = None
-    gate_alternatives: tuple[dict[str, int], ...] = ()
+    gate_alternatives: tuple[Coords, ...] = ()
     source: Source = Source.STACKS
     seq: int | None = None  # the Flight Recorder's collective sequence number in the group, when known
-
-
-class Finding(Record, frozen=True, kw_only=True):
-    """A diagnosed problem, with a stable ``id`` users script against (see docs/design.md)."""
-
-    id: str
-    ranks: tuple[int, ...]
-    summary: str
-    remedy: str | None
-    details: dict[str, Any] = {}
 
 
 class Report(Record, frozen=True, kw_only=True, tag_field="schema", tag=REPORT_SCHEMA):
@@ -102,7 +130,7 @@ class Report(Record, frozen=True, kw_only=True, tag_field="schema", tag=REPORT_S
 
     verdict: Verdict
     world_size: int | None
-    layout: dict[str, Any] | None
+    layout: Layout | None
     layout_source: str | None
     ranks: tuple[RankView, ...]
     stacks: tuple[Stack, ...]

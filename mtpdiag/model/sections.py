@@ -5,18 +5,15 @@ every renderer (console, markdown, HTML) and present in the JSON only when the e
 * ``FlightRecorderSection``: the recorder's account next to the stacks (``analyze --fr``, bundles, live dumps);
 * ``WatchdogSection``: the NCCL watchdog's timeouts from a job log (``analyze --log``).
 
-The Flight Recorder's per-group detail (progress, matched splits, divergences) is carried as the JSON its
-analysis objects write: the fields every renderer reads (``lines``) and that users script against are typed.
+The Flight Recorder's per-group detail (progress, the diagnosis's splits held against it, divergences, unmatched
+sends and receives) is its analysis's own records (``model.fr_analysis``).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from mtpdiag.model.fields import Record
+from mtpdiag.model.fr_analysis import Divergence, FRGroupProgress, FRSplitCheck, P2PMismatch
 from mtpdiag.model.watchdog import LoggedSignal, LoggedTimeout
-
-Json = dict[str, Any]
 
 
 class Progress(Record, frozen=True):
@@ -36,13 +33,13 @@ class FlightRecorderSection(Record, frozen=True, kw_only=True):
     version: str
     ranks: tuple[int, ...]
     missing_ranks: tuple[int, ...]
-    groups: tuple[Json, ...]  # each group's progress by the recorder's account
-    mismatches: tuple[Json, ...]  # each split of the diagnosis, held against the recorder
+    groups: tuple[FRGroupProgress, ...]  # each group's progress by the recorder's account
+    mismatches: tuple[FRSplitCheck, ...]  # each split of the diagnosis, held against the recorder
     disagreements: tuple[str, ...]
     notes: tuple[str, ...]
     lines: tuple[str, ...]
-    divergences: tuple[Json, ...] | None = None  # per group, the first sequence number where members disagree
-    unmatched_p2p: tuple[Json, ...] | None = None
+    divergences: tuple[Divergence, ...] | None = None  # per group, the first sequence number where members disagree
+    unmatched_p2p: tuple[P2PMismatch, ...] | None = None
 
 
 class WatchdogSection(Record, frozen=True):

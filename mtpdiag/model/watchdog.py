@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mtpdiag.model.fields import Record, as_json_value
+from mtpdiag.model.fields import Record
 
 
 class PGRef(Record, frozen=True):
@@ -163,11 +163,3 @@ class WatchdogLog(Record, frozen=True):
     statuses: tuple[WatchdogStatus, ...] = ()
     desync: tuple[DesyncReport, ...] = ()
     notes: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, object]:
-        """The log's records as JSON (the timeouts as the report lists them)."""
-        return {
-            "timeouts": as_json_value([t.logged() for t in self.timeouts]),
-            "statuses": as_json_value(self.statuses),
-            "desync": as_json_value(self.desync),
-        }

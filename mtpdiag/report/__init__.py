@@ -16,21 +16,23 @@ import importlib
 import msgspec
 
 from mtpdiag.model import Report
+from mtpdiag.vocabulary.states import OutputFormat
 
 
 class Renderer(msgspec.Struct, frozen=True):
-    name: str
+    name: OutputFormat
     module: str  # under mtpdiag.report; its ``render(report) -> str``
+    says: str  # what it is for, as ``--format``'s help says it
     terminal: bool = False  # takes the terminal's colour and width (console)
 
 
-RENDERERS: dict[str, Renderer] = {
+RENDERERS: dict[str, Renderer] = {  # by ``OutputFormat``
     r.name: r
     for r in (
-        Renderer("console", "console", terminal=True),
-        Renderer("json", "json_report"),
-        Renderer("markdown", "markdown"),
-        Renderer("html", "html"),
+        Renderer(OutputFormat.CONSOLE, "console", "the default", terminal=True),
+        Renderer(OutputFormat.JSON, "json_report", "the mtpdiag.report/2 document"),
+        Renderer(OutputFormat.MARKDOWN, "markdown", "for an incident ticket"),
+        Renderer(OutputFormat.HTML, "html", "one self-contained page"),
     )
 }
 FORMATS = tuple(RENDERERS)

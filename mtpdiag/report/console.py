@@ -57,7 +57,7 @@ def render(report: Report, color: bool = False, width: int = 120) -> str:
 
 def print_report(console: Console, report: Report) -> None:
     views = {v.rank: v for v in report.ranks if v.rank is not None}
-    layout = report.layout
+    layout = report.layout.sizes() if report.layout else None
     console.print(Text(words.headline(report), style=VERDICT_STYLE.get(report.verdict, "bold")))
     console.print(Text(words.layout_line(report), style="dim"))
 

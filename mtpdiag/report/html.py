@@ -127,7 +127,7 @@ def _mismatches(report: Report, views: Mapping[int, RankView]) -> str:
         tag = "" if root else "<em>(consequence)</em> "
         return (
             f'<li data-testid=mismatch class="{"root" if root else "consequence"}">'
-            f"{tag}{_e(words.mismatch_sentence(m, views, report.layout))}</li>"
+            f"{tag}{_e(words.mismatch_sentence(m, views, _sizes(report)))}</li>"
         )
 
     shown, folded = ordered[:MISMATCHES_SHOWN], ordered[MISMATCHES_SHOWN:LIST_LIMIT]
@@ -296,7 +296,7 @@ def _odd_ranks(report: Report) -> str:
         return ""
     out = ["<section><h2>Ranks that could not be read normally</h2><ul>"]
     for v in odd[:LIST_LIMIT]:
-        label = words.rank_label(v, v.rank, report.layout) if v.rank is not None else f"pid {v.pid}"
+        label = words.rank_label(v, v.rank, _sizes(report)) if v.rank is not None else f"pid {v.pid}"
         out.append(f"<li class=warn>{_e(label)} on {_e(v.host)}: {_e(words.doing(v))}</li>")
     if len(odd) > LIST_LIMIT:
         out.append(f"<li class=dim>… and {len(odd) - LIST_LIMIT} more</li>")
@@ -332,7 +332,7 @@ def _data_json(report: Report) -> str:
 
     rows = []
     for v in report.ranks:
-        label = words.rank_label(v, v.rank, report.layout) if v.rank is not None else f"pid {v.pid}"
+        label = words.rank_label(v, v.rank, _sizes(report)) if v.rank is not None else f"pid {v.pid}"
         frames_of_v = report.stack_of(v)
         rows.append(
             [
@@ -368,17 +368,21 @@ def _site_index(view: RankView, stack: Iterable[Frame]) -> int:
     return next((k for k, f in enumerate(stack) if (f.function, f.file, f.line) == site), -1)
 
 
+def _sizes(report: Report) -> dict[str, int] | None:
+    return report.layout.sizes() if report.layout else None
+
+
 def _layout_coords(report: Report) -> dict[int, Mapping[str, int]]:
     """Coordinates of every rank of the world, so that ranks missing from the capture show as gaps."""
     layout, world = report.layout, report.world_size
     if not layout or not world:
         return {}
     try:
-        sizes = {k: int(layout.get(k, 1) or 1) for k in ("tp", "cp", "pp", "ep")}
+        sizes = {k: int(getattr(layout, k) or 1) for k in ("tp", "cp", "pp", "ep")}
         # The expert sizes too: without etp, a MoE layout whose etp*ep*pp divides the world but tp*ep*pp does
         # not could not be rebuilt, and the ranks missing from the capture vanished from the grid.
-        sizes.update({k: int(layout[k]) for k in ("etp", "vpp") if layout.get(k) is not None})
-        full = ParallelLayout.for_world(world, order=str(layout.get("order") or DEFAULT_ORDER), **sizes)
+        sizes.update({k: int(v) for k in ("etp", "vpp") if (v := getattr(layout, k)) is not None})
+        full = ParallelLayout.for_world(world, order=str(layout.order or DEFAULT_ORDER), **sizes)
         return {r: full.coords(r) for r in range(world)}
     except (LayoutError, TypeError, ValueError):
         return {}

@@ -6,8 +6,6 @@ naming its own by index.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from mtpdiag.model import Report
@@ -45,11 +43,3 @@ def document(report: Report) -> bytes | bytearray:
         _ENCODER.encode_into(scrub(report), data)
     data += b"\n"
     return data
-
-
-def to_dict(report: Report) -> dict[str, Any]:
-    """The report as the JSON document's Python value (what ``json.loads(render(report))`` gives)."""
-    import json
-
-    value: dict[str, Any] = json.loads(encode(report))
-    return value

@@ -12,7 +12,7 @@ from mtpdiag.vocabulary.labels import rank_list
 
 def render(report: Report) -> str:
     views = {v.rank: v for v in report.ranks if v.rank is not None}
-    layout = report.layout
+    layout = report.layout.sizes() if report.layout else None
     out = [f"## mtpdiag: {report.verdict}", "", f"**{words.headline(report)}**", ""]
     if layout:
         sizes = ", ".join(f"{k}={layout[k]}" for k in COORDINATES if k in layout)

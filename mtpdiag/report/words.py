@@ -100,7 +100,7 @@ def layout_line(report: Report) -> str:
     """``layout: tp=1 cp=2 ... from <source>``, or how to give one."""
     if not report.layout:
         return "layout: unknown (pass --tp/--cp/--pp or --config to find split process groups)"
-    sizes = " ".join(f"{k}={report.layout[k]}" for k in COORDINATES if k in report.layout)
+    sizes = " ".join(f"{k}={getattr(report.layout, k)}" for k in COORDINATES)
     source = f" from {report.layout_source}" if report.layout_source else ""
     return f"layout: {sizes}{source}"
 

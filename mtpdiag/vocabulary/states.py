@@ -20,6 +20,21 @@ else:  # pragma: no cover - Python 3.10
             return str.__hash__(self)
 
 
+class ProcessState(StrEnum):
+    """A captured process's state (``RankCapture.state``): its ``/proc/PID/stat`` letter, or how the capture
+    went when there is no letter to give. The field stays a string: a kernel may report letters not listed."""
+
+    RUNNING = "R"
+    SLEEPING = "S"
+    DISK = "D"  # uninterruptible sleep
+    STOPPED = "T"  # job-control stop (SIGSTOP)
+    TRACED = "t"  # tracing stop
+    ZOMBIE = "Z"
+    GONE = "gone"  # the process exited before or during the capture
+    UNREADABLE = "unreadable"  # no stack could be read
+    UNKNOWN = "unknown"  # read from a file: py-spy and the others do not record the process state
+
+
 class RankState(StrEnum):
     """A rank as the report shows it (``RankView.state``)."""
 
@@ -73,6 +88,15 @@ class Source(StrEnum):
     WATCHDOG_LOG = "watchdog-log"
 
 
+class OrderSource(StrEnum):
+    """What a root's program order rests on (``details.order.source``)."""
+
+    STACKS = "stacks"  # line order in the deepest frame two stacks share
+    KNOWN_SITE = "known-site"  # the known-site table's early return
+    STACKS_AND_KNOWN_SITE = "stacks+known-site"
+    FLIGHT_RECORDER = "flight-recorder"  # sequence numbers on a shared communicator
+
+
 class FindingId(StrEnum):
     """The stable finding ids users script against."""
 
@@ -94,3 +118,29 @@ class Outcome(StrEnum):
     COMPLETED = "completed"
     DEADLOCK = "deadlock"
     ERROR = "error"
+
+
+class CheckStatus(StrEnum):
+    """``mtpdiag check``'s verdict on verl's engine (``mtpdiag.check/1``)."""
+
+    AFFECTED = "affected"
+    FIXED = "fixed"
+    NOT_APPLICABLE = "not-applicable"
+    UNKNOWN = "unknown"
+
+
+class EngineGate(StrEnum):
+    """The gate around verl's MTP-loss collection: the one that deadlocks with cp > 1 (verl PR #5895), or the
+    fixed one (``check``'s verdict, ``verify``'s runs)."""
+
+    BUGGY = "buggy"
+    FIXED = "fixed"
+
+
+class OutputFormat(StrEnum):
+    """A report's output format (``--format``): one per renderer of ``mtpdiag.report.RENDERERS``."""
+
+    CONSOLE = "console"
+    JSON = "json"
+    MARKDOWN = "markdown"
+    HTML = "html"

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from mtpdiag.capture import capture, procfs, pyspy
@@ -120,7 +121,7 @@ def test_every_target_failing_is_nothing_captured(started):
         assert procfs.read_stat(worker.pid).state != "T"  # not left stopped by the killed py-spy
         (c,) = capture([worker.pid], timeout=30.0).captures
         assert c.rank == 0 and c.world_size == 1 and c.main_thread.frames[-1].function == "<module>"
-        assert "canary" not in str(c.to_dict())
+        assert "canary" not in str(msgspec.to_builtins(c))
     finally:
         worker.kill()
         worker.wait(timeout=10)

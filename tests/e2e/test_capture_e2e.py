@@ -21,7 +21,7 @@ import pytest
 
 from mtpdiag.capture import capture, find_targets, procfs, pyspy
 from mtpdiag.inputs import load_paths, parse_text_dump
-from mtpdiag.inputs.bundle import load_bundle
+from mtpdiag.inputs.bundle import bundle_text, load_bundle
 from support.canonical_hang import CANARIES, SECRET_FLAG, WAITS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def test_collect_cli_writes_a_bundle_that_round_trips(job, tmp_path):
     assert done.stderr.strip() == f"wrote {out} (4 ranks, 0 unreadable)"
     raw = out.read_text()
     snapshot = load_bundle(str(out))
-    assert snapshot.to_dict() == json.loads(raw)
+    assert json.loads(bundle_text(snapshot)) == json.loads(raw)
     assert snapshot.host == "node-07" and {c.host for c in snapshot.captures} == {"node-07"}
     assert [c.rank for c in snapshot.captures] == [0, 1, 2, 3]
     assert [c.main_thread.frames[0].function for c in snapshot.captures] == [EXPECTED[r][0] for r in range(4)]
@@ -109,7 +109,7 @@ def test_collect_cli_writes_a_bundle_that_round_trips(job, tmp_path):
 
 def test_no_secret_in_a_capture(job):
     agent, _ = job
-    stored = json.dumps(capture([agent.pid], timeout=30.0).to_dict())
+    stored = bundle_text(capture([agent.pid], timeout=30.0))
     assert not _leaks(stored) and "WANDB" not in stored
     assert "--gate" not in stored  # no command line at all
 
@@ -163,7 +163,7 @@ def test_pasted_subprocess_dump_of_the_agent_loads_the_workers_only(job, tmp_pat
     innermost = sorted(c.main_thread.frames[0].function for c in snapshot.captures)
     assert innermost == sorted(op for op, _ in EXPECTED.values())
     assert all(dict(c.layout_hints) == {"cp": 2, "pp": 2} for c in snapshot.captures)
-    assert SECRET_FLAG not in json.dumps(snapshot.to_dict())
+    assert SECRET_FLAG not in bundle_text(snapshot)
 
 
 def _state_becomes(pid: int, state: str, within_s: float = 60.0) -> bool:

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from mtpdiag.analysis.flight_recorder import correlate, group_progress
@@ -120,7 +121,7 @@ def test_pg_config_catches_a_wrong_layout(fr):
     right = Report(
         verdict="ok",
         world_size=4,
-        layout=LAYOUT.to_dict(),
+        layout=LAYOUT.record(),
         layout_source=None,
         ranks=(),
         stacks=(),
@@ -130,19 +131,19 @@ def test_pg_config_catches_a_wrong_layout(fr):
         notes=(),
     )
     assert correlate(right, fr).disagreements == ()
-    wrong = replace(right, layout=ParallelLayout.for_world(4, pp=2).to_dict())  # cp forgotten
+    wrong = replace(right, layout=ParallelLayout.for_world(4, pp=2).record())  # cp forgotten
     found = correlate(wrong, fr).disagreements
     assert any("CONTEXT_PARALLEL_GROUP" in line and "[2, 3]" in line for line in found)
 
 
 def test_correlation_with_the_stack_diagnosis_agrees_on_the_split_group(fr, hung):
     result = correlate(hung.report, fr)
-    [root] = [m for m in result.mismatches if m["op"] == "all_reduce"]
-    assert (root["group"], root["fr_desc"], root["fr_members"]) == ("dp_cp", DP_CP, [2, 3])
-    assert (root["fr_entered"], root["fr_absent"], root["agrees"]) == ([2], [3], True)
+    [root] = [m for m in result.mismatches if m.op == "all_reduce"]
+    assert (root.group, root.fr_desc, root.fr_members) == ("dp_cp", DP_CP, (2, 3))
+    assert (root.fr_entered, root.fr_absent, root.agrees) == ((2,), (3,), True)
     assert not [d for d in result.disagreements if DP_CP in d]
     assert any(line.startswith("FR agrees with the stacks on all_reduce") for line in result.lines)
-    document = json.loads(json.dumps(replace(hung.report, flight_recorder=result).to_dict()))
+    document = json.loads(msgspec.json.encode(replace(hung.report, flight_recorder=result)))
     assert document["flight_recorder"]["groups"][0]["members"] == [2, 3]
 
 
@@ -151,8 +152,8 @@ def test_a_mislabelled_dump_shows_up_as_disagreements(hung, tmp_path):
     for rank, source in ((0, 0), (1, 1), (2, 2), (3, 2)):
         shutil.copy(f"{hung.prefix}{source}", tmp_path / f"rank_{rank}")
     result = correlate(hung.report, load_fr_dumps(str(tmp_path)))
-    [root] = [m for m in result.mismatches if m["op"] == "all_reduce"]
-    assert (root["fr_entered"], root["fr_absent"], root["agrees"]) == ([2, 3], [], False)
+    [root] = [m for m in result.mismatches if m.op == "all_reduce"]
+    assert (root.fr_entered, root.fr_absent, root.agrees) == ((2, 3), (), False)
     assert any(
         d.startswith("FR says rank 3 waits in all_reduce") and d.endswith("stacks say it waits in all_gather")
         for d in result.disagreements
@@ -170,13 +171,8 @@ def test_without_pg_config_the_layout_supplies_the_members(fr, hung, tmp_path):
     assert all(d.groups == () for d in bare.ranks)
     g = _progress(bare, DP_CP, 2)
     assert (g.members, g.members_from, g.behind) == ((2,), "entries", ())
-    [root] = [m for m in correlate(hung.report, bare).mismatches if m["op"] == "all_reduce"]
-    assert (root["fr_members"], root["fr_members_from"], root["fr_absent"], root["agrees"]) == (
-        [2, 3],
-        "entries",
-        [3],
-        True,
-    )
+    [root] = [m for m in correlate(hung.report, bare).mismatches if m.op == "all_reduce"]
+    assert (root.fr_members, root.fr_members_from, root.fr_absent, root.agrees) == ((2, 3), "entries", (3,), True)
 
 
 def test_torchfrtrace_agrees_with_the_matcher_on_the_live_dumps(hung):

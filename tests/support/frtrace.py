@@ -180,7 +180,7 @@ def _agree(block: FRTraceBlock, d: Divergence) -> None:
     reference = [
         r.rank
         for r in d.ranks
-        if r.call is not None and r.call.profiling_name == block.profiling_name and r.rank not in block.culprit_ranks
+        if r.op is not None and r.profiling_name == block.profiling_name and r.rank not in block.culprit_ranks
     ]
     assert reference, f"no rank of ours issued torchfrtrace's reference {block.profiling_name}"
     assert frozenset(d.culprits_against(reference[0])) == block.culprit_ranks

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import msgspec
 import pytest
 
 from mtpdiag.analysis import diagnose
@@ -79,7 +80,7 @@ def test_mtp_cp_pp_names_the_gated_reduce_as_the_root():
     assert [v.rank for v in report.ranks] == [0, 1, 2, 3]
     rank0 = report.ranks[0]
     assert (rank0.state, rank0.op, rank0.peer, rank0.site.function) == ("collective", "send", 2, "send_forward")
-    assert report.layout == layout.to_dict() and report.layout_source == "scenario.json"
+    assert report.layout == layout.record() and report.layout_source == "scenario.json"
     assert report.world_size == 4
 
 
@@ -90,15 +91,15 @@ def test_mtp_cp_dp_splits_the_whole_dp_cp_group():
     (m,) = [m for m in report.mismatches if m.role == "root"]
     assert (m.group, m.members, m.entered, m.absent) == ("dp_cp", (0, 1, 2, 3), (0, 2), (1, 3))
     assert m.gate == {"cp": 0}
-    assert report.findings[0].details["gate"] == {"cp": 0}
+    assert report.findings[0].details.gate == {"cp": 0}
 
 
 def test_tp_broadcast_is_a_collective_gated_on_tp_rank_0():
     report, _ = _report("tp_broadcast")
     first = report.findings[0]
     assert first.id == "gated-collective"
-    assert first.details["gate"] == {"tp": 0}
-    assert first.details["group"] == "tp"
+    assert first.details.gate == {"tp": 0}
+    assert first.details.group == "tp"
     assert len(_root_findings(report)) == 1
     roots = [m for m in report.mismatches if m.role == "root"]
     assert {m.members for m in roots} == {(0, 1), (2, 3)}
@@ -146,7 +147,7 @@ def test_a_missing_rank_file_is_named_with_its_coords(name):
     missing = [f for f in report.findings if f.id == "missing-rank"]
     assert len(missing) == 1
     assert missing[0].ranks == (3,)
-    assert missing[0].details["coords"] == {"3": layout.coords(3)}
+    assert missing[0].details.coords == {3: layout.coords(3)}
     assert layout.describe(3) in missing[0].summary
     assert [v.rank for v in report.ranks] == [0, 1, 2]
 
@@ -156,7 +157,7 @@ def test_every_recorded_hang_is_a_problem_and_serializes(name):
     report, _ = _report(name)
     assert report.verdict == "problem"
     assert report.findings[0].id == FIRST_FINDING[name]
-    data = json.loads(json.dumps(report.to_dict()))
+    data = json.loads(msgspec.json.encode(report))
     assert data["schema"] == "mtpdiag.report/2"
     assert all(r["ranks"] == sorted(r["ranks"]) for r in data["sites"])
     # report/2: each distinct stack once, each rank naming its own

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from mtpdiag.analysis import diagnose
 from mtpdiag.analysis.findings import RULES, ordered
-from mtpdiag.model import Finding
-from mtpdiag.vocabulary.states import FindingId, Verdict
+from mtpdiag.model import FINDING_TYPES, AllWaitingDetails, SplitDetails
+from mtpdiag.vocabulary.states import FindingId, GroupFrom, Source, Verdict
 from support.captures import load_scenario
 
 # The stable ids of docs/design.md, as users script against them.
@@ -32,9 +32,36 @@ def test_only_the_evidence_gap_is_incomplete():
     assert {r.id for r in RULES if r.verdict == Verdict.INCOMPLETE} == {FindingId.UNEXPLAINED_WAIT}
 
 
+SPLIT = SplitDetails(
+    op="all_reduce",
+    site=None,
+    group="dp_cp",
+    gate={"cp": 0},
+    members=(0, 1),
+    entered=(0,),
+    absent=(1,),
+    instances=1,
+    group_from=GroupFrom.KNOWN_SITE,
+    group_candidates=("dp_cp",),
+    gate_strength=None,
+    source=Source.STACKS,
+)
+DETAILS = {
+    "all-waiting": AllWaitingDetails(),
+    "gated-collective": SPLIT,
+    "mtp-cp-gated-reduce": SPLIT,
+    "frozen-rank": None,
+}
+
+
+def test_every_id_has_its_own_finding_type():
+    assert set(FINDING_TYPES) == set(FindingId)
+    assert all(kind(ranks=(0,), summary="", remedy=None, details=None).id == i for i, kind in FINDING_TYPES.items())
+
+
 def test_causes_come_first_then_by_rank():
     made = [
-        Finding(id=i, ranks=(r,), summary="", remedy=None)
+        FINDING_TYPES[FindingId(i)](ranks=(r,), summary="", remedy=None, details=DETAILS[i])
         for i, r in (
             ("all-waiting", 0),
             ("gated-collective", 5),

@@ -8,6 +8,8 @@ from html import escape
 
 import pytest
 
+from mtpdiag.report import FORMATS, RENDERERS
+from mtpdiag.vocabulary.states import OutputFormat
 from support.captures import scenario_dir
 from support.jobs_e2e import run_cli_here
 
@@ -113,3 +115,16 @@ def test_every_format_shows_every_optional_section(fmt):
         return
     for line in (fr_line, log_line):
         assert (escape(line[:60]) if fmt == "html" else line[:60]) in done.stdout, (fmt, line)
+
+
+def test_the_format_choices_are_the_renderer_registrys(monkeypatch):
+    """``--format`` offers the registry's renderers, by the vocabulary's names, and its help says each."""
+    assert set(RENDERERS) == set(OutputFormat) and all(r.name == name for name, r in RENDERERS.items())
+    assert FORMATS == tuple(OutputFormat)
+    monkeypatch.setenv("COLUMNS", "400")  # the help on one line each
+    shown = run_cli_here("analyze", "--help").stdout
+    assert "<" + "|".join(FORMATS) + ">" in shown
+    assert all(f"{r.name} ({r.says})" in shown for r in RENDERERS.values())
+    assert (
+        run_cli_here("analyze", BUNDLE, "--format", "JSON").stdout == run_cli_here("analyze", BUNDLE, "--json").stdout
+    )

@@ -132,7 +132,7 @@ def test_a_log_without_watchdog_lines_is_empty_and_the_file_reader(tmp_path):
     path = tmp_path / "job.log"
     path.write_bytes(LOG_2_13.encode() + b"\xff\xfe\n")
     assert len(load_watchdog_log(str(path)).timeouts) == 2
-    assert parse_watchdog_log(LOG_2_13).to_dict()["timeouts"][0]["pg_desc"] == "DATA_PARALLEL_GROUP_WITH_CP"
+    assert parse_watchdog_log(LOG_2_13).timeouts[0].logged().pg_desc == "DATA_PARALLEL_GROUP_WITH_CP"
 
 
 # torch 1.7 to 1.9: operator<<(WorkNCCL) printed "WorkNCCL(OpType=…, TensorShape=[…], Timeout(ms)=…)" (no SeqNum; the

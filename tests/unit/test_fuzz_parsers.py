@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -572,7 +573,7 @@ def recorded_report():
 def _load_and_correlate(prefix: str, report) -> None:
     dump = _result_or_clean_error(load_fr_dumps, prefix)
     if dump is not None:
-        json.dumps(correlate(report, dump).to_dict())
+        msgspec.json.encode(correlate(report, dump))
 
 
 @FUZZ

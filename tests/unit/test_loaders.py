@@ -12,11 +12,12 @@ import re
 import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.inputs import load_paths, rank_from_name
-from mtpdiag.inputs.bundle import load_bundle, save_bundle
+from mtpdiag.inputs.bundle import bundle_text, load_bundle, save_bundle
 from mtpdiag.inputs.files import expand
 from mtpdiag.model import Env, replace
 
@@ -65,7 +66,7 @@ def test_innermost_frames_of_the_recorded_hang():
 def test_text_dump_gives_layout_hints_but_keeps_no_command_line():
     snapshot = load_paths(_files(".txt"))
     assert all(dict(c.layout_hints) == {"cp": 2, "pp": 2} for c in snapshot.captures)
-    stored = json.dumps(snapshot.to_dict())
+    stored = bundle_text(snapshot)
     assert "--gate" not in stored and "python -u" not in stored
 
 
@@ -122,7 +123,7 @@ def test_bundle_round_trip_into_a_directory(tmp_path):
     assert written == str(tmp_path / "gpu-node-7.mtpdiag.json")
     assert sorted(os.listdir(tmp_path)) == ["gpu-node-7.mtpdiag.json"]  # no temp file left behind
     again = load_bundle(written)
-    assert again.to_dict() == snapshot.to_dict()
+    assert msgspec.to_builtins(again.stored()) == msgspec.to_builtins(snapshot.stored())
 
 
 BUNDLED = sorted(p.parent for p in SCENARIO.parent.glob("*/bundle.json"))

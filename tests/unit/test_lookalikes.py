@@ -52,7 +52,7 @@ def test_a_tracker_skipped_on_a_pipeline_stage_is_a_pp_split_never_the_mtp_deadl
     ids = [f.id for f in report.findings]
     assert "mtp-cp-gated-reduce" not in ids
     first = report.findings[0]
-    assert first.id == "gated-collective" and first.details["group"] == "pp"
+    assert first.id == "gated-collective" and first.details.group == "pp"
     roots = _roots(report)
     assert {m.members for m in roots} == PP_GROUPS
     assert all(m.group == "pp" and m.gate == {"pp": 1} for m in roots)
@@ -60,7 +60,7 @@ def test_a_tracker_skipped_on_a_pipeline_stage_is_a_pp_split_never_the_mtp_deadl
     assert sorted(r for m in roots for r in m.absent) == [0, 1]
     assert all(m.site is not None and m.site.function.endswith(site.rsplit(".", 1)[-1]) for m in roots)
     signature = "dsa-indexer" if "dsa" in name else "moe-aux-loss"
-    assert first.details["signature"] == signature
+    assert first.details.signature == signature
     if signature == "dsa-indexer":
         assert "DeepSeek indexer" in first.summary and "#4745" in first.summary
         assert "#4518" in first.remedy
@@ -89,8 +89,8 @@ def test_every_member_in_one_collective_with_different_sizes_is_a_size_mismatch(
     assert len(sizes) == 2 and report.findings[0].id == "size-mismatch"
     assert {f.ranks for f in sizes} == PP_GROUPS
     for f in sizes:
-        assert f.details["group"] == "pp" and f.details["seq"] == 1
-        assert f.details["values"] == {"14 elements": [f.ranks[0]], "15 elements": [f.ranks[1]]}
+        assert f.details.group == "pp" and f.details.seq == 1
+        assert f.details.values == {"14 elements": (f.ranks[0],), "15 elements": (f.ranks[1],)}
         assert "force_initialize" in f.remedy and "#3400" in f.remedy
     # The MTP reduce of stage 1 is pending too, entered by both members of its DP×CP group: nothing split
     assert not [m for m in report.mismatches if m.site and m.site.function.endswith("reduce_loss_in_tracker")]

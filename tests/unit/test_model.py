@@ -4,15 +4,36 @@ decoded (``True`` is no line number, ``0`` no flag), and what is written reads b
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import msgspec
 import pytest
 
 from mtpdiag.analysis import diagnose
+from mtpdiag.analysis.flight_recorder.evidence import layout_members
+from mtpdiag.analysis.flight_recorder.match import PROVISIONAL_ROLE, match_groups, mismatches
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.bundle import bundle_text, snapshot_from_data, snapshot_from_json
-from mtpdiag.model import Frame, FrameArgs, Report, ThreadStack, replace
+from mtpdiag.inputs.flight_recorder import load_fr_dumps
+from mtpdiag.layout import ParallelLayout
+from mtpdiag.model import (
+    FINDING_TYPES,
+    STATE_GONE,
+    STATE_STOPPED,
+    Frame,
+    FrameArgs,
+    Layout,
+    MtpCpGatedReduce,
+    Report,
+    Snapshot,
+    ThreadStack,
+    replace,
+)
+from mtpdiag.vocabulary.matching import MatchRole
+from mtpdiag.vocabulary.states import ProcessState, Role
 from support.captures import load_scenario, scenarios
+
+FR_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "fr"
 
 
 def _bundle(*frames: dict) -> dict:
@@ -118,3 +139,62 @@ def test_a_bundle_keeps_no_locals_hash_and_the_recorders_stacks_once():
     assert "locals_key" not in json.dumps(document)
     rank = document["flight_recorder"]["ranks"][0]
     assert len(rank["stacks"]) < len(rank["entries"]) and all("frames" not in e for e in rank["entries"])
+
+
+def test_each_finding_reads_back_as_its_ids_type_and_other_details_are_refused():
+    """The findings are a tagged union on ``id``: the details of one id under another are a decode error that
+    says where, as any wrong type is."""
+    snapshot, layout, _ = load_scenario("mtp_cp_pp")
+    report = diagnose(snapshot, layout, "flags")
+    again = msgspec.json.decode(msgspec.json.encode(report), type=Report)
+    assert [type(f) for f in again.findings] == [FINDING_TYPES[f.id] for f in report.findings]
+    assert isinstance(again.findings[0], MtpCpGatedReduce) and again.findings[0].details.gate == {"cp": 0}
+    document = json.loads(msgspec.json.encode(report))
+    document["findings"][0]["details"] = {"missing": [3], "world_size": 4}  # missing-rank's, under the MTP id
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.findings\[0\]\.details"):
+        msgspec.json.decode(json.dumps(document), type=Report)
+    document["findings"][0]["id"] = "no-such-finding"
+    with pytest.raises(msgspec.ValidationError, match="no-such-finding"):
+        msgspec.json.decode(json.dumps(document), type=Report)
+
+
+def test_the_layout_is_a_typed_record_with_vpp_and_etp_only_when_set():
+    plain = ParallelLayout.for_world(4, cp=2, pp=2).record()
+    assert json.loads(msgspec.json.encode(plain)) == {
+        "tp": 1,
+        "cp": 2,
+        "ep": 1,
+        "dp": 1,
+        "pp": 2,
+        "order": "tp-cp-ep-dp-pp",
+    }
+    moe = ParallelLayout.for_world(16, tp=2, pp=2, ep=2, etp=1, vpp=2).record()
+    assert list(msgspec.to_builtins(moe))[-2:] == ["vpp", "etp"] and (moe.vpp, moe.etp, moe.world_size) == (2, 1, 16)
+    assert moe.sizes() == {"tp": 2, "cp": 1, "ep": 2, "dp": 4, "pp": 2, "vpp": 2, "etp": 1}
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'{"tp": 1, "cp": "2", "ep": 1, "dp": 1, "pp": 1, "order": "tp-cp-ep-dp-pp"}', type=Layout)
+
+
+def test_the_matchers_unknown_role_is_its_own_word_and_the_wait_for_graph_decides_the_split():
+    """Without stacks (torch's JSON dumps of the TP broadcast hang) the recorder cannot order the absent ranks:
+    the matcher says ``unknown`` (in
+    the report's ``flight_recorder`` section too), a split it cannot order is named a root candidate on
+    purpose (``PROVISIONAL_ROLE``), and the diagnosis's own roles come from the wait-for graph."""
+    fr = load_fr_dumps(str(FR_FIXTURES / "gloo_tp_broadcast" / "json"))  # the JSON dumps keep no stacks
+    layout = ParallelLayout.for_world(4, tp=2)
+    analysis = match_groups(fr, layout_members(fr, layout))  # gloo records no group membership
+    assert {c.role for d in analysis.divergences for c in d.calls} == {MatchRole.UNKNOWN}
+    assert PROVISIONAL_ROLE[MatchRole.UNKNOWN] == Role.ROOT
+    assert {m.role for m in mismatches(analysis)} == {Role.ROOT}
+    report = diagnose(Snapshot(captures=(), flight_recorder=fr), layout, "flags")
+    assert {m.role for m in report.mismatches} == {Role.ROOT, Role.CONSEQUENCE}
+    document = json.loads(msgspec.json.encode(report))
+    assert {c["role"] for d in document["flight_recorder"]["divergences"] for c in d["calls"]} == {"unknown"}
+
+
+def test_a_process_state_is_its_proc_letter_and_the_capture_keeps_any_other():
+    """``RankCapture.state`` is a string: a kernel's letter mtpdiag does not list is read, not refused."""
+    assert (STATE_STOPPED, STATE_GONE) == (ProcessState.STOPPED, ProcessState.GONE) == ("T", "gone")
+    document = _bundle(_frame())
+    document["captures"][0]["state"] = "I"  # an idle kernel thread's letter
+    assert snapshot_from_data(document, "x.json").captures[0].state == "I"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+import msgspec
 import pytest
 
 from mtpdiag.analysis import diagnose
@@ -32,6 +33,11 @@ STEP_SYNC = "lookalike_dsa_step_sync_gloo"
 TRACKER_LOOP = "tracker_loop_gloo_fr"
 PP_GROUPS = {(0, 2), (1, 3)}
 PASTES = os.path.join(os.path.dirname(scenario_dir("mtp_cp_pp")), os.pardir, "pastes", "mtp_cp_pp")
+
+
+def _details(finding) -> dict:
+    """A finding's details as its JSON reads them."""
+    return msgspec.json.decode(msgspec.json.encode(finding.details))
 
 
 def _report(name: str, layout: ParallelLayout | None = None, fr: bool = True):
@@ -73,8 +79,8 @@ def test_the_dsa_reduce_is_the_root_and_the_later_world_all_reduce_its_consequen
     # a guessed group lists every kind that fits, the world among them
     assert all(m.group_from == "guess" and "world" in m.group_candidates for m in later)
     first = report.findings[0]
-    assert first.id == "gated-collective" and first.details["signature"] == "dsa-indexer"
-    order = first.details["order"]
+    assert first.id == "gated-collective" and _details(first)["signature"] == "dsa-indexer"
+    order = _details(first)["order"]
     assert order["source"] == "stacks+known-site" and order["confidence"] == "likely"
     assert order["skipped_by"] == [0, 1]
     assert order["instead"]["site"]["function"] == "step_sync"
@@ -118,8 +124,8 @@ def test_in_a_loop_body_the_flight_recorder_decides():
     assert sorted(r for m in roots for r in m.absent) == [0, 1]
     assert all(m.role == "consequence" for m in report.mismatches if _function(m) == "sync_counts")
     first = report.findings[0]
-    assert first.details["order"]["source"] == "flight-recorder"
-    assert first.details["order"]["confidence"] == "certain"
+    assert _details(first)["order"]["source"] == "flight-recorder"
+    assert _details(first)["order"]["confidence"] == "certain"
     assert "skipped this all_reduce: the Flight Recorder shows" in first.summary
 
 
@@ -128,14 +134,14 @@ def test_in_a_loop_body_line_order_alone_is_possible_and_says_so():
     report must say that it rests on line order only, which a loop reverses, and that the recorder decides."""
     report = _report(TRACKER_LOOP, fr=False)
     first = report.findings[0]
-    order = first.details["order"]
+    order = _details(first)["order"]
     assert order["source"] == "stacks" and order["confidence"] == "possible" and order["loop_caveat"]
     assert order["frame"]["function"] == "log_metrics"
     assert "(line order only: if log_metrics loops, ranks 0, 1 may instead be an iteration ahead" in first.summary
     assert "the Flight Recorder's sequence numbers decide" in first.summary
     with_fr = _report(TRACKER_LOOP).findings[0]
-    assert with_fr.details["order"]["confidence"] == "certain"
-    assert with_fr.details["site"] != first.details["site"]  # the recorder overturned line order
+    assert _details(with_fr)["order"]["confidence"] == "certain"
+    assert _details(with_fr)["site"] != _details(first)["site"]  # the recorder overturned line order
 
 
 # ---------------------------------------------------------------- the stacks' comparison itself
@@ -163,7 +169,7 @@ def test_the_lookalike_with_a_barrier_keeps_its_root_and_says_what_stage_0_did_i
     report = _report("lookalike_dsa_indexer_gloo")
     first = report.findings[0]
     assert {_function(m) for m in _roots(report)} == {"reduce_loss_in_tracker"}
-    assert first.details["order"]["source"] == "stacks+known-site"
+    assert _details(first)["order"]["source"] == "stacks+known-site"
     assert "wait at barrier in interval_time_elapsed" in first.summary
 
 
@@ -172,7 +178,7 @@ def test_the_mtp_signature_still_leads_and_carries_no_program_order():
     The known signature names itself first."""
     report = _report("mtp_cp_pp")
     assert report.findings[0].id == "mtp-cp-gated-reduce"
-    assert "order" not in report.findings[0].details
+    assert "order" not in _details(report.findings[0])
 
 
 # ---------------------------------------------------------------- a known site speaks without a layout
@@ -206,11 +212,11 @@ def test_without_a_layout_the_known_sites_are_in_the_details():
     assert report.verdict == "incomplete"
     first = report.findings[0]
     assert first.id == "unexplained-wait"
-    assert first.details["known_sites"] == [
+    assert _details(first)["known_sites"] == [
         {
             "op": "all_reduce",
             "site": {
-                "file": first.details["known_sites"][0]["site"]["file"],
+                "file": _details(first)["known_sites"][0]["site"]["file"],
                 "line": 359,
                 "function": "MTPLossLoggingHelper.reduce_loss_in_tracker",
             },

@@ -55,7 +55,8 @@ ALLOWED = {
     "report": BASE | {"layout", "analysis"},  # pure: renders text, writes nothing
     "pipeline": BASE | {"atomic", "layout", "inputs", "capture", "analysis", "report"},
     "fix": BASE | {"atomic", "layout", "capture", "analysis", "lint", "report", "pipeline"},
-    "commands": BASE | {"exits", "layout", "inputs", "capture", "analysis", "lint", "report", "pipeline", "fix"},
+    "commands": BASE
+    | {"exits", "atomic", "layout", "inputs", "capture", "analysis", "lint", "report", "pipeline", "fix"},
     "crash": {"errors", "inputs"},
     "cli": {"errors", "exits", "model", "commands", "crash"},
     "__main__": {"cli"},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import msgspec
 import pytest
 
 from mtpdiag.analysis.stall import MIN_PROGRESS_NS, StallTracker, cpu_moved, stack_signatures
@@ -75,7 +76,7 @@ def test_a_repeated_hang_sample_is_called_once_the_stall_window_has_passed(scena
     cpu, stacks, _ = _recorded(scenario)
     seen = _feed(StallTracker.start(0.0), cpu, stacks, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
     assert [t.is_hang(now, 5.0) for t, now in zip(seen, range(6), strict=True)] == [False] * 5 + [True]
-    assert seen[-1].progress(5.0, 1.0, 5.0).to_dict() == {
+    assert msgspec.to_builtins(seen[-1].progress(5.0, 1.0, 5.0)) == {
         "samples": 6,
         "interval_s": 1.0,
         "stalled_for_s": 5.0,

@@ -5,19 +5,29 @@ says who waits on them; without one, a rank that holds up a world waiting in col
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from mtpdiag.analysis.causes import Causes, Waiter, holds_up
+from mtpdiag.analysis.causes import Causes, holds_up
+from mtpdiag.analysis.causes import Waiter as Waiting
 from mtpdiag.analysis.findings.facts import Facts, Mode
 from mtpdiag.analysis.findings.p2p import p2p_call
 from mtpdiag.analysis.findings.words import Words, pids, union
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Finding, Mismatch, RankView, Site
-from mtpdiag.vocabulary.states import FindingId
-from mtpdiag.vocabulary.waits import WAIT_PHRASES
+from mtpdiag.model import (
+    Finding,
+    FrozenDetails,
+    FrozenRank,
+    Mismatch,
+    RankView,
+    Site,
+    Straggler,
+    StragglerDetails,
+    Waiter,
+)
+from mtpdiag.vocabulary.states import FindingId, RankState
+from mtpdiag.vocabulary.waits import WAIT_PHRASES, WaitKind
 
 
-def _waiting_phrase(waiters: Sequence[Waiter], mismatches: Sequence[Mismatch], words: Words, them: str) -> str:
+def _waiting_phrase(waiters: Sequence[Waiting], mismatches: Sequence[Mismatch], words: Words, them: str) -> str:
     """``ranks 0, 1, 2 wait for it in all_reduce at reduce_gradients (…) on the DP×CP group``."""
     first = waiters[0]
     if first.mismatch is not None:
@@ -59,24 +69,23 @@ def _held_up_by(facts: Facts, wanted: FindingId) -> list[Finding]:
 def _blocked(causes: Causes, views: Mapping[int, RankView], layout: ParallelLayout | None) -> list[Finding]:
     """``straggler`` and ``frozen-rank`` for captured ranks that others wait on."""
     words = Words(layout)
-    running: dict[tuple[Site | None, str], list[int]] = {}
-    frozen: dict[str, list[int]] = {}
+    running: dict[tuple[Site | None, WaitKind], list[int]] = {}
+    frozen: dict[RankState, list[int]] = {}
     for rank in causes.blocked_on:
         view = views.get(rank)
         if view is None:
             continue  # never captured: missing-rank
         if view.state in ("running", "waiting"):
-            kind = view.wait.kind if view.wait is not None else "running"
+            kind = view.wait.kind if view.wait is not None else WaitKind.RUNNING
             running.setdefault((view.site, kind), []).append(rank)
         else:
             frozen.setdefault(view.state, []).append(rank)
-    out = []
+    out: list[Finding] = []
     for (site, kind), ranks in running.items():
         waiters = [w for r in ranks for w in causes.blocked_on[r]]
         them = words.verb(ranks, "it", "them")
         out.append(
-            Finding(
-                id=FindingId.STRAGGLER,
+            Straggler(
                 ranks=tuple(ranks),
                 summary=(
                     f"{words.ranks(ranks, coords=True)} {words.verb(ranks, 'is', 'are')} "
@@ -84,11 +93,7 @@ def _blocked(causes: Causes, views: Mapping[int, RankView], layout: ParallelLayo
                     f"{_waiting_phrase(waiters, causes.mismatches, words, them)}"
                 ),
                 remedy=straggler_remedy(ranks, views, kind),
-                details={
-                    "site": site.to_dict() if site else None,
-                    "wait": kind,
-                    "waiting": _waiting_details(waiters, causes),
-                },
+                details=StragglerDetails(site=site, wait=kind, waiting=_waiting_details(waiters, causes)),
             )
         )
     for state, ranks in frozen.items():
@@ -96,31 +101,28 @@ def _blocked(causes: Causes, views: Mapping[int, RankView], layout: ParallelLayo
         reasons = list(dict.fromkeys(views[r].error or state for r in ranks))
         them = words.verb(ranks, "it", "them")
         out.append(
-            Finding(
-                id=FindingId.FROZEN_RANK,
+            FrozenRank(
                 ranks=tuple(ranks),
                 summary=(
                     f"{words.ranks(ranks, coords=True)} {words.verb(ranks, 'is', 'are')} {state} "
                     f"({'; '.join(reasons[:2])}) while {_waiting_phrase(waiters, causes.mismatches, words, them)}"
                 ),
                 remedy=frozen_remedy(state, ranks, views),
-                details={"state": state, "waiting": _waiting_details(waiters, causes)},
+                details=FrozenDetails(state=state, waiting=_waiting_details(waiters, causes)),
             )
         )
     return out
 
 
-def _waiting_details(waiters: Sequence[Waiter], causes: Causes) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _waiting_details(waiters: Sequence[Waiting], causes: Causes) -> tuple[Waiter, ...]:
+    out: list[Waiter] = []
     for w in waiters[:16]:
         if w.mismatch is not None:
             m = causes.mismatches[w.mismatch]
-            out.append(
-                {"op": m.op, "site": m.site.to_dict() if m.site else None, "group": m.group, "entered": list(m.entered)}
-            )
+            out.append(Waiter(op=m.op, site=m.site, group=m.group, entered=m.entered))
         elif w.p2p is not None:
-            out.append({"op": w.p2p.op, "site": w.p2p.site.to_dict() if w.p2p.site else None, "rank": w.p2p.rank})
-    return out
+            out.append(Waiter(op=w.p2p.op, site=w.p2p.site, rank=w.p2p.rank))
+    return tuple(out)
 
 
 _STRAGGLER_CAUSES = {
@@ -155,7 +157,7 @@ def _layout_free(views: Sequence[RankView]) -> list[Finding]:
     ranked = [(v.rank, v) for v in views if v.rank is not None]
     by_rank = dict(ranked)
     waiting = [r for r, v in ranked if v.state == "collective"]
-    out = []
+    out: list[Finding] = []
     frozen: dict[str, list[int]] = {}
     for r, v in ranked:
         if v.state in ("stopped", "gone", "unreadable"):
@@ -165,8 +167,7 @@ def _layout_free(views: Sequence[RankView]) -> list[Finding]:
     if waiting:
         for state, ranks in frozen.items():
             out.append(
-                Finding(
-                    id=FindingId.FROZEN_RANK,
+                FrozenRank(
                     ranks=tuple(ranks),
                     remedy=frozen_remedy(state, ranks, by_rank),
                     summary=(
@@ -180,8 +181,7 @@ def _layout_free(views: Sequence[RankView]) -> list[Finding]:
         kinds = list(dict.fromkeys(w.kind if (w := by_rank[r].wait) else "running" for r in held))
         what = WAIT_PHRASES.get(kinds[0], kinds[0]) if len(kinds) == 1 else "outside any collective"
         out.append(
-            Finding(
-                id=FindingId.STRAGGLER,
+            Straggler(
                 ranks=tuple(held),
                 remedy=straggler_remedy(held, by_rank, kinds[0] if len(kinds) == 1 else "running"),
                 summary=(

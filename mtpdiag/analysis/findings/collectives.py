@@ -21,8 +21,19 @@ from mtpdiag.analysis.gate import describe_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, signature_of, skip_of
 from mtpdiag.analysis.program_order import RootOrder
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Finding, Mismatch, Site
-from mtpdiag.vocabulary.states import FindingId
+from mtpdiag.model import (
+    DtypeMismatch,
+    Finding,
+    GatedCollective,
+    Mismatch,
+    MtpCpGatedReduce,
+    Site,
+    SizeDetails,
+    SizeMismatch,
+    SplitDetails,
+    replace,
+)
+from mtpdiag.vocabulary.states import Source
 
 if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there are dumps
     from mtpdiag.analysis.flight_recorder.evidence import SizeProblem
@@ -71,24 +82,24 @@ def _finding(
     absent = union(m.absent for m in instances)
     gate = instances[0].gate
     doing_of = {r: d for m in instances for r, d in m.absent_doing.items()}
-    details = {
-        "op": op,
-        "site": site.to_dict() if site else None,
-        "group": kind,
-        "gate": dict(gate) if gate is not None else None,
-        "members": list(members),
-        "entered": list(entered),
-        "absent": list(absent),
-        "instances": len(instances),
-        "group_from": instances[0].group_from,
-        "group_candidates": list(instances[0].group_candidates),
-        "gate_strength": instances[0].gate_strength,
-        "source": instances[0].source,
-    }
+    details = SplitDetails(
+        op=op,
+        site=site,
+        group=kind,
+        gate=dict(gate) if gate is not None else None,
+        members=members,
+        entered=entered,
+        absent=absent,
+        instances=len(instances),
+        group_from=instances[0].group_from,
+        group_candidates=instances[0].group_candidates,
+        gate_strength=instances[0].gate_strength,
+        source=instances[0].source,
+    )
     group = groups_phrase(kind, instances, words)
     never = f"{words.ranks(absent, coords=True)} never joined ({doing_phrase(absent, doing_of)})"
     if order is not None:
-        details["order"] = order.to_dict()
+        details = replace(details, order=order.details())
         never = order_phrase(order, op, entered, words)
         skipped = set(order.skipped_by)
         rest = [r for r in absent if r not in skipped]
@@ -96,8 +107,7 @@ def _finding(
             never += f"; {words.ranks(rest, coords=True)} never joined ({doing_phrase(rest, doing_of)})"
     if _is_mtp(op, site, kind, instances):
         cp = layout.cp if layout is not None else "N"
-        return Finding(
-            id=FindingId.MTP_CP_GATED_REDUCE,
+        return MtpCpGatedReduce(
             ranks=members,
             details=details,
             summary=(
@@ -110,11 +120,9 @@ def _finding(
     signature = signature_of(site)
     if signature in TRACKER_WORDS and gate is not None:
         name, fix = TRACKER_WORDS[signature]
-        details["signature"] = signature
-        return Finding(
-            id=FindingId.GATED_COLLECTIVE,
+        return GatedCollective(
             ranks=members,
-            details=details,
+            details=replace(details, signature=signature),
             summary=(
                 f"{name} {op} at {words.where(site)} on {group} entered only by {describe_gate(gate)} "
                 f"ranks ({words.ranks(entered)}); {never}: {_skip_words(site)}"
@@ -144,7 +152,7 @@ def _finding(
             f"every rank of the {words.group(kind)} group must reach {op} at {where}; "
             "compare the absent ranks' stacks with the entered ones to see where they turned off"
         )
-    return Finding(id=FindingId.GATED_COLLECTIVE, ranks=members, summary=summary, remedy=remedy, details=details)
+    return GatedCollective(ranks=members, summary=summary, remedy=remedy, details=details)
 
 
 def _skip_words(site: Site | None) -> str:
@@ -174,7 +182,7 @@ def _size_findings(problems: Sequence[SizeProblem], layout: ParallelLayout | Non
     same picture shows when one rank has gone to validation while the others still train.
     """
     words = Words(layout)
-    out = []
+    out: list[Finding] = []
     for p in problems:
         name = words.group(p.kind) if p.kind else p.desc or p.group
         values = "; ".join(f"{words.ranks(list(ranks))} with {value}" for value, ranks in p.by_value.items())
@@ -193,23 +201,22 @@ def _size_findings(problems: Sequence[SizeProblem], layout: ParallelLayout | Non
                 "depends on the layers a stage holds, a rank in another phase such as validation)"
             )
         out.append(
-            Finding(
-                id=FindingId.SIZE_MISMATCH if what == "sizes" else FindingId.DTYPE_MISMATCH,
+            (SizeMismatch if what == "sizes" else DtypeMismatch)(
                 ranks=p.members,
                 remedy=remedy,
                 summary=(
                     f"{p.op} #{p.seq} at {words.where(p.site)} on the {name} group {words.members(p.members)} "
                     f"was entered by every member, with different {what}: {values}"
                 ),
-                details={
-                    "op": p.op,
-                    "seq": p.seq,
-                    "group": p.kind or p.desc,
-                    "fr_group": p.group,
-                    "site": p.site.to_dict() if p.site else None,
-                    "values": {k: list(v) for k, v in p.by_value.items()},
-                    "source": "flight-recorder",
-                },
+                details=SizeDetails(
+                    op=p.op,
+                    seq=p.seq,
+                    group=p.kind or p.desc,
+                    fr_group=p.group,
+                    site=p.site,
+                    values=dict(p.by_value),
+                    source=Source.FLIGHT_RECORDER,
+                ),
             )
         )
     return out

@@ -9,9 +9,8 @@ from mtpdiag.analysis.findings.facts import Facts, Mode
 from mtpdiag.analysis.findings.words import Words, grouped, union
 from mtpdiag.analysis.mismatch import doing
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Finding, RankView
+from mtpdiag.model import Finding, P2PDetails, P2PUnmatched, RankView
 from mtpdiag.vocabulary.ops import RECV_OPS, SEND_OPS
-from mtpdiag.vocabulary.states import FindingId
 
 
 def p2p_call(w: P2PWait) -> str:
@@ -46,7 +45,7 @@ def findings(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
 def _findings(roots: Sequence[P2PWait], views: Mapping[int, RankView], layout: ParallelLayout | None) -> list[Finding]:
     """One finding per root (op, site) of unmatched send/recv waits; the summary names both ends."""
     words = Words(layout)
-    out = []
+    out: list[Finding] = []
     for (op, site), waits in grouped(roots, lambda w: (w.op, w.site)).items():
         first = waits[0]
         summary = (
@@ -58,20 +57,19 @@ def _findings(roots: Sequence[P2PWait], views: Mapping[int, RankView], layout: P
             summary += f" (and {len(waits) - 1} more such pair{'s' if len(waits) > 2 else ''})"
         ranks = union([[w.rank, w.peer] for w in waits])
         out.append(
-            Finding(
-                id=FindingId.P2P_UNMATCHED,
+            P2PUnmatched(
                 ranks=ranks,
                 summary=summary,
                 remedy=(
                     "the two ends disagree on the number or order of their sends and receives: compare "
                     "the microbatch counts and the schedules of both pipeline stages"
                 ),
-                details={
-                    "op": op,
-                    "site": site.to_dict() if site else None,
-                    "pairs": [[w.rank, w.peer] for w in waits],
-                    "peer_doing": {str(w.peer): doing(views.get(w.peer)) for w in waits},
-                },
+                details=P2PDetails(
+                    op=op,
+                    site=site,
+                    pairs=tuple((w.rank, w.peer) for w in waits),
+                    peer_doing={w.peer: doing(views.get(w.peer)) for w in waits},
+                ),
             )
         )
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -15,8 +15,21 @@ from mtpdiag.analysis.known_sites import KnownSite, lookup, signature_of
 from mtpdiag.analysis.mismatch import doing
 from mtpdiag.analysis.wait import is_stuck
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Finding, RankView, Site
-from mtpdiag.vocabulary.states import FROZEN_STATES, FindingId, RankState
+from mtpdiag.model import (
+    AllWaiting,
+    AllWaitingDetails,
+    Finding,
+    KnownSiteAt,
+    MissingDetails,
+    MissingRank,
+    OpSite,
+    RankView,
+    Site,
+    UnexplainedWait,
+    UnexplainedWaitDetails,
+    WaitingGroup,
+)
+from mtpdiag.vocabulary.states import FROZEN_STATES, RankState, Source
 from mtpdiag.vocabulary.waits import WAIT_PHRASES
 
 if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there are dumps
@@ -73,11 +86,9 @@ def missing_finding(
     )
     if waited:
         summary += f"; {words.ranks(waited)} {words.verb(waited, 'is', 'are')} waited on by others"
-    details: dict[str, Any] = {"missing": list(missing), "world_size": world_size}
-    if layout is not None:
-        details["coords"] = {str(r): layout.coords(r) for r in missing if r < layout.world_size}
-    return Finding(
-        id=FindingId.MISSING_RANK,
+    coords = {r: layout.coords(r) for r in missing if r < layout.world_size} if layout is not None else None
+    details = MissingDetails(missing=tuple(missing), world_size=world_size, coords=coords)
+    return MissingRank(
         ranks=tuple(missing),
         summary=summary,
         details=details,
@@ -98,12 +109,11 @@ def all_waiting_finding(views: Sequence[RankView]) -> Finding:
         what = f"waits in {op} at {words.where(site)}"
     else:
         what = f"waits in a collective ({len(sites)} sites)"
-    return Finding(
-        id=FindingId.ALL_WAITING,
+    return AllWaiting(
         ranks=ranks,
         remedy=FLIGHT_RECORDER_HINT,
         summary=f"every rank ({len(ranks)}) {what} and no group is split: the cause is below Python",
-        details={"sites": [{"op": op, "site": site.to_dict() if site else None} for op, site in sites]},
+        details=AllWaitingDetails(sites=tuple(OpSite(op, site) for op, site in sites)),
     )
 
 
@@ -135,14 +145,14 @@ def unexplained_wait_finding(
         parts.append(f"{words.ranks(who)} {phrase}{where}")
     ranks = tuple(sorted(v.rank for v in stuck if v.rank is not None))
     kinds = set(by_kind)
-    details: dict[str, Any] = {}
+    known_sites: tuple[KnownSiteAt, ...] = ()
     if known is not None and not layout_known:
         summary = known.lead
         remedy = f"give the layout ({known.flags} with the other sizes, or --config) to confirm which group is split"
         if known.fix:
             remedy += f"; once confirmed: {known.fix}"
         remedy += f"; the Flight Recorder names the groups too: {FR_HOW}"
-        details["known_sites"] = known.sites
+        known_sites = known.sites
     elif kinds == {"collective"} and not layout_known:
         summary = "ranks wait in collectives at different call sites and no parallel layout is known: " + "; ".join(
             parts
@@ -153,15 +163,14 @@ def unexplained_wait_finding(
         )
     else:
         summary, remedy = _unexplained_words(kinds, parts, fr_found)
-    return Finding(
-        id=FindingId.UNEXPLAINED_WAIT,
+    return UnexplainedWait(
         ranks=ranks,
         summary=summary,
         remedy=remedy,
-        details={
-            "waits": {k: sorted(v.rank for v in vs if v.rank is not None) for k, vs in sorted(by_kind.items())},
-            **details,
-        },
+        details=UnexplainedWaitDetails(
+            waits={k: tuple(sorted(v.rank for v in vs if v.rank is not None)) for k, vs in sorted(by_kind.items())},
+            known_sites=known_sites,
+        ),
     )
 
 
@@ -202,7 +211,7 @@ class KnownLead(msgspec.Struct, frozen=True):
     lead: str
     flags: str
     fix: str | None
-    sites: list[dict[str, Any]]
+    sites: tuple[KnownSiteAt, ...]
 
 
 def known_site_lead(views: Sequence[RankView]) -> KnownLead | None:
@@ -219,7 +228,10 @@ def known_site_lead(views: Sequence[RankView]) -> KnownLead | None:
     signed = [k for k in known if signature_of(k[1]) in SIGNATURE_HANGS]
     lead = signed[:1] or known
     words = Words(None)
-    phrases, flags, fixes, sites = [], [], [], []
+    phrases: list[str] = []
+    flags: list[str] = []
+    fixes: list[str] = []
+    sites: list[KnownSiteAt] = []
     for op, site, ranks, row in lead:
         kind = row.kinds[0]
         signature = signature_of(site)
@@ -238,7 +250,7 @@ def known_site_lead(views: Sequence[RankView]) -> KnownLead | None:
                 f"the known-site table ({row.why})"
             )
             flags += [SIZE_FLAGS[k] for k in kind.split("_") if k in SIZE_FLAGS] or ["--tp/--cp/--pp"]
-        sites.append({"op": op, "site": site.to_dict() if site else None, "ranks": sorted(ranks), "group": kind})
+        sites.append(KnownSiteAt(op=op, site=site, ranks=tuple(sorted(ranks)), group=kind))
     inside = {r for _, _, ranks, _ in lead for r in ranks}
     others = [v for v in views if v.rank is not None and v.rank not in inside]
     text = "; ".join(phrases)
@@ -251,7 +263,7 @@ def known_site_lead(views: Sequence[RankView]) -> KnownLead | None:
     text += f". {fixes[0][0].upper()}{fixes[0][1:]}: pass {flag_text}" if fixes else f": pass {flag_text}"
     mtp = any(signature_of(site) == "mtp" for _, site, _, _ in lead)
     fix = "mtpdiag check && mtpdiag apply (verl PR #5895)" if mtp else None
-    return KnownLead(lead=text, flags=flag_text, fix=fix, sites=sites)
+    return KnownLead(lead=text, flags=flag_text, fix=fix, sites=tuple(sites))
 
 
 def _whereabouts(views: Sequence[RankView], words: Words) -> list[tuple[str, str]]:
@@ -275,18 +287,17 @@ def stuck_groups_finding(stuck: Sequence[StuckGroup]) -> Finding:
     ranks = union(s.members for s in stuck)
     first = stuck[0]
     more = f" (and {len(stuck) - 1} more group{'s' if len(stuck) > 2 else ''})" if len(stuck) > 1 else ""
-    return Finding(
-        id=FindingId.ALL_WAITING,
+    return AllWaiting(
         ranks=ranks,
         remedy=FLIGHT_RECORDER_HINT.split("; compare")[0],
         summary=(
             f"the Flight Recorder shows every member of {first.desc or first.group} waiting in {first.op} "
             f"#{first.seq}{more}, and no group split: the cause is below Python"
         ),
-        details={
-            "source": "flight-recorder",
-            "groups": [
-                {"group": s.group, "desc": s.desc, "seq": s.seq, "op": s.op, "members": list(s.members)} for s in stuck
-            ],
-        },
+        details=AllWaitingDetails(
+            source=Source.FLIGHT_RECORDER,
+            groups=tuple(
+                WaitingGroup(group=s.group, desc=s.desc, seq=s.seq, op=s.op, members=s.members) for s in stuck
+            ),
+        ),
     )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from mtpdiag.analysis.flight_recorder.progress import (
     GroupProgress,
@@ -12,9 +12,10 @@ from mtpdiag.analysis.flight_recorder.progress import (
     group_sort_key,
     recorded_groups,
 )
-from mtpdiag.model import FlightRecorderSection, Mismatch, RankView, Report, Site
+from mtpdiag.model import FlightRecorderSection, Mismatch, RankView, Report, Site, replace
 from mtpdiag.model.flight_recorder import FRDump, FREntry, FRGroup, FRRankDump
-from mtpdiag.vocabulary.groups import COORDINATES, MEGATRON_GROUP_KINDS
+from mtpdiag.model.fr_analysis import FRGroupProgress, FRPendingOp, FRSplitCheck
+from mtpdiag.vocabulary.groups import COORDINATES, MEGATRON_GROUP_KINDS, GroupKind
 from mtpdiag.vocabulary.labels import rank_list
 from mtpdiag.vocabulary.ops import P2P_CALLS, RECORDED_FOR
 
@@ -33,7 +34,7 @@ def correlate(report: Report, fr: FRDump) -> FlightRecorderSection:
     ``evidence.section`` adds each group's divergence). ``lines`` tell the same story in plain words."""
     progress = group_progress(fr)
     disagreements = conflicting_memberships(fr) + _layout_conflicts(report, recorded_groups(fr).values())
-    matched: list[dict[str, Any]] = []
+    matched: list[FRSplitCheck] = []
     for m in report.mismatches:
         view, lines = _match_mismatch(m, progress, fr)
         matched.append(view)
@@ -49,7 +50,7 @@ def correlate(report: Report, fr: FRDump) -> FlightRecorderSection:
         version=next((d.version for d in fr.ranks if d.version), ""),
         ranks=tuple(dumped),
         missing_ranks=tuple(missing),
-        groups=tuple(_group_dict(g) for g in progress),
+        groups=tuple(_group_record(g) for g in progress),
         mismatches=tuple(matched),
         disagreements=tuple(disagreements),
         notes=tuple(notes),
@@ -57,21 +58,15 @@ def correlate(report: Report, fr: FRDump) -> FlightRecorderSection:
     )
 
 
-def _match_mismatch(m: Mismatch, progress: Iterable[GroupProgress], fr: FRDump) -> tuple[dict[str, Any], list[str]]:
+def _match_mismatch(m: Mismatch, progress: Iterable[GroupProgress], fr: FRDump) -> tuple[FRSplitCheck, list[str]]:
     """Find the recorder's group for a mismatch of the diagnosis, and compare who entered it.
 
     Without ``pg_config`` membership the layout's members are used, and a member whose dump has no
     entry in the group counts as never having entered it.
     """
-    view: dict[str, Any] = {
-        "op": m.op,
-        "group": m.group,
-        "role": m.role,
-        "members": list(m.members),
-        "entered": list(m.entered),
-        "absent": list(m.absent),
-        "fr_group": None,
-    }
+    view = FRSplitCheck(
+        op=m.op, group=m.group, role=m.role, members=m.members, entered=m.entered, absent=m.absent, fr_group=None
+    )
     candidates = [g for g in progress if any(ops_match(m.op, e.op) for r in m.entered for e in g.pending.get(r, ()))]
     if not candidates:
         return view, [
@@ -88,17 +83,16 @@ def _match_mismatch(m: Mismatch, progress: Iterable[GroupProgress], fr: FRDump) 
     fr_entered = [r for r in members if r in reached and reached[r] >= seq]
     fr_absent = [r for r in members if r in reached and reached[r] < seq]
     agrees = set(members) == set(m.members) and fr_entered == list(m.entered) and fr_absent == list(m.absent)
-    view.update(
-        {
-            "fr_group": g.name,
-            "fr_desc": g.desc,
-            "fr_members": members,
-            "fr_members_from": g.members_from,
-            "seq": seq,
-            "fr_entered": fr_entered,
-            "fr_absent": fr_absent,
-            "agrees": agrees,
-        }
+    view = replace(
+        view,
+        fr_group=g.name,
+        fr_desc=g.desc,
+        fr_members=tuple(members),
+        fr_members_from=g.members_from,
+        seq=seq,
+        fr_entered=tuple(fr_entered),
+        fr_absent=tuple(fr_absent),
+        agrees=agrees,
     )
     lines = []
     if exact and set(members) != set(m.members):
@@ -122,7 +116,7 @@ def _layout_conflicts(report: Report, groups: Iterable[FRGroup]) -> list[str]:
     outside = [r for g in groups for r in (min(g.ranks), max(g.ranks)) if not 0 <= r < layout.world_size]
     if outside:  # a dump of another job or layout, or a damaged one: no group of the layout to hold it against
         return [f"FR groups hold rank {outside[0]}, outside the layout's world of {layout.world_size}"]
-    wrong: dict[str, list[FRGroup]] = {}
+    wrong: dict[GroupKind, list[FRGroup]] = {}
     for g in groups:
         kind = MEGATRON_GROUP_KINDS.get(g.desc)
         if kind is not None and tuple(layout.group_of(kind, g.ranks[0])) != g.ranks:
@@ -149,9 +143,8 @@ def _layout(report: Report) -> ParallelLayout | None:
         return None
     from mtpdiag.layout import LayoutError, ParallelLayout
 
-    keys = ("tp", "cp", "ep", "dp", "pp", "vpp", "etp", "order")
     try:
-        return ParallelLayout(**{k: report.layout[k] for k in keys if report.layout.get(k) is not None})
+        return ParallelLayout(**report.layout.sizes(), order=report.layout.order)
     except (LayoutError, TypeError):
         return None
 
@@ -212,7 +205,7 @@ def _rank_check(view: RankView, dump: FRRankDump) -> str | None:
 def _lines(
     fr: FRDump,
     progress: Sequence[GroupProgress],
-    matched: Sequence[Mapping[str, Any]],
+    matched: Sequence[FRSplitCheck],
     disagreements: Sequence[str],
     notes: Sequence[str],
 ) -> list[str]:
@@ -231,11 +224,11 @@ def _lines(
             text += f"; behind: rank(s) {behind}"
         out.append(text)
     for m in matched:
-        if m.get("agrees"):
+        if m.agrees:
             out.append(
-                f"FR agrees with the stacks on {m['op']} #{m['seq']} in group {m['fr_group']} "
-                f"({m['fr_desc']}, ranks {_ranks_text(m['fr_members'])}): entered by "
-                f"{_ranks_text(m['fr_entered'])}, never reached by {_ranks_text(m['fr_absent'])}"
+                f"FR agrees with the stacks on {m.op} #{m.seq} in group {m.fr_group} "
+                f"({m.fr_desc}, ranks {_ranks_text(m.fr_members or ())}): entered by "
+                f"{_ranks_text(m.fr_entered or ())}, never reached by {_ranks_text(m.fr_absent or ())}"
             )
     shown = disagreements[:MAX_LINES]
     out += [f"disagreement: {d}" for d in shown]
@@ -245,31 +238,31 @@ def _lines(
     return out
 
 
-def _group_dict(g: GroupProgress) -> dict[str, Any]:
-    return {
-        "name": g.name,
-        "desc": g.desc,
-        "kind": g.kind,
-        "members": list(g.members),
-        "members_from": g.members_from,
-        "last_entered": {str(r): n for r, n in sorted(g.last_entered.items())},
-        "last_completed": {str(r): n for r, n in sorted(g.last_completed.items())},
-        "pending": {str(r): [_entry_dict(e) for e in es] for r, es in sorted(g.pending.items())},
-        "behind": list(g.behind),
-        "no_dump": list(g.no_dump),
-    }
+def _group_record(g: GroupProgress) -> FRGroupProgress:
+    return FRGroupProgress(
+        name=g.name,
+        desc=g.desc,
+        kind=g.kind,
+        members=g.members,
+        members_from=g.members_from,
+        last_entered=dict(sorted(g.last_entered.items())),
+        last_completed=dict(sorted(g.last_completed.items())),
+        pending={r: tuple(_pending_op(e) for e in es) for r, es in sorted(g.pending.items())},
+        behind=g.behind,
+        no_dump=g.no_dump,
+    )
 
 
-def _entry_dict(e: FREntry) -> dict[str, Any]:
-    return {
-        "op": e.op,
-        "collective_seq_id": e.collective_seq_id,
-        "p2p_seq_id": e.p2p_seq_id,
-        "state": e.state,
-        "input_sizes": [list(s) for s in e.input_sizes],
-        "output_sizes": [list(s) for s in e.output_sizes],
-        "site": e.site.to_dict() if e.site else None,
-    }
+def _pending_op(e: FREntry) -> FRPendingOp:
+    return FRPendingOp(
+        op=e.op,
+        collective_seq_id=e.collective_seq_id,
+        p2p_seq_id=e.p2p_seq_id,
+        state=e.state,
+        input_sizes=e.input_sizes,
+        output_sizes=e.output_sizes,
+        site=e.site,
+    )
 
 
 def _entry_text(e: FREntry, group: bool = True) -> str:

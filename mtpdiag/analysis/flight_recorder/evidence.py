@@ -32,6 +32,7 @@ from mtpdiag.model import FlightRecorderSection, Mismatch, RankView, Report, Sit
 from mtpdiag.model.flight_recorder import FRDump, FREntry
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
 from mtpdiag.vocabulary.labels import rank_list
+from mtpdiag.vocabulary.matching import MatchRole
 from mtpdiag.vocabulary.states import GateStrength, GroupFrom, RankState, Role, Source
 from mtpdiag.vocabulary.waits import Confidence, WaitKind
 
@@ -99,8 +100,8 @@ def section(report: Report, fr: FRDump, evidence: FREvidence) -> FlightRecorderS
     return replace(
         out,
         lines=tuple(lines),
-        divergences=tuple(d.to_dict() for d in evidence.analysis.divergences),
-        unmatched_p2p=tuple(m.to_dict() for m in evidence.analysis.p2p),
+        divergences=evidence.analysis.divergences,
+        unmatched_p2p=evidence.analysis.p2p,
     )
 
 
@@ -199,7 +200,7 @@ def fold(fr: FRDump, layout: ParallelLayout | None, coords_of: CoordsOf | None) 
                 seq=d.seq,
             )
             mismatches.append(m)
-            if call.role == Role.ROOT:
+            if call.role == MatchRole.ROOT:
                 hints.add(mismatch_key(m))
     stuck = tuple(_stuck(g, fr) for g in analysis.groups if g.stuck is not None and g.divergence is None)
     waited = frozenset(
@@ -309,14 +310,13 @@ def _size_problems(d: Divergence, kind: str | None) -> list[SizeProblem]:
         by_value: dict[str, list[int]] = {}
         op = site = None
         for r in d.ranks:
-            c = r.call
-            if c is None:
+            if r.op is None:  # it issued nothing at the number
                 continue
-            op, site = op or c.op, site or c.site
+            op, site = op or r.op, site or r.site
             value = (
-                f"{c.input_numel} element{'s' if c.input_numel != 1 else ''}"
+                f"{r.input_numel} element{'s' if r.input_numel != 1 else ''}"
                 if problem == "sizes"
-                else "/".join(sorted(c.input_dtypes)) or "?"
+                else "/".join(r.input_dtypes or ()) or "?"
             )
             by_value.setdefault(value, []).append(r.rank)
         out.append(

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+import msgspec
+
 from mtpdiag.analysis.flight_recorder.calls import Call, group_calls
 from mtpdiag.analysis.flight_recorder.order import BEHIND, SHIFTED, SKIPPED, AbsentWhy, RankIndex, absent_why
 from mtpdiag.analysis.flight_recorder.progress import group_sort_key
@@ -32,15 +34,25 @@ from mtpdiag.analysis.flight_recorder.results import (
     RankAt,
     Signature,
     culprits,
+    rank_at,
     signature,
     size_key,
 )
 from mtpdiag.model import Mismatch, Site
 from mtpdiag.model.flight_recorder import FRDump, FREntry, FRRankDump
 from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
+from mtpdiag.vocabulary.matching import DivergenceKind, MatchRole, MembersFrom, P2PKind
 from mtpdiag.vocabulary.states import Role
 
-MISSING, OP_TYPE, SIZES, DTYPES = "missing_ranks", "op_type", "sizes", "dtypes"
+MISSING, OP_TYPE, SIZES, DTYPES = (
+    DivergenceKind.MISSING_RANKS,
+    DivergenceKind.OP_TYPE,
+    DivergenceKind.SIZES,
+    DivergenceKind.DTYPES,
+)
+# A split's role in the diagnosis, before the wait-for graph (``causes``) gives every split its own: a call the
+# recorder cannot order (``MatchRole.UNKNOWN``) stays a root candidate, as one some rank skipped is.
+PROVISIONAL_ROLE = {MatchRole.ROOT: Role.ROOT, MatchRole.CONSEQUENCE: Role.CONSEQUENCE, MatchRole.UNKNOWN: Role.ROOT}
 
 Calls = Mapping[int, Mapping[str, tuple[Call, ...]]]  # rank -> group name -> its calls, in record order
 Indexes = Mapping[int, RankIndex]  # rank -> its record in program order
@@ -60,18 +72,19 @@ def match_groups(fr: FRDump, members: Mapping[str, Iterable[int]] | None = None)
     groups = []
     for name in sorted(used, key=group_sort_key):
         if name in configured:
-            ranks, source = configured[name], "pg_config"
+            ranks, source = configured[name], MembersFrom.PG_CONFIG
         elif members is not None and name in members:
-            ranks, source = tuple(sorted(set(members[name]))), "given"
+            ranks, source = tuple(sorted(set(members[name]))), MembersFrom.GIVEN
         else:
-            ranks, source = tuple(sorted(r for r, by_group in calls.items() if name in by_group)), "entries"
-        groups.append(_match_group(name, used[name], ranks, source, fr, calls, indexes))
+            ranks, source = tuple(sorted(r for r, by_group in calls.items() if name in by_group)), MembersFrom.ENTRIES
+        groups.append(_match_group(_recorded(name, used[name], ranks, source, fr, calls, indexes)))
     p2p = tuple(m for g in groups for m in _match_p2p(g, calls, indexes))
     return FRAnalysis(groups=tuple(groups), p2p=p2p, notes=tuple(notes))
 
 
 def mismatches(analysis: FRAnalysis) -> tuple[Mismatch, ...]:
-    """Every split of every divergence as mtpdiag's ``Mismatch`` (gate left to the layout's analysis)."""
+    """Every split of every divergence as mtpdiag's ``Mismatch`` (gate left to the layout's analysis; the role
+    ``PROVISIONAL_ROLE`` gives the matcher's)."""
     out: list[Mismatch] = []
     for d in analysis.divergences:
         for c in d.calls:
@@ -87,13 +100,45 @@ def mismatches(analysis: FRAnalysis) -> tuple[Mismatch, ...]:
                     absent=c.absent,
                     gate=None,
                     absent_doing=dict(c.absent_doing),
-                    role=Role.CONSEQUENCE if c.role == "consequence" else Role.ROOT,
+                    role=PROVISIONAL_ROLE[c.role],
                 )
             )
     return tuple(out)
 
 
 # ---------------------------------------------------------------- one group
+
+
+class _Recorded(msgspec.Struct, frozen=True, gc=False):
+    """One group as every member's dump recorded it, read once: what ``_divergence`` and its steps share.
+
+    ``seqs``: each dumped member's collectives by sequence number; ``entered``/``completed``: the last number
+    each dumped member entered and completed (its entries and torch's ``pg_status``); ``calls`` and
+    ``indexes``: every rank's calls by group and its record in program order."""
+
+    name: str
+    desc: str
+    members: tuple[int, ...]
+    source: MembersFrom
+    no_dump: tuple[int, ...]
+    seqs: Seqs
+    entered: Mapping[int, int]
+    completed: Mapping[int, int]
+    calls: Calls
+    indexes: Indexes
+
+    @property
+    def dumped(self) -> list[int]:
+        return [r for r in self.members if r in self.seqs]
+
+
+class _At(msgspec.Struct, frozen=True, gc=False):
+    """A sequence number of the group, and who recorded what there: ``here`` (rank -> its call) and ``missing``
+    (dumped members that never reached it)."""
+
+    k: int
+    here: Mapping[int, Call]
+    missing: tuple[int, ...]
 
 
 def _calls_by_group(dump: FRRankDump) -> dict[str, tuple[Call, ...]]:
@@ -120,13 +165,13 @@ def _configured(fr: FRDump) -> tuple[dict[str, tuple[int, ...]], list[str]]:
     return out, notes
 
 
-def _match_group(
-    name: str, desc: str, members: tuple[int, ...], source: str, fr: FRDump, calls: Calls, indexes: Indexes
-) -> GroupMatch:
+def _recorded(
+    name: str, desc: str, members: tuple[int, ...], source: MembersFrom, fr: FRDump, calls: Calls, indexes: Indexes
+) -> _Recorded:
+    """Each dumped member's collectives in the group by number, and how far it got."""
     seqs: dict[int, dict[int, Call]] = {}
     entered: dict[int, int] = {}
     completed: dict[int, int] = {}
-    no_dump = tuple(r for r in members if fr.rank(r) is None)
     for r in members:
         dump = fr.rank(r)
         if dump is None:
@@ -138,56 +183,52 @@ def _match_group(
         status = [s for s in dump.status if s.group == name] if not has_p2p else []
         entered[r] = max([c.seq for c in coll.values()] + [s.last_enqueued for s in status] + [0])
         completed[r] = max([c.seq for c in coll.values() if c.done] + [s.last_completed for s in status] + [0])
-    divergence, stuck = None, None
-    dumped = [r for r in members if r in seqs]
-    if dumped:
-        firsts = [min(seqs[r]) for r in dumped if seqs[r]]
-        lo = max(firsts) if firsts else 1
-        # only numbers some member recorded: a counter from pg_status may be anything
-        for k in sorted({k for r in dumped for k in seqs[r] if k >= max(lo, 1)}):
-            here = {r: seqs[r][k] for r in dumped if k in seqs[r]}
-            missing = tuple(r for r in dumped if k not in seqs[r] and entered[r] < k)
-            problems = _problems(here, missing)
-            if problems:
-                divergence = _divergence(
-                    name,
-                    desc,
-                    members,
-                    source,
-                    k,
-                    problems,
-                    here,
-                    missing,
-                    no_dump,
-                    seqs,
-                    entered,
-                    completed,
-                    calls,
-                    indexes,
-                )
-                break
-            if stuck is None and any(not c.done for c in here.values()):
-                stuck = k
+    no_dump = tuple(r for r in members if fr.rank(r) is None)
+    return _Recorded(name, desc, members, source, no_dump, seqs, entered, completed, calls, indexes)
+
+
+def _match_group(g: _Recorded) -> GroupMatch:
+    divergence, stuck = _first_divergence(g)
     return GroupMatch(
-        name=name,
-        desc=desc,
-        kind=MEGATRON_GROUP_KINDS.get(desc),
-        members=members,
-        members_from=source,
-        last_entered=entered,
-        last_completed=completed,
-        no_dump=no_dump,
-        divergence=divergence,
+        name=g.name,
+        desc=g.desc,
+        kind=MEGATRON_GROUP_KINDS.get(g.desc),
+        members=g.members,
+        members_from=g.source,
+        last_entered=dict(sorted(g.entered.items())),
+        last_completed=dict(sorted(g.completed.items())),
+        no_dump=g.no_dump,
         stuck=stuck if divergence is None else None,
+        divergence=divergence,
     )
 
 
-def _problems(here: Mapping[int, Call], missing: tuple[int, ...]) -> tuple[str, ...]:
+def _first_divergence(g: _Recorded) -> tuple[Divergence | None, int | None]:
+    """The group's first divergence, and the lowest number before it that some member still waits in."""
+    dumped = g.dumped
+    if not dumped:
+        return None, None
+    firsts = [min(g.seqs[r]) for r in dumped if g.seqs[r]]
+    lo = max(firsts) if firsts else 1
+    stuck = None
+    # only numbers some member recorded: a counter from pg_status may be anything
+    for k in sorted({k for r in dumped for k in g.seqs[r] if k >= max(lo, 1)}):
+        here = {r: g.seqs[r][k] for r in dumped if k in g.seqs[r]}
+        at = _At(k, here, tuple(r for r in dumped if k not in g.seqs[r] and g.entered[r] < k))
+        problems = _problems(at)
+        if problems:
+            return _divergence(g, at, problems), stuck
+        if stuck is None and any(not c.done for c in here.values()):
+            stuck = k
+    return None, stuck
+
+
+def _problems(at: _At) -> tuple[DivergenceKind, ...]:
     out = []
-    if missing:
+    if at.missing:
         out.append(MISSING)
     by_op: dict[str, list[Call]] = {}
-    for c in here.values():
+    for c in at.here.values():
         by_op.setdefault(c.op, []).append(c)
     if len(by_op) > 1:
         out.append(OP_TYPE)
@@ -198,117 +239,99 @@ def _problems(here: Mapping[int, Call], missing: tuple[int, ...]) -> tuple[str, 
     return tuple(out)
 
 
-def _divergence(
-    name: str,
-    desc: str,
-    members: tuple[int, ...],
-    source: str,
-    k: int,
-    problems: tuple[str, ...],
-    here: Mapping[int, Call],
-    missing: tuple[int, ...],
-    no_dump: tuple[int, ...],
-    seqs: Seqs,
-    entered: Mapping[int, int],
-    completed: Mapping[int, int],
-    calls: Calls,
-    indexes: Indexes,
-) -> Divergence:
-    ranks = tuple(_rank_at(r, k, here, seqs, entered, completed, indexes) for r in members)
+def _divergence(g: _Recorded, at: _At, problems: tuple[DivergenceKind, ...]) -> Divergence:
+    """The group's divergence at ``at``: each member's place, each distinct call's split, the reference."""
+    ranks = tuple(_rank_at(g, at, r) for r in g.members)
+    reference = _reference(at.here)
+    return Divergence(
+        group=g.name,
+        desc=g.desc,
+        kind=MEGATRON_GROUP_KINDS.get(g.desc),
+        members=g.members,
+        members_from=g.source,
+        seq=at.k,
+        problems=problems,
+        calls=_splits(g, at, ranks),
+        ranks=ranks,
+        missing=at.missing,
+        no_dump=g.no_dump,
+        reference=reference,
+        culprits=culprits(ranks, at.missing, reference),
+    )
+
+
+def _splits(g: _Recorded, at: _At, ranks: tuple[RankAt, ...]) -> tuple[FRCallSplit, ...]:
+    """One split per distinct (op, call site) at the number, the most issued first."""
     keys: dict[tuple[str, Site | None], list[int]] = {}
-    for r, c in sorted(here.items()):
+    for r, c in sorted(at.here.items()):
         keys.setdefault((c.op, c.site), []).append(r)
-    splits = []
-    for (op, site), who in sorted(keys.items(), key=lambda kv: (-len(kv[1]), kv[1][0])):
-        call = here[who[0]]
-        absent = tuple(r for r in members if r not in who)
-        doing = {a: _doing(a, k, here, ranks) for a in absent}
-        why = {}
-        for a in absent:
-            if a in indexes:
-                later = tuple(c for c in calls[a].get(name, ()) if not c.p2p and c.seq > k)
-                why[a] = absent_why([(indexes[r], here[r]) for r in who], indexes[a], later, here.get(a))
-        splits.append(
-            FRCallSplit(
-                op=op,
-                profiling_name=call.profiling_name,
-                site=site,
-                entered=tuple(who),
-                absent=absent,
-                absent_doing=doing,
-                why=why,
-                role=_role(absent, why),
-            )
-        )
+    ordered = sorted(keys.values(), key=lambda who: (-len(who), who[0]))
+    return tuple(_split(g, at, ranks, tuple(who)) for who in ordered)
+
+
+def _split(g: _Recorded, at: _At, ranks: tuple[RankAt, ...], who: tuple[int, ...]) -> FRCallSplit:
+    """The call ``who`` issued at the number: what each absent member did instead, and why it is absent."""
+    call = at.here[who[0]]
+    absent = tuple(r for r in g.members if r not in who)
+    why = {a: _why(g, at, who, a) for a in absent if a in g.indexes}
+    return FRCallSplit(
+        op=call.op,
+        profiling_name=call.profiling_name,
+        site=call.site,
+        entered=who,
+        absent=absent,
+        role=_role(absent, why),
+        absent_doing={a: _doing(a, at, ranks) for a in absent},
+        why=why,
+    )
+
+
+def _why(g: _Recorded, at: _At, who: tuple[int, ...], a: int) -> AbsentWhy:
+    later = tuple(c for c in g.calls[a].get(g.name, ()) if not c.p2p and c.seq > at.k)
+    return absent_why([(g.indexes[r], at.here[r]) for r in who], g.indexes[a], later, at.here.get(a))
+
+
+def _reference(here: Mapping[int, Call]) -> int:
+    """A rank of the largest set of members whose calls agree (the lowest rank on a tie)."""
     counts: dict[Signature, list[int]] = {}
     for r, c in sorted(here.items()):
         counts.setdefault(signature(c), []).append(r)
-    reference = sorted(counts.values(), key=lambda rs: (-len(rs), rs[0]))[0][0]
-    return Divergence(
-        group=name,
-        desc=desc,
-        kind=MEGATRON_GROUP_KINDS.get(desc),
-        members=members,
-        members_from=source,
-        seq=k,
-        problems=problems,
-        calls=tuple(splits),
-        ranks=ranks,
-        missing=missing,
-        no_dump=no_dump,
-        reference=reference,
-        culprits=culprits(ranks, missing, reference),
-    )
+    return sorted(counts.values(), key=lambda rs: (-len(rs), rs[0]))[0][0]
 
 
-def _role(absent: tuple[int, ...], why: Mapping[int, AbsentWhy]) -> str:
+def _role(absent: tuple[int, ...], why: Mapping[int, AbsentWhy]) -> MatchRole:
     if not absent:
-        return "root"  # every member entered: the call itself is wrong (sizes, dtypes)
+        return MatchRole.ROOT  # every member entered: the call itself is wrong (sizes, dtypes)
     verdicts = [w.verdict for w in why.values()]
     if SKIPPED in verdicts:
-        return "root"
+        return MatchRole.ROOT
     if verdicts and all(v in (SHIFTED, BEHIND) for v in verdicts):
-        return "consequence"
-    return "unknown"
+        return MatchRole.CONSEQUENCE
+    return MatchRole.UNKNOWN
 
 
-def _rank_at(
-    r: int,
-    k: int,
-    here: Mapping[int, Call],
-    seqs: Seqs,
-    entered: Mapping[int, int],
-    completed: Mapping[int, int],
-    indexes: Indexes,
-) -> RankAt:
-    if r not in indexes:
-        return RankAt(
-            rank=r, call=None, state="no dump", last_entered=0, last_completed=0, doing="no Flight Recorder dump"
-        )
-    call = here.get(r)
+def _rank_at(g: _Recorded, at: _At, r: int) -> RankAt:
+    if r not in g.indexes:
+        return rank_at(r, None, "no dump", 0, 0, "no Flight Recorder dump")
+    call = at.here.get(r)
+    entered = g.entered.get(r, 0)
     if call is not None:
         state = "timed out" if call.timed_out else call.state
     else:
-        state = "not reached" if entered.get(r, 0) < k else "not recorded"
-    latest = indexes[r].latest()
-    return RankAt(
-        rank=r,
-        call=call,
-        state=state,
-        last_entered=entered.get(r, 0),
-        last_completed=completed.get(r, 0),
-        doing=_entry_text(latest) if latest else "recorded no op",
-    )
+        state = "not reached" if entered < at.k else "not recorded"
+    latest = g.indexes[r].latest()
+    doing = _entry_text(latest) if latest else "recorded no op"
+    return rank_at(r, call, state, entered, g.completed.get(r, 0), doing)
 
 
-def _doing(a: int, k: int, here: Mapping[int, Call], ranks: tuple[RankAt, ...]) -> str:
-    at = next(r for r in ranks if r.rank == a)
-    if at.state == "no dump":
-        return at.doing
-    if a in here:
-        c = here[a]
-        return f"{c.op} #{k}{_at(c.site)}"
-    return f"reached only #{at.last_entered} here; {at.doing}"
+def _doing(a: int, at: _At, ranks: tuple[RankAt, ...]) -> str:
+    mine = next(r for r in ranks if r.rank == a)
+    if mine.state == "no dump":
+        return mine.doing
+    if a in at.here:
+        c = at.here[a]
+        return f"{c.op} #{at.k}{_at(c.site)}"
+    return f"reached only #{mine.last_entered} here; {mine.doing}"
 
 
 # ---------------------------------------------------------------- point to point
@@ -348,7 +371,7 @@ def _match_p2p(g: GroupMatch, calls: Calls, indexes: Indexes) -> list[P2PMismatc
                 P2PMismatch(
                     group=g.name,
                     desc=g.desc,
-                    kind="sizes" if other is not None else "unmatched",
+                    kind=P2PKind.SIZES if other is not None else P2PKind.UNMATCHED,
                     op=op,
                     rank=me,
                     peer=peer,

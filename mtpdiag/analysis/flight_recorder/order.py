@@ -26,28 +26,28 @@ ranks: their clocks differ.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from mtpdiag.analysis.flight_recorder.calls import Call
 from mtpdiag.analysis.program_order import program_order
 from mtpdiag.model import Site
 from mtpdiag.model.flight_recorder import FREntry, FRRankDump
+from mtpdiag.model.fr_analysis import AbsentWhy
+from mtpdiag.vocabulary.matching import AbsentVerdict, OrderRule
 
-SKIPPED, SHIFTED, BEHIND, UNKNOWN = "skipped", "shifted", "behind", "unknown"
+__all__ = ["BEHIND", "SHIFTED", "SKIPPED", "UNKNOWN", "AbsentWhy", "RankIndex", "absent_why", "program_order"]
 
-
-@dataclass(frozen=True)
-class AbsentWhy:
-    """Why rank ``rank`` is absent from a call: ``verdict`` (skipped | shifted | behind | unknown), the
-    ``rule`` that decided it (same-group | record-order | stack-order | none) and a sentence."""
-
-    rank: int
-    verdict: str
-    rule: str
-    reason: str
-
-    def to_dict(self) -> dict[str, object]:
-        return {"rank": self.rank, "verdict": self.verdict, "rule": self.rule, "reason": self.reason}
+SKIPPED, SHIFTED, BEHIND, UNKNOWN = (
+    AbsentVerdict.SKIPPED,
+    AbsentVerdict.SHIFTED,
+    AbsentVerdict.BEHIND,
+    AbsentVerdict.UNKNOWN,
+)
+SAME_GROUP, RECORD_ORDER, STACK_ORDER, NO_RULE = (
+    OrderRule.SAME_GROUP,
+    OrderRule.RECORD_ORDER,
+    OrderRule.STACK_ORDER,
+    OrderRule.NONE,
+)
 
 
 class RankIndex:
@@ -83,7 +83,7 @@ def absent_why(
         return _same_group(call, absent, later, at_k)
     latest = absent.latest()
     if latest is None:
-        return AbsentWhy(a, UNKNOWN, "none", "recorded no op")
+        return AbsentWhy(a, UNKNOWN, NO_RULE, "recorded no op")
     for index, mine in entered:
         theirs = index.by_key.get(_key(latest))
         if theirs is None or theirs.record_id == mine.record_id:
@@ -91,9 +91,9 @@ def absent_why(
         e = index.dump.rank
         if theirs.record_id > mine.record_id:
             return AbsentWhy(
-                a, SKIPPED, "record-order", f"is at {_op_text(latest)}, which rank {e} reached after this call"
+                a, SKIPPED, RECORD_ORDER, f"is at {_op_text(latest)}, which rank {e} reached after this call"
             )
-        return AbsentWhy(a, BEHIND, "record-order", f"is at {_op_text(latest)}, which rank {e} passed before this call")
+        return AbsentWhy(a, BEHIND, RECORD_ORDER, f"is at {_op_text(latest)}, which rank {e} passed before this call")
     synced = False
     for index, mine in entered:
         sync = _sync_point(mine, index, absent)
@@ -106,7 +106,10 @@ def absent_why(
     if not synced:
         return _without_sync(call, absent, latest)
     return AbsentWhy(
-        a, UNKNOWN, "none", f"is at {_op_text(latest)}; its stacks do not say whether that is before or after this call"
+        a,
+        UNKNOWN,
+        NO_RULE,
+        f"is at {_op_text(latest)}; its stacks do not say whether that is before or after this call",
     )
 
 
@@ -115,37 +118,37 @@ def _same_group(call: Call, absent: RankIndex, later: tuple[Call, ...], at_k: Ca
     instead = f"issued {at_k.op} at #{call.seq}"
     again = next((c for c in later if c.op == call.op and c.site == call.site), None)
     if again is not None:
-        return AbsentWhy(a, SHIFTED, "same-group", f"{instead} and this {call.op} later, at #{again.seq}")
+        return AbsentWhy(a, SHIFTED, SAME_GROUP, f"{instead} and this {call.op} later, at #{again.seq}")
     if any(e.record_id > at_k.record_id for e in absent.entries):
-        return AbsentWhy(a, SKIPPED, "same-group", f"{instead}, went on, and never issued this {call.op}")
-    return _stopped_at(a, "same-group", at_k.frames, call, instead, " and stopped there") or AbsentWhy(
-        a, UNKNOWN, "none", f"{instead} and stopped there"
+        return AbsentWhy(a, SKIPPED, SAME_GROUP, f"{instead}, went on, and never issued this {call.op}")
+    return _stopped_at(a, SAME_GROUP, at_k.frames, call, instead, " and stopped there") or AbsentWhy(
+        a, UNKNOWN, NO_RULE, f"{instead} and stopped there"
     )
 
 
 def _by_stacks(call: Call, sync: FREntry, absent: RankIndex, latest: FREntry) -> AbsentWhy:
     a = absent.dump.rank
     if sync.record_id == latest.record_id:
-        return AbsentWhy(a, BEHIND, "record-order", f"is still at {_op_text(latest)}, before this call")
+        return AbsentWhy(a, BEHIND, RECORD_ORDER, f"is still at {_op_text(latest)}, before this call")
     s_p = _outer_first(sync.frames)
     p_to_c, p_to_l = program_order(s_p, _outer_first(call.frames)), program_order(s_p, _outer_first(latest.frames))
     where = f"is at {_op_text(latest)}"
     since = f"since {_op_text(sync)}"
     if p_to_c == "before":
         if p_to_l in ("same", "after"):
-            return AbsentWhy(a, SKIPPED, "stack-order", f"{where}: it went round a loop {since} and passed this call")
+            return AbsentWhy(a, SKIPPED, STACK_ORDER, f"{where}: it went round a loop {since} and passed this call")
         if p_to_l == "before":
-            found = _stopped_at(a, "stack-order", latest.frames, call, where)
+            found = _stopped_at(a, STACK_ORDER, latest.frames, call, where)
             if found is not None:
                 return found
     elif p_to_c == "same" and p_to_l == "before":
         return AbsentWhy(
             a,
             BEHIND,
-            "stack-order",
+            STACK_ORDER,
             f"{where}; this call is the next round of {_op_text(sync)}, which it has not begun",
         )
-    return AbsentWhy(a, UNKNOWN, "none", f"{where}; its stacks do not say whether that is before or after this call")
+    return AbsentWhy(a, UNKNOWN, NO_RULE, f"{where}; its stacks do not say whether that is before or after this call")
 
 
 def _without_sync(call: Call, absent: RankIndex, latest: FREntry) -> AbsentWhy:
@@ -155,13 +158,15 @@ def _without_sync(call: Call, absent: RankIndex, latest: FREntry) -> AbsentWhy:
     where = f"is at {_op_text(latest)}"
     stacks = [e.frames for e in absent.entries if e.frames]
     if len(set(stacks)) < len(stacks):
-        return AbsentWhy(a, UNKNOWN, "none", f"{where}; no op in common to order it by")
-    return _stopped_at(a, "stack-order", latest.frames, call, where, " (no earlier op in common)") or AbsentWhy(
-        a, UNKNOWN, "none", f"{where}; no op in common to order it by"
+        return AbsentWhy(a, UNKNOWN, NO_RULE, f"{where}; no op in common to order it by")
+    return _stopped_at(a, STACK_ORDER, latest.frames, call, where, " (no earlier op in common)") or AbsentWhy(
+        a, UNKNOWN, NO_RULE, f"{where}; no op in common to order it by"
     )
 
 
-def _stopped_at(a: int, rule: str, stop: tuple[Site, ...], call: Call, where: str, tail: str = "") -> AbsentWhy | None:
+def _stopped_at(
+    a: int, rule: OrderRule, stop: tuple[Site, ...], call: Call, where: str, tail: str = ""
+) -> AbsentWhy | None:
     """The verdict for a rank whose last op has stack ``stop``: before the call in program order, it is
     behind; after it, it skipped the call; None when the stacks do not say."""
     order = program_order(_outer_first(stop), _outer_first(call.frames))

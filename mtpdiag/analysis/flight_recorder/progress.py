@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mtpdiag.model.flight_recorder import FRDump, FREntry, FRGroup
-from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
+from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS, GroupKind
+from mtpdiag.vocabulary.matching import MembersFrom
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class GroupProgress:
     name: str
     desc: str
     members: tuple[int, ...]
-    members_from: str  # pg_config | entries
+    members_from: MembersFrom  # pg_config | entries
     last_entered: Mapping[int, int]
     last_completed: Mapping[int, int]
     pending: Mapping[int, tuple[FREntry, ...]]
@@ -29,7 +30,7 @@ class GroupProgress:
     no_dump: tuple[int, ...]
 
     @property
-    def kind(self) -> str | None:
+    def kind(self) -> GroupKind | None:
         """The layout group kind megatron's description names (``dp_cp``), if any."""
         return MEGATRON_GROUP_KINDS.get(self.desc)
 
@@ -41,10 +42,10 @@ def group_progress(fr: FRDump) -> tuple[GroupProgress, ...]:
     out = []
     for name, desc in used:
         ranks = members.get(name)
-        source = "pg_config"
+        source = MembersFrom.PG_CONFIG
         if not ranks:
             ranks = tuple(sorted(d.rank for d in fr.ranks if any(e.group == name for e in d.entries)))
-            source = "entries"
+            source = MembersFrom.ENTRIES
         entered, completed, pending = {}, {}, {}
         for rank in ranks:
             dump = fr.rank(rank)

@@ -3,21 +3,22 @@
 ``worker.py`` is the rank program (torch + megatron-core, gloo); ``runner.py`` launches (``launch``) and
 watches its worlds; ``plan`` reads the layout and the engine to verify, ``render`` says what happened. This
 module holds what both sides agree on and the pure judgement: which ranks must write the metric, what value
-it must have, which outcome each gate must reach on a layout, and whether the run proves the engine safe. It imports neither torch nor megatron.
+it must have, which outcome each gate must reach on a layout, and whether the run proves the engine safe; and
+the ``mtpdiag.verify/1`` document, its records. It imports neither torch nor megatron.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+
+import msgspec
 
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Report
-from mtpdiag.vocabulary.states import FindingId, Outcome
+from mtpdiag.model import Layout, Record, Report
+from mtpdiag.vocabulary.states import EngineGate, FindingId, Outcome
 
 VERIFY_SCHEMA = "mtpdiag.verify/1"
-GATES = ("buggy", "fixed")
+GATES = tuple(EngineGate)
 OUTCOME_COMPLETED = Outcome.COMPLETED
 OUTCOME_DEADLOCK = Outcome.DEADLOCK
 OUTCOME_ERROR = Outcome.ERROR
@@ -47,9 +48,9 @@ def metric_group(layout: ParallelLayout) -> tuple[int, ...]:
     return tuple(layout.group_of("dp_cp", src_ranks(layout)[0]))
 
 
-def expected_outcome(gate: str, layout: ParallelLayout) -> Outcome:
+def expected_outcome(gate: str, layout: ParallelLayout | Layout) -> Outcome:
     """The buggy gate leaves the cp > 0 ranks out of a DP x CP all_reduce, so it hangs iff cp > 1."""
-    return OUTCOME_DEADLOCK if gate == "buggy" and layout.cp > 1 else OUTCOME_COMPLETED
+    return OUTCOME_DEADLOCK if gate == EngineGate.BUGGY and layout.cp > 1 else OUTCOME_COMPLETED
 
 
 @dataclass(frozen=True)
@@ -61,35 +62,20 @@ class MetricWrite:
     avg_group: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class MetricCheck:
-    """Whether the logged MTP loss is the DP x CP mean, written once per DP replica at its src rank."""
+class MetricCheck(Record, frozen=True, kw_only=True, omit_defaults=False):
+    """Whether the logged MTP loss (``name``) is the DP x CP mean, written once per DP replica at its src rank
+    (``expected_writes`` of them, by ``expected_writers``); ``ok`` when nothing is wrong (``problems``)."""
 
+    name: str = METRIC_NAME
     expected: float
     observed: float | None
     writes: int
+    expected_writes: int
     group: tuple[int, ...]
     writers: tuple[int, ...]
     expected_writers: tuple[int, ...]
+    ok: bool
     problems: tuple[str, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": METRIC_NAME,
-            "expected": self.expected,
-            "observed": self.observed,
-            "writes": self.writes,
-            "expected_writes": len(self.expected_writers),
-            "group": list(self.group),
-            "writers": list(self.writers),
-            "expected_writers": list(self.expected_writers),
-            "ok": self.ok,
-            "problems": list(self.problems),
-        }
 
 
 def check_metric(layout: ParallelLayout, writes: list[MetricWrite]) -> MetricCheck:
@@ -114,91 +100,82 @@ def check_metric(layout: ParallelLayout, writes: list[MetricWrite]) -> MetricChe
         expected=expected,
         observed=observed,
         writes=len(writes),
+        expected_writes=len(want),
         group=group,
         writers=writers,
         expected_writers=want,
+        ok=not problems,
         problems=tuple(problems),
     )
 
 
-@dataclass(frozen=True)
-class RunResult:
-    """One world run under one gate. ``engine`` is what the user chose (buggy, fixed, installed, a path)."""
+class RunResult(Record, frozen=True, kw_only=True, omit_defaults=False):
+    """One world run under one gate. ``engine`` is what the user chose (buggy, fixed, installed, a path).
+
+    ``seconds`` and ``phases`` are kept to the hundredth of a second, as ``verify/1`` writes them; ``safe``
+    (completed, and logged the right metric at the right ranks) is read from the outcome and the metric."""
 
     engine: str
-    gate: str
+    gate: EngineGate
     outcome: Outcome
     seconds: float
+    safe: bool = False
     metric: MetricCheck
     report: Report | None = None
-    phases: Mapping[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = {}
     error: str | None = None
     notes: tuple[str, ...] = ()
 
-    @property
-    def safe(self) -> bool:
-        """Completed, and logged the right metric at the right ranks."""
-        return self.outcome == OUTCOME_COMPLETED and self.metric.ok
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "seconds", round(self.seconds, 2))
+        msgspec.structs.force_setattr(self, "phases", {k: round(v, 2) for k, v in self.phases.items()})
+        msgspec.structs.force_setattr(self, "safe", self.outcome == OUTCOME_COMPLETED and self.metric.ok)
 
     def finding_ids(self) -> tuple[str, ...]:
         return tuple(f.id for f in self.report.findings) if self.report is not None else ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "engine": self.engine,
-            "gate": self.gate,
-            "outcome": self.outcome,
-            "seconds": round(self.seconds, 2),
-            "safe": self.safe,
-            "metric": self.metric.to_dict(),
-            "report": self.report.to_dict() if self.report is not None else None,
-            "phases": {k: round(v, 2) for k, v in self.phases.items()},
-            "error": self.error,
-            "notes": list(self.notes),
-        }
 
-
-@dataclass(frozen=True)
-class VerifyResult:
-    """Every run of one ``verify`` and its verdict.
+class VerifyResult(Record, frozen=True, kw_only=True, tag_field="schema", tag=VERIFY_SCHEMA):
+    """Every run of one ``verify`` and its verdict (``mtpdiag.verify/1``); build it with ``of``.
 
     ``safe``: every run of the engine(s) the user asked about completed with the right metric; for
     ``both`` that is the fixed run. ``passed`` decides the exit code: for ``both`` it also demands that
-    the buggy run deadlocks exactly when cp > 1.
+    the buggy run deadlocks exactly when cp > 1. ``layout_source`` says where the layout came from.
     """
 
-    layout: ParallelLayout
+    layout: Layout
+    world_size: int
     mode: str  # both | single
     runs: tuple[RunResult, ...]
+    safe: bool
+    passed: bool
     engine_path: str | None = None
+    layout_source: str | None = None
 
-    @property
-    def safe(self) -> bool:
-        judged = [r for r in self.runs if self.mode != "both" or r.gate == "fixed"]
-        return bool(judged) and all(r.safe for r in judged)
-
-    @property
-    def passed(self) -> bool:
-        if self.mode != "both":
-            return self.safe
-        return all(as_expected(r, self.layout) for r in self.runs)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "schema": VERIFY_SCHEMA,
-            "layout": self.layout.to_dict(),
-            "world_size": self.layout.world_size,
-            "mode": self.mode,
-            "runs": [r.to_dict() for r in self.runs],
-            "safe": self.safe,
-            "passed": self.passed,
-        }
-        if self.engine_path is not None:
-            out["engine_path"] = self.engine_path
-        return out
+    @staticmethod
+    def of(
+        layout: ParallelLayout,
+        mode: str,
+        runs: tuple[RunResult, ...],
+        engine_path: str | None = None,
+        layout_source: str | None = None,
+    ) -> VerifyResult:
+        judged = [r for r in runs if mode != "both" or r.gate == EngineGate.FIXED]
+        safe = bool(judged) and all(r.safe for r in judged)
+        passed = safe if mode != "both" else all(as_expected(r, layout) for r in runs)
+        return VerifyResult(
+            layout=layout.record(),
+            world_size=layout.world_size,
+            mode=mode,
+            runs=runs,
+            safe=safe,
+            passed=passed,
+            engine_path=engine_path,
+            layout_source=layout_source,
+        )
 
 
-def as_expected(run: RunResult, layout: ParallelLayout) -> bool:
+def as_expected(run: RunResult, layout: ParallelLayout | Layout) -> bool:
     """A buggy run must deadlock where cp > 1; every other run must complete with the right metric."""
     if expected_outcome(run.gate, layout) == OUTCOME_DEADLOCK:
         return run.outcome == OUTCOME_DEADLOCK

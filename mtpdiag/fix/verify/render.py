@@ -16,7 +16,8 @@ from mtpdiag.fix.verify import (
 )
 from mtpdiag.fix.verify.plan import EngineChoice
 from mtpdiag.layout import ParallelLayout
-from mtpdiag.model import Report
+from mtpdiag.model import Layout, Report
+from mtpdiag.vocabulary.states import EngineGate
 
 
 def intro_line(layout: ParallelLayout, source: str, choice: EngineChoice) -> str:
@@ -81,7 +82,7 @@ def verdict_line(result: VerifyResult) -> str:
     layout, label = result.layout, _layout_label(result.layout)
     needs_cp = "the bug needs CP>1" + (f" (this layout has cp={layout.cp})" if layout.cp == 1 else "")
     if result.mode == "both":
-        buggy = expected_outcome("buggy", layout)
+        buggy = expected_outcome(EngineGate.BUGGY, layout)
         what = (
             f"the buggy gate deadlocks here ({needs_cp}) and the fixed gate completes with the right metric"
             if buggy == OUTCOME_DEADLOCK
@@ -90,7 +91,7 @@ def verdict_line(result: VerifyResult) -> str:
         return f"verdict: PASS — {what}" if result.passed else f"verdict: FAIL — expected {what}; see the runs above"
     run = result.runs[0]
     if result.safe:
-        tail = f"; {needs_cp}, so it would deadlock with cp > 1 (mtpdiag apply)" if run.gate == "buggy" else ""
+        tail = f"; {needs_cp}, so it would deadlock with cp > 1 (mtpdiag apply)" if run.gate == EngineGate.BUGGY else ""
         return f"verdict: SAFE — the {run.gate} gate completes on {label} with the right metric{tail}"
     why = (
         "it deadlocks (the MTP reduce is gated on cp == 0; mtpdiag apply, verl PR #5895)"
@@ -100,7 +101,7 @@ def verdict_line(result: VerifyResult) -> str:
     return f"verdict: UNSAFE — the {run.gate} gate on {label}: {why}"
 
 
-def _layout_label(layout: ParallelLayout) -> str:
+def _layout_label(layout: ParallelLayout | Layout) -> str:
     out = f"tp{layout.tp} cp{layout.cp} pp{layout.pp} dp{layout.dp}"
     if layout.ep > 1:
         out += f" ep{layout.ep}"

@@ -35,7 +35,7 @@ from mtpdiag.fix.verify import (
 from mtpdiag.fix.verify.launch import TICK_NS, Job, kill_pids, main_thread_cpu, start_torchrun
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Report, Snapshot
-from mtpdiag.vocabulary.states import Outcome
+from mtpdiag.vocabulary.states import EngineGate, Outcome
 
 WORKER_SCRIPT = str(Path(__file__).with_name("worker.py"))
 CONCURRENT_WORKERS = 8  # run several worlds at once only while their workers fit this many processes
@@ -272,7 +272,7 @@ class _WatchedRun:
             self.phases["cleanup"] = time.monotonic() - began
         return RunResult(
             engine=self.spec.engine,
-            gate=self.spec.gate,
+            gate=EngineGate(self.spec.gate),
             outcome=outcome,
             seconds=seconds,
             metric=check_metric(self.layout, writes),
