@@ -40,7 +40,7 @@ def shim_cache() -> Path:
 
 
 def load_shim() -> ctypes.CDLL:
-    """Compile ``hostsync.c`` once per content (concurrent ranks race harmlessly: each renames its own build)."""
+    """Compile ``hostsync.c`` once per content (concurrent ranks race harmlessly: the first build is kept)."""
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
     cache = shim_cache()
     lib = cache / f"hostsync-{digest}.so"
@@ -52,7 +52,7 @@ def load_shim() -> ctypes.CDLL:
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"could not build {SOURCE.name} with {cc}: {done.stderr.strip()}")
-        os.replace(tmp, lib)
+        _publish(tmp, lib)
     shim = ctypes.CDLL(str(lib))
     shim.stream_issue.restype = ctypes.c_uint32
     shim.stream_issued.restype = ctypes.c_uint32
@@ -148,3 +148,18 @@ def current_stream(sync: str | None = None) -> Stream:
     if _STREAM is None:
         _STREAM = Stream(sync or os.environ.get("MTPDIAG_HOST_SYNC", "spin"))
     return _STREAM
+
+
+def _publish(build: Path, lib: Path) -> None:
+    """Put ``build`` at ``lib`` unless another rank's build is there already, and never replace one.
+
+    A rank that loaded the earlier build keeps it mapped: replacing the file under it leaves the mapping
+    "(deleted)", and py-spy --native then shows that rank's host sync as a bare address instead of its name.
+    (Defined last in the file: the lines above are recorded in tests/fixtures.)
+    """
+    try:
+        os.link(build, lib)
+    except FileExistsError:
+        pass
+    finally:
+        build.unlink()
