@@ -3,7 +3,8 @@
 # from the same pins, see scripts/venv.sh), then run pytest.
 #   bash scripts/test.sh           everything: the unit tier first, stopping at its first failure (-x), then the
 #                                  e2e tier on MTPDIAG_TEST_WORKERS (default 4) pytest-xdist workers, grouped as
-#                                  tests/conftest.py says (--dist loadgroup); the slowest tests are listed.
+#                                  tests/conftest.py says (--dist loadgroup), then the Ray tests alone (marked
+#                                  ray: they need the host to themselves); the slowest tests are listed.
 #   bash scripts/test.sh ARGS...   one pytest run with ARGS (e.g. -m "not e2e", -k layout, -n 4 --dist loadgroup).
 # The HTML tests install Chromium themselves when they run.
 set -euo pipefail
@@ -21,6 +22,10 @@ echo "test: unit tier took $((SECONDS - started)) s; e2e tier on $workers worker
 started=$SECONDS
 status=0
 # tests/e2e alone: each worker then collects (imports) only the e2e modules
-python -m pytest -q -p no:cacheprovider -m e2e -n "$workers" --dist loadgroup --durations=30 tests/e2e || status=$?
-echo "test: e2e tier took $((SECONDS - started)) s" >&2
+python -m pytest -q -p no:cacheprovider -m "e2e and not ray" -n "$workers" --dist loadgroup --durations=30 \
+  tests/e2e || status=$?
+echo "test: e2e tier took $((SECONDS - started)) s; the Ray tests alone" >&2
+started=$SECONDS
+python -m pytest -q -p no:cacheprovider -m "e2e and ray" --durations=10 tests/e2e || status=$?
+echo "test: Ray tests took $((SECONDS - started)) s" >&2
 exit "$status"

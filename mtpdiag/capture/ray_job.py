@@ -37,6 +37,8 @@ from mtpdiag.model import printable
 REPLY = "mtpdiag-ray-job-reply "  # the prefix of the job's one line of result in its log
 START_S = 120.0  # how long the job may take beyond --ray-timeout: scheduling, start-up, joining the cluster
 POLL_S = 0.5
+# What the job server answers while its agent on the head is still starting (Ray says: try again later).
+AGENT_NOT_READY = "No available agent to submit job"
 # sh -c runs the entrypoint; its parent is the job supervisor, a Ray worker of the cluster's own Python.
 ENTRYPOINT = '"$(readlink /proc/$PPID/exe)" -m mtpdiag.capture.ray_job {request}'
 
@@ -85,17 +87,7 @@ class RayJobCluster:
         """Every alive node's ranks, captured by a job on the head; failures as ``RayCluster.capture`` has them."""
         job = f"mtpdiag-capture-{uuid.uuid4().hex[:12]}"
         request = json.dumps({"timeout": self.timeout, "options": options}, separators=(",", ":"))
-        try:
-            self.client.submit_job(
-                entrypoint=ENTRYPOINT.format(request=shlex.quote(request)),
-                submission_id=job,
-                entrypoint_num_cpus=0,
-                metadata={"submitted_by": "mtpdiag"},
-            )
-        except Exception as exc:  # noqa: BLE001 - the server refused it: say why in one line
-            raise InputError(
-                f"the Ray job server at {self.address} did not take the capture job: {one_line(exc)}"
-            ) from None
+        self._submit(job, ENTRYPOINT.format(request=shlex.quote(request)))
         self.submitted.append(job)
         status = self._wait(job)
         logs = self._logs(job)
@@ -109,6 +101,26 @@ class RayJobCluster:
             kind = NothingCaptured if reply.get("kind") == NothingCaptured.__name__ else InputError
             raise kind(f"on the cluster behind {self.address}: {printable(str(reply['error']))}")
         return _cluster_capture(reply, f"ray job {job}")
+
+    def _submit(self, job: str, entrypoint: str) -> None:
+        """Submit the capture job; while the head's job agent is still starting (a cluster just started), Ray
+        answers "No available agent to submit job, please try again later": so it is tried again, up to START_S."""
+        deadline = time.monotonic() + START_S
+        while True:
+            try:
+                self.client.submit_job(
+                    entrypoint=entrypoint,
+                    submission_id=job,
+                    entrypoint_num_cpus=0,
+                    metadata={"submitted_by": "mtpdiag"},
+                )
+                return
+            except Exception as exc:  # noqa: BLE001 - the server refused it: say why in one line
+                if AGENT_NOT_READY not in str(exc) or time.monotonic() > deadline:
+                    raise InputError(
+                        f"the Ray job server at {self.address} did not take the capture job: {one_line(exc)}"
+                    ) from None
+            time.sleep(POLL_S)
 
     def _wait(self, job: str) -> str:
         deadline = time.monotonic() + self.timeout + START_S

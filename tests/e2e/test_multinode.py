@@ -109,13 +109,17 @@ def test_one_host_alone_reports_the_other_hosts_ranks_missing(bundles, tmp_path)
     assert [(c["cp"], c["pp"]) for c in missing["details"]["coords"].values()] == [(0, 1), (1, 1)]
 
 
-def test_a_bundle_copied_under_another_name_is_an_input_error_naming_both(bundles, tmp_path):
+def test_a_bundle_copied_under_another_name_is_read_once(bundles, tmp_path):
+    """The same captures in two files (a bundle copied twice into a shared directory) are one capture per rank:
+    the report is the one without the copy, with no conflict and no rank counted twice."""
     for name in ("node-a.mtpdiag.json", "node-b.mtpdiag.json"):
         shutil.copy(bundles / name, tmp_path / name)
-    copy = tmp_path / "node-a-again.mtpdiag.json"
-    shutil.copy(bundles / "node-a.mtpdiag.json", copy)
-    line = _one_error_line(mtpdiag("analyze", str(tmp_path), "--json"))
-    assert str(copy) in line and str(tmp_path / "node-a.mtpdiag.json") in line and "rank 0" in line
+    alone, _ = _analyze(tmp_path)
+    shutil.copy(bundles / "node-a.mtpdiag.json", tmp_path / "node-a-again.mtpdiag.json")
+    merged, done = _analyze(tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert [r["rank"] for r in merged["ranks"]] == [0, 1, 2, 3]
+    assert merged == alone
 
 
 def test_a_bundle_with_another_world_size_is_an_input_error_naming_both(bundles, tmp_path):

@@ -196,7 +196,9 @@ def cluster(tmp_path_factory):
         _wait_for(lambda: _line(log, "head started") or proc.poll() is not None, "head node", 180, log)
         # The head's address as Ray gives it (the host's address: Ray replaces 127.0.0.1 with it).
         started = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace"))
-        state.address = re.search(r"ray start --address='([^']+)'", started).group(1)
+        told = re.search(r"ray start --address='([^']+)'", started)
+        assert told, f"the head did not start ({proc.poll()=}): {' | '.join(started.strip().splitlines()[-12:])}"
+        state.address = told.group(1)
         for name, ip in (("b", "127.0.0.2"), ("c", "127.0.0.3")):
             state.sessions.add(_start_node(state, ip, tmp / f"node-{name}.log", "--num-cpus=3", "--num-gpus=2"))
         ready = _wait_for(lambda: _line(log, "ready pids="), "ready line from the driver", 300, log)

@@ -33,6 +33,7 @@ import pytest
 from conftest import unavailable
 from mtpdiag.capture import procfs
 from support.jobs_e2e import (
+    RAY_AGENT_NOT_READY,
     ROOT,
     check_ray_verl_hang,
     end_sessions,
@@ -117,7 +118,12 @@ def _launch(mode: str, ray_tmp: str, log: Path) -> subprocess.Popen:
         jobs = f"http://127.0.0.1:{free_port()}"
         script = (
             f"set -e\n{start} --include-dashboard=true --dashboard-port={jobs.rsplit(':', 1)[1]}\n"
-            f'{ray} job submit --address {jobs} --submission-id {SUBMISSION} --no-wait -- "$@"\n'
+            # tried again while the head's job agent is still starting, as Ray's answer asks
+            f"for try in $(seq 60); do\n"
+            f'  if out=$({ray} job submit --address {jobs} --submission-id {SUBMISSION} --no-wait -- "$@" 2>&1)'
+            f'; then echo "$out"; break; fi\n'
+            f'  case "$out" in *"{RAY_AGENT_NOT_READY}"*) sleep 2 ;; *) echo "$out"; exit 1 ;; esac\n'
+            f"done\n"
             f"exec {ray} job logs --address {jobs} --follow {SUBMISSION}\n"
         )
         cmd = ["bash", "-c", script, "bash", *driver]

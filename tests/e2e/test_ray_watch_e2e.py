@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from conftest import unavailable
-from support.jobs_e2e import ROOT, end_sessions, free_port, run_cli, run_watching_ports
+from support.jobs_e2e import ROOT, end_sessions, free_port, run_cli, run_watching_ports, submit_ray_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
@@ -88,7 +88,7 @@ def cluster(tmp_path_factory):
                 "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(pipes / "rank_"),
             }
         }
-        submit = subprocess.run(
+        submit = submit_ray_job(
             [
                 *RAY,
                 "job",
@@ -117,8 +117,6 @@ def cluster(tmp_path_factory):
                 "--sync",
                 "spin",
             ],
-            capture_output=True,
-            text=True,
             env=env,
             cwd=ROOT,
             timeout=180,

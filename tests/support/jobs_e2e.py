@@ -12,6 +12,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from conftest import unavailable
 from mtpdiag.capture import procfs
@@ -239,3 +240,20 @@ def run_watching_ports(
             seen |= listening_ports(proc.pid)
             reader.join(0.05)
     return subprocess.CompletedProcess(cmd, proc.returncode, result.get("out", ""), result.get("err", "")), seen
+
+
+# What Ray's job server answers while its agent on the head is still starting (``ray start`` returns before it
+# is up; Ray's own message says to try again later).
+RAY_AGENT_NOT_READY = "No available agent to submit job"
+
+
+def submit_ray_job(argv: list[str], timeout: float = 180, **run: Any) -> subprocess.CompletedProcess:
+    """``ray job submit`` (``argv``), tried again while the head's job agent is not up yet, as Ray asks."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **run)
+        if done.returncode == 0 or RAY_AGENT_NOT_READY not in done.stdout + done.stderr:
+            return done
+        if time.monotonic() > deadline:
+            return done
+        time.sleep(2)
