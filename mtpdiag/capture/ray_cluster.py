@@ -38,6 +38,7 @@ CLIENT_ATTEMPTS = 3  # ray:// connections, see RayCluster._init
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Python's words for a missing module: quoted since 3.3, bare after ``python -m`` ("No module named mtpdiag")
 _NO_MODULE = re.compile(r"No module named '?([\w.]+)")
+_MTPDIAG_FRAME = re.compile(r'File "[^"]*/mtpdiag/[^"]*\.py"')
 
 
 @dataclass(frozen=True)
@@ -348,6 +349,14 @@ def missing_mtpdiag(text: str) -> str | None:
         if found.group(1).split(".")[0] == "mtpdiag":
             return found.group(1)
     return None
+
+
+def missing_dependency(text: str) -> str | None:
+    """The module that a traceback in a text (an error, a log) says mtpdiag's own code could not import (one of
+    its dependencies), else None."""
+    text = _ANSI.sub("", text)
+    found = _NO_MODULE.findall(text)
+    return found[-1] if found and _MTPDIAG_FRAME.search(text) else None
 
 
 def with_hints(snapshot: Snapshot, hints: dict[str, int]) -> Snapshot:

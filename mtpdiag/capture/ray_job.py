@@ -7,8 +7,8 @@ driver of the cluster, captures every node exactly as ``--ray auto`` does there,
 line of the job's log. This side reads that line from the log and stops the job if it overruns. It is how a
 cluster is reached from outside it (KubeRay: ``kubectl port-forward svc/HEAD-svc 8265``).
 
-The job's Python is the one the job server runs (the shell's parent, the job supervisor), so mtpdiag must be
-installed there, as on every node. Its log, on the head, holds what a bundle holds and nothing more.
+The job's Python is the one Ray runs its workers with (the raylet's ``--python_worker_command``, a venv's
+Python where Ray runs from one), so mtpdiag must be installed there, as on every node. Its log, on the head, holds what a bundle holds and nothing more.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from mtpdiag.capture.ray_cluster import (
     Node,
     import_ray,
     last_line,
+    missing_dependency,
     missing_mtpdiag,
     one_line,
 )
@@ -39,8 +40,29 @@ START_S = 120.0  # how long the job may take beyond --ray-timeout: scheduling, s
 POLL_S = 0.5
 # What the job server answers while its agent on the head is still starting (Ray says: try again later).
 AGENT_NOT_READY = "No available agent to submit job"
-# sh -c runs the entrypoint; its parent is the job supervisor, a Ray worker of the cluster's own Python.
-ENTRYPOINT = '"$(readlink /proc/$PPID/exe)" -m mtpdiag.capture.ray_job {request}'
+# The job runs in the Python that Ray runs its workers with: the raylet's --python_worker_command (Ray's own
+# sys.executable). The job supervisor's /proc/PID/exe is not it: in a venv it resolves to the base interpreter,
+# which has neither mtpdiag nor its dependencies, and Ray rewrites its workers' argv. So the supervisor's
+# interpreter (any Python) runs this stdlib-only step, which finds the raylet above it and executes that Python.
+WORKER_PYTHON = """
+import os, shlex, sys
+def worker_python(pid):
+    for _ in range(4):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+            stat = open(f"/proc/{pid}/stat", "rb").read()
+        except OSError:
+            break
+        for arg in argv:
+            if arg.startswith(b"--python_worker_command="):
+                return shlex.split(arg.split(b"=", 1)[1].decode())[0]
+        pid = int(stat.rsplit(b")", 1)[1].split()[1])
+    return sys.executable
+python = worker_python(os.getppid())
+os.execv(python, [python, "-m", "mtpdiag.capture.ray_job", *sys.argv[1:]])
+"""
+# sh -c runs the entrypoint; its parent is the job supervisor, a Ray worker.
+ENTRYPOINT = '"$(readlink /proc/$PPID/exe)" -c {bootstrap} {request}'
 
 
 def job_server(address: str) -> str | None:
@@ -87,7 +109,7 @@ class RayJobCluster:
         """Every alive node's ranks, captured by a job on the head; failures as ``RayCluster.capture`` has them."""
         job = f"mtpdiag-capture-{uuid.uuid4().hex[:12]}"
         request = json.dumps({"timeout": self.timeout, "options": options}, separators=(",", ":"))
-        self._submit(job, ENTRYPOINT.format(request=shlex.quote(request)))
+        self._submit(job, ENTRYPOINT.format(bootstrap=shlex.quote(WORKER_PYTHON), request=shlex.quote(request)))
         self.submitted.append(job)
         status = self._wait(job)
         logs = self._logs(job)
@@ -160,6 +182,11 @@ def _why(logs: str) -> str:
         return (
             "the Python of the head's Ray job server has no mtpdiag: pip install 'mtpdiag[ray]' into the "
             "Python that runs Ray on every node"
+        )
+    if module := missing_dependency(logs):
+        return (
+            f"the Python that runs Ray on the head has mtpdiag but not its dependency {module}: "
+            "pip install 'mtpdiag[ray]' into the Python that runs Ray on every node"
         )
     return last_line(logs) or "its log is empty"
 
