@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The test suite: install everything requirements-ci.txt pins into .venv (once; from the cache of venvs built
 # from the same pins, see scripts/venv.sh), then run pytest.
-#   bash scripts/test.sh           everything: the unit tier first, stopping at its first failure (-x), then the
-#                                  e2e tier on MTPDIAG_TEST_WORKERS (default 4) pytest-xdist workers, grouped as
-#                                  tests/conftest.py says (--dist loadgroup), then the Ray tests alone (marked
-#                                  ray: they need the host to themselves); the slowest tests are listed.
+#   bash scripts/test.sh           everything: the unit tier, stopping at its first failure (-x), and beside it the
+#                                  Ray tests (marked ray: they need the host to themselves, and the unit tier
+#                                  starts no job); then the rest of the e2e tier on MTPDIAG_TEST_WORKERS (default
+#                                  4) pytest-xdist workers, grouped as tests/conftest.py says (--dist loadgroup).
+#                                  Each lists its slowest tests.
 #   bash scripts/test.sh ARGS...   one pytest run with ARGS (e.g. -m "not e2e", -k layout, -n 4 --dist loadgroup).
 # The HTML tests install Chromium themselves when they run.
 set -euo pipefail
@@ -16,16 +17,24 @@ if [ "$#" -gt 0 ]; then
 fi
 workers="${MTPDIAG_TEST_WORKERS:-4}"
 started=$SECONDS
-echo "test: unit tier (tests/unit, -x)" >&2
-python -m pytest -q -p no:cacheprovider -m "not e2e" --ignore=tests/e2e -x --durations=10
-echo "test: unit tier took $((SECONDS - started)) s; e2e tier on $workers workers" >&2
-started=$SECONDS
+ray_log=$(mktemp "${TMPDIR:-/tmp}/mtpdiag-ray-tests.XXXXXX")
+trap 'rm -f "$ray_log"' EXIT
+echo "test: unit tier (tests/unit, -x), and the Ray tests beside it (their output follows the unit tier's)" >&2
+python -m pytest -q -p no:cacheprovider -m "e2e and ray" --durations=10 tests/e2e >"$ray_log" 2>&1 &
+ray_tests=$!
+if ! python -m pytest -q -p no:cacheprovider -m "not e2e" --ignore=tests/e2e -x --durations=10; then
+  kill -- "$ray_tests" 2>/dev/null || true
+  wait "$ray_tests" 2>/dev/null || true
+  exit 1
+fi
+echo "test: unit tier took $((SECONDS - started)) s; waiting for the Ray tests" >&2
 status=0
+wait "$ray_tests" || status=$?
+cat "$ray_log"
+echo "test: the Ray tests ended after $((SECONDS - started)) s; the e2e tier on $workers workers" >&2
+started=$SECONDS
 # tests/e2e alone: each worker then collects (imports) only the e2e modules
 python -m pytest -q -p no:cacheprovider -m "e2e and not ray" -n "$workers" --dist loadgroup --durations=30 \
   tests/e2e || status=$?
-echo "test: e2e tier took $((SECONDS - started)) s; the Ray tests alone" >&2
-started=$SECONDS
-python -m pytest -q -p no:cacheprovider -m "e2e and ray" --durations=10 tests/e2e || status=$?
-echo "test: Ray tests took $((SECONDS - started)) s" >&2
+echo "test: e2e tier took $((SECONDS - started)) s" >&2
 exit "$status"

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,16 @@ def unavailable(message: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (``scripts/test.sh`` ending the Ray tests when the unit tier fails, a CI cancel) ends the run as
+    Ctrl-C does: the fixtures' teardowns run, so no job or Ray cluster of a test outlives it."""
+
+    def interrupt(signum: int, _frame: object) -> NoReturn:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook applies -m, and before xdist reads the groups
