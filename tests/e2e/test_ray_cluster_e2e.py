@@ -39,6 +39,7 @@ import pytest
 from conftest import unavailable
 from mtpdiag.capture import procfs
 from support.jobs_e2e import (
+    RAY_TEST_ENV,
     ROOT,
     check_ray_verl_hang,
     end_sessions,
@@ -157,7 +158,7 @@ def cluster(tmp_path_factory):
     env = {
         **os.environ,
         **NODE_ENV,
-        "RAY_USAGE_STATS_ENABLED": "0",
+        **RAY_TEST_ENV,
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
     }

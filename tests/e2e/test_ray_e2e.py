@@ -34,6 +34,7 @@ from conftest import unavailable
 from mtpdiag.capture import procfs
 from support.jobs_e2e import (
     RAY_AGENT_NOT_READY,
+    RAY_TEST_ENV,
     ROOT,
     check_ray_verl_hang,
     end_sessions,
@@ -129,7 +130,7 @@ def _launch(mode: str, ray_tmp: str, log: Path) -> subprocess.Popen:
         cmd = ["bash", "-c", script, "bash", *driver]
     else:  # the driver's ray.init starts a local cluster of its own
         cmd = [*driver, "--temp-dir", ray_tmp]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **RAY_TEST_ENV, "OMP_NUM_THREADS": "1"}
     env.update(NODE_ENV if mode != "ray.init" else {})
     with open(log, "w") as out:
         return subprocess.Popen(

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from conftest import unavailable
-from support.jobs_e2e import ROOT, end_sessions, free_port, run_cli, run_watching_ports, submit_ray_job
+from support.jobs_e2e import RAY_TEST_ENV, ROOT, end_sessions, free_port, run_cli, run_watching_ports, submit_ray_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
@@ -49,7 +49,7 @@ def cluster(tmp_path_factory):
     port, dashboard, client = free_port(), free_port(), free_port()
     env = {
         **os.environ,
-        "RAY_USAGE_STATS_ENABLED": "0",
+        **RAY_TEST_ENV,
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
     }

@@ -242,6 +242,11 @@ def run_watching_ports(
     return subprocess.CompletedProcess(cmd, proc.returncode, result.get("out", ""), result.get("err", "")), seen
 
 
+# The environment of the Ray clusters the tests start: no usage report, and the dashboard's modules given five
+# minutes to start instead of Ray's 30 s (a loaded 2-core machine was seen to miss it: "Module MetricsHead
+# failed to start. Timeout after 30.0 seconds", and then no job server).
+RAY_TEST_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "300"}
+
 # What Ray's job server answers while its agent on the head is still starting (``ray start`` returns before it
 # is up; Ray's own message says to try again later).
 RAY_AGENT_NOT_READY = "No available agent to submit job"
