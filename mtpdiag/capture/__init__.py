@@ -244,7 +244,7 @@ def _results(futures: list[Future[_Dumped]], *, show: bool) -> list[_Dumped]:
         return [f.result() for f in futures]
 
 
-def _order(c: RankCapture) -> tuple:
+def _order(c: RankCapture) -> tuple[bool, int, int]:
     return (c.rank is None, c.rank if c.rank is not None else 0, c.pid or 0)
 
 

@@ -221,8 +221,9 @@ class RayCluster:
         }
         return readings, tuple(failed)
 
-    def _run(self, nodes: list[Node], request: dict[str, Any]) -> tuple[dict[str, dict], list[str]]:
-        """Run the capture task on every node at once; the replies by node id, and a line per node that failed."""
+    def _run(self, nodes: list[Node], request: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """Run the capture task on every node at once; the replies by node id (each the task's raw dict, as Ray
+        returned it), and a line per node that failed."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         refs = []

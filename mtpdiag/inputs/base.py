@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the text readers' line type: loaded with the first text fil
 class ReadContext(msgspec.Struct, frozen=True):
     """What the caller of ``load_paths`` passes down to every reader."""
 
-    rank_from: re.Pattern | None = None  # --rank-from: its first group is the rank
+    rank_from: re.Pattern[str] | None = None  # --rank-from: its first group is the rank
 
 
 class FileCaptures(msgspec.Struct, frozen=True):

@@ -199,7 +199,7 @@ def _read_args(f: _Frame) -> FrameArgs | None:
 
 
 # Frames made, by the py-spy fields they were made from; bounded, as a long ``watch`` sees new ones.
-_FRAMES: dict[tuple, Frame] = {}
+_FRAMES: dict[tuple[str | None, str | None, str | None, str | None, int | None], Frame] = {}
 _ARGS: dict[tuple[str | None, bytes], FrameArgs | None] = {}
 _MAX_FRAMES = 1 << 16
 

@@ -54,7 +54,7 @@ def read(text: str, path: str, context: ReadContext) -> FileCaptures:
     return captures_of(path, FORM, [Dumped(pid=None, threads=stack, context=tuple(rest))], lines, context)
 
 
-def _frame(m: re.Match) -> Frame:
+def _frame(m: re.Match[str]) -> Frame:
     return Frame(function=printable(m["function"]), file=display_path(printable(m["file"])), line=int(m["line"]))
 
 

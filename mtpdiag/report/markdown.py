@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from mtpdiag.model import Report
 from mtpdiag.report import words
 from mtpdiag.vocabulary.groups import COORDINATES
-from mtpdiag.vocabulary.labels import rank_list
+from mtpdiag.vocabulary.labels import coords_label, rank_list
 
 
 def render(report: Report) -> str:
@@ -50,7 +50,7 @@ def render(report: Report) -> str:
     for v in report.ranks:
         out.append(
             f"| {v.rank if v.rank is not None else '?'} | {_cell(v.host)} | {v.pid or ''} | "
-            f"{words.coords_label(v.coords, layout)} | {v.state} | {_cell(words.doing(v))} |"
+            f"{coords_label(v.coords, layout)} | {v.state} | {_cell(words.doing(v))} |"
         )
     if report.flight_recorder is not None:
         out += ["", "### Flight Recorder", ""] + [f"- {_cell(line)}" for line in report.flight_recorder.lines]

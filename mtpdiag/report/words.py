@@ -22,7 +22,7 @@ def short_function(function: str) -> str:
     return function.rsplit(".", 1)[-1] if "<locals>" not in function else function
 
 
-def rank_label(view: RankView | None, rank: int, layout: Mapping | None) -> str:
+def rank_label(view: RankView | None, rank: int, layout: Mapping[str, object] | None) -> str:
     coords = coords_label(view.coords if view else None, layout)
     return f"rank {rank} ({coords})" if coords else f"rank {rank}"
 
@@ -77,7 +77,7 @@ def gate_phrase(gate: Mapping[str, int] | None) -> str:
     return f"entered only where {where}: a condition that excludes {excluded} gates this collective"
 
 
-def mismatch_sentence(m: Mismatch, views: Mapping[int, RankView], layout: Mapping | None) -> str:
+def mismatch_sentence(m: Mismatch, views: Mapping[int, RankView], layout: Mapping[str, object] | None) -> str:
     group = GROUP_NAMES.get(m.group, m.group)
     entered = ", ".join(rank_label(views.get(r), r, layout) for r in m.entered)
     absent = "; ".join(

@@ -26,7 +26,7 @@ TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 class Job:
     """A launched torchrun job. ``proc`` is the torchrun agent."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     nproc: int
     log_path: str | None = None
     _known: set[int] = field(default_factory=set)

@@ -8,6 +8,7 @@ world's own choice (the fewest replicas the layout allows, or the job's). Worlds
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,16 +30,21 @@ class EngineChoice:
 
 
 def resolve_verify_layout(
-    flags: dict, *, dp: int | None, order: str | None, config: str | None, overrides: list[str], pid: int | None
+    flags: Mapping[str, int | None],
+    *,
+    dp: int | None,
+    order: str | None,
+    config: str | None,
+    overrides: list[str],
+    pid: int | None,
 ) -> tuple[ParallelLayout, str]:
     """The layout to verify, and where it came from: flags, a verl config, or a hung job (``--pid``).
 
     Sources are merged by ``layout.sources.resolve_layout``: a flag that contradicts the config or the
     job is an input error naming both. dp is the verify world's own choice (default 1, or the job's).
     """
-    given = {k: v for k, v in flags.items() if v is not None}
-    if order:
-        given["order"] = order
+    flag_sizes = {k: v for k, v in flags.items() if v is not None}
+    given: dict[str, int | str] = {**flag_sizes, **({"order": order} if order else {})}
     if pid is not None:
         job, source = _job_layout(pid, given, config, overrides)
         sizes = {"tp": job.tp, "cp": job.cp, "pp": job.pp, "ep": job.ep, "etp": job.etp, "vpp": job.vpp}
@@ -46,7 +52,7 @@ def resolve_verify_layout(
     if config is not None:
         from mtpdiag.layout.sources import read_verl_config, resolve_layout
 
-        sizes = {**read_verl_config(config, overrides), **given}
+        sizes = {**read_verl_config(config, overrides), **flag_sizes}
         dp = dp or fewest_dp(sizes)
         world = dp * int(sizes.get("tp") or 1) * int(sizes.get("cp") or 1) * int(sizes.get("pp") or 1)
         resolve_layout(world, flags=given, config=config, overrides=overrides)  # flag-vs-config conflicts
@@ -54,10 +60,10 @@ def resolve_verify_layout(
         return build_layout(sizes, dp=dp, order=order), f"verl config {config}{with_overrides}"
     if overrides:
         raise InputError("--override needs --config")
-    return build_layout(given, dp=dp, order=order), "flags"
+    return build_layout(flag_sizes, dp=dp, order=order), "flags"
 
 
-def build_layout(sizes: dict, *, dp: int | None, order: str | None) -> ParallelLayout:
+def build_layout(sizes: Mapping[str, int | None], *, dp: int | None, order: str | None) -> ParallelLayout:
     """A ParallelLayout of tp*cp*pp*dp ranks; refuses worlds too big for CPU processes here.
 
     Without ``dp``, the fewest DP replicas that the expert layout allows (etp*ep must divide tp*cp*dp).
@@ -88,14 +94,16 @@ def build_layout(sizes: dict, *, dp: int | None, order: str | None) -> ParallelL
         raise InputError(str(exc)) from None
 
 
-def fewest_dp(sizes: dict) -> int:
+def fewest_dp(sizes: Mapping[str, int | None]) -> int:
     """The fewest DP replicas the expert layout allows: etp*ep must divide tp*cp*dp."""
     tp, cp = int(sizes.get("tp") or 1), int(sizes.get("cp") or 1)
     expert = int(sizes.get("etp") or tp) * int(sizes.get("ep") or 1)
     return next(d for d in range(1, expert + 1) if (tp * cp * d) % expert == 0)
 
 
-def _job_layout(pid: int, given: dict, config: str | None, overrides: list[str]) -> tuple[ParallelLayout, str]:
+def _job_layout(
+    pid: int, given: Mapping[str, int | str], config: str | None, overrides: list[str]
+) -> tuple[ParallelLayout, str]:
     """Capture the hung job once and resolve its layout as ``inspect`` does."""
     from mtpdiag.capture import capture
     from mtpdiag.layout.sources import resolve_layout

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import TypedDict
 
 from mtpdiag.analysis.stall import cpu_moved
 from mtpdiag.capture import procfs
@@ -313,11 +314,11 @@ def _all_blocked(pids: list[int]) -> bool:
     return all((stat := procfs.read_stat(pid)) is not None and stat.state in ("S", "D") for pid in pids)
 
 
-def _stacks(snapshot: Snapshot | None) -> dict[int | None, tuple]:
+def _stacks(snapshot: Snapshot | None) -> dict[int | None, tuple[tuple[str, str, int], ...]]:
     """Each worker's main-thread stack, as (function, file, line) tuples, to compare two samples."""
     if snapshot is None:
         return {}
-    out = {}
+    out: dict[int | None, tuple[tuple[str, str, int], ...]] = {}
     for c in snapshot.captures:
         main = c.main_thread
         out[c.pid] = tuple((f.function, f.file, f.line) for f in main.frames) if main else ()
@@ -334,9 +335,20 @@ def _diagnose(snapshot: Snapshot, layout: ParallelLayout) -> tuple[Report | None
         return None, f"no diagnosis: {type(exc).__name__}: {exc}"
 
 
-def _read_results(out_dir: str, kind: str) -> list[dict]:
+class _WorkerResult(TypedDict, total=False):
+    """A ``<kind>-<rank>.json`` as ``worker.write_result`` writes it: rank and time, then the kind's payload."""
+
+    rank: int
+    time: float
+    coords: dict[str, int]  # ready
+    name: str  # metric
+    value: float  # metric
+    avg_group: list[int]  # metric
+
+
+def _read_results(out_dir: str, kind: str) -> list[_WorkerResult]:
     """Every ``<kind>-<rank>.json`` the workers wrote (complete files only: they are renamed into place)."""
-    out = []
+    out: list[_WorkerResult] = []
     for name in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else ():
         if name.startswith(f"{kind}-") and name.endswith(".json"):
             try:
