@@ -88,7 +88,7 @@ class ClusterProgress:
                 self.state[key] = {r: v for r, v in table.items() if r not in polled}
                 self.state[key].update({int(r): v for r, v in (new.get(key) or {}).items()})
 
-    def poll(self, captures: tuple[RankCapture, ...]) -> bool:
+    def poll(self, captures: tuple[RankCapture, ...]) -> bool:  # noqa: ARG002 - pipeline.ProgressSignal's signature
         """Whether a rank completed a collective in the capture just taken (``pipeline.ProgressSignal``). The
         nodes polled their own ranks while they took ``captures`` (``update``): nothing is read from them here."""
         moved, self.moved = self.moved, False

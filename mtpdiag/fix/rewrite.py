@@ -234,7 +234,7 @@ class _MtpBlockFixer(cst.CSTTransformer):
             self.depth -= 1
         return updated
 
-    def leave_If(self, original: cst.If, updated: cst.If) -> cst.BaseStatement:
+    def leave_If(self, original: cst.If, updated: cst.If) -> cst.BaseStatement:  # noqa: ARG002 - libcst's callback
         if (
             not self.depth
             or not isinstance(updated.body, cst.IndentedBlock)

@@ -66,7 +66,7 @@ _DECODER = msgspec.json.Decoder(list[_Thread])
 _LOCALS = msgspec.json.Decoder(Optional[list[_Local]])  # noqa: UP045 - a run-time type: typing.Optional reads the same on Python 3.10 to 3.13
 
 
-def sniff(text: str | bytes, path: str) -> bool:
+def sniff(text: str | bytes, _path: str) -> bool:
     return json_start(text) == "["
 
 

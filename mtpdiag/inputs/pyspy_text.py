@@ -39,7 +39,7 @@ MAIN = "MainThread"
 FORM = "py-spy text"
 
 
-def sniff(text: str, path: str) -> bool:
+def sniff(text: str, _path: str) -> bool:
     return _SNIFF.search(text) is not None
 
 

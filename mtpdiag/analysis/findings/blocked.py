@@ -46,12 +46,12 @@ def _waiting_phrase(waiters: Sequence[Waiting], mismatches: Sequence[Mismatch], 
     return f"rank {w.rank} waits for {them} in {p2p_call(w)} at {words.where(w.site)}"
 
 
-def stragglers(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def stragglers(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Captured ranks that others wait on while they run, or wait on something of their own."""
     return _held_up_by(facts, FindingId.STRAGGLER)
 
 
-def frozen(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def frozen(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Captured ranks that others wait on while they are stopped, gone or unreadable."""
     return _held_up_by(facts, FindingId.FROZEN_RANK)
 

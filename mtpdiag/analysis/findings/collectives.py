@@ -39,19 +39,19 @@ if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there 
     from mtpdiag.analysis.flight_recorder.evidence import SizeProblem
 
 
-def mtp_findings(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def mtp_findings(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """The verl #5895 signature: the MTP loss reduce on DP×CP, entered only where cp == 0."""
     return [_finding(*split, facts.layout, _order(facts, *split)) for split in _root_splits(facts) if _is_mtp(*split)]
 
 
-def gated_findings(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def gated_findings(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Every other root split collective (a known metric tracker's, or any gated call)."""
     return [
         _finding(*split, facts.layout, _order(facts, *split)) for split in _root_splits(facts) if not _is_mtp(*split)
     ]
 
 
-def _order(facts: Facts, op: str, site: Site | None, kind: str, instances: Sequence[Mismatch]) -> RootOrder | None:
+def _order(facts: Facts, op: str, site: Site | None, kind: str, _instances: Sequence[Mismatch]) -> RootOrder | None:
     """Why program order makes this root the root of its cycle, when it does."""
     return facts.causes.orders.get(("m", op, site, kind)) if facts.causes is not None else None
 
@@ -62,7 +62,7 @@ def _root_splits(facts: Facts) -> Iterator[tuple[str, Site | None, str, list[Mis
         yield op, site, kind, instances
 
 
-def _is_mtp(op: str, site: Site | None, kind: str, instances: Sequence[Mismatch]) -> bool:
+def _is_mtp(_op: str, site: Site | None, kind: str, instances: Sequence[Mismatch]) -> bool:
     gate = instances[0].gate
     return is_mtp_site(site) and kind == "dp_cp" and gate is not None and gate.get("cp") == 0
 
@@ -164,12 +164,12 @@ def _skip_words(site: Site | None) -> str:
     return f"{site.function.rsplit('.', 1)[-1]} {skip}"
 
 
-def size_mismatches(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def size_mismatches(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Every member entered one collective with different sizes (Megatron-LM #3400: 14 vs 15 entries)."""
     return _size_findings([p for p in facts.size_problems if p.problem == "sizes"], facts.layout)
 
 
-def dtype_mismatches(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def dtype_mismatches(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Every member entered one collective with different dtypes."""
     return _size_findings([p for p in facts.size_problems if p.problem != "sizes"], facts.layout)
 

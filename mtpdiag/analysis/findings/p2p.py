@@ -35,7 +35,7 @@ def _peer_doing(view: RankView | None, words: Words) -> str:
     return f"in {call} at {words.where(view.site)}"
 
 
-def findings(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def findings(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """The root send/recv waits of the wait-for graph (with groups only: a world-op split has none)."""
     if facts.mode != Mode.GROUPS or facts.causes is None:
         return []

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there 
     from mtpdiag.analysis.flight_recorder.evidence import StuckGroup
 
 
-def missing(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def missing(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Ranks of the world nobody captured, when something waits on them or nothing else can tell."""
     if not facts.missing_is_a_finding or facts.world_size is None:
         return []
@@ -62,7 +62,7 @@ def all_waiting(facts: Facts, found: Sequence[Finding]) -> list[Finding]:
     return []
 
 
-def unexplained(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def unexplained(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Ranks that wait on what the evidence cannot name (the registry builds it only when nothing else is a
     problem): a single dump cannot prove a job healthy, so a stuck rank is never ``ok``."""
     if not facts.by_rank:

@@ -372,5 +372,5 @@ class _sigterm_as_interrupt:
             signal.signal(signal.SIGTERM, self.previous)
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+def _raise_interrupt(_signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt

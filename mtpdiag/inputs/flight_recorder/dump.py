@@ -35,7 +35,7 @@ class _PlainUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"refuses to load {module}.{name}")
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: Any) -> Any:  # noqa: ARG002 - pickle.Unpickler's signature
         raise pickle.UnpicklingError("refuses persistent ids")
 
 
