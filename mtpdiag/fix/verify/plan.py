@@ -15,6 +15,7 @@ from pathlib import Path
 from mtpdiag.errors import InputError
 from mtpdiag.fix.verify import MAX_WORLD
 from mtpdiag.layout import LayoutError, ParallelLayout
+from mtpdiag.vocabulary.states import CheckStatus, EngineGate
 
 ENGINE_CHOICES = ("fixed", "buggy", "both", "installed")
 
@@ -126,7 +127,7 @@ def choose_engine(engine: str) -> EngineChoice:
     """fixed, buggy, both; or the gate an engine file (the installed verl's, or a path) uses."""
     if engine == "both":
         return EngineChoice("both", (("buggy", "buggy"), ("fixed", "fixed")))
-    if engine in ("fixed", "buggy"):
+    if engine in (EngineGate.FIXED, EngineGate.BUGGY):
         return EngineChoice("single", ((engine, engine),))
     from mtpdiag.fix.engine import check_engine, locate_engine
 
@@ -148,7 +149,7 @@ def choose_engine(engine: str) -> EngineChoice:
         if not path.exists() and "/" not in engine and not engine.endswith(".py"):
             raise InputError(f"--engine {engine!r}: use one of {', '.join(ENGINE_CHOICES)} or a path to an engine file")
     check = check_engine(path)
-    if check.gate is None or check.status in ("unknown", "not-applicable"):
+    if check.gate is None or check.status in (CheckStatus.UNKNOWN, CheckStatus.NOT_APPLICABLE):
         raise InputError(
             f"{path}: {check.status}: {check.reason}; verify needs an engine whose MTP gate is "
             "known (or --engine buggy|fixed|both)"

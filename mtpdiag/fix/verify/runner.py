@@ -36,7 +36,7 @@ from mtpdiag.fix.verify import (
 from mtpdiag.fix.verify.launch import TICK_NS, Job, kill_pids, main_thread_cpu, start_torchrun
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Report, Snapshot
-from mtpdiag.vocabulary.states import EngineGate, Outcome
+from mtpdiag.vocabulary.states import EngineGate, Outcome, ProcessState
 
 WORKER_SCRIPT = str(Path(__file__).with_name("worker.py"))
 CONCURRENT_WORKERS = 8  # run several worlds at once only while their workers fit this many processes
@@ -289,7 +289,7 @@ class _WatchedRun:
         assert self.job is not None
         pids = self.job.workers()
         self.seen.update(pids)
-        return [p for p in pids if (s := procfs.read_stat(p)) is not None and s.state != "Z"]
+        return [p for p in pids if (s := procfs.read_stat(p)) is not None and s.state != ProcessState.ZOMBIE]
 
     def _capture(self, pids: list[int]) -> tuple[Snapshot | None, str | None]:
         """mtpdiag's own capture of the workers, or None and why it failed."""
@@ -311,7 +311,10 @@ class _WatchedRun:
 
 def _all_blocked(pids: list[int]) -> bool:
     """Every main thread asleep (S) or in uninterruptible wait (D), as /proc/PID/stat reports it."""
-    return all((stat := procfs.read_stat(pid)) is not None and stat.state in ("S", "D") for pid in pids)
+    return all(
+        (stat := procfs.read_stat(pid)) is not None and stat.state in (ProcessState.SLEEPING, ProcessState.DISK)
+        for pid in pids
+    )
 
 
 def _stacks(snapshot: Snapshot | None) -> dict[int | None, tuple[tuple[str, str, int], ...]]:
