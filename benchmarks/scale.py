@@ -326,9 +326,11 @@ def main() -> None:
             first, last = mine[0], mine[-1]
             if len(mine) > 1:
                 print(
-                    f"{shape}: growth {first['world']} -> {last['world']} ranks (x{last['world'] / first['world']:.0f}): "
+                    f"{shape}: growth {first['world']} -> {last['world']} ranks "
+                    f"(x{last['world'] / first['world']:.0f}): "
                     f"analyze wall x{last['analyze_s'] / first['analyze_s']:.1f}, analyze peak RSS "
-                    f"x{last['analyze_mb'] / first['analyze_mb']:.1f} (input x{last['input_mb'] / first['input_mb']:.1f})"
+                    f"x{last['analyze_mb'] / first['analyze_mb']:.1f} "
+                    f"(input x{last['input_mb'] / first['input_mb']:.1f})"
                 )
             verdict = "within" if last["ratio"] <= GOAL_RATIO else "ABOVE"
             print(

@@ -49,8 +49,9 @@ def synthetic_log(ranks: int) -> str:
                 f"Process group watchdog thread terminated with exception: {moved[0].split('] ', 1)[1]}"
             )
             out.append(
-                f"[rank{rank}]:[E626 06:24:44.2 ProcessGroupNCCL.cpp:2268] [PG ID 3 PG GUID 7 Rank {rank % 8}]  failure "
-                "detected by watchdog at work sequence id: 12 PG status: last enqueued work: 13, last completed work: 11"
+                f"[rank{rank}]:[E626 06:24:44.2 ProcessGroupNCCL.cpp:2268] [PG ID 3 PG GUID 7 Rank {rank % 8}]  "
+                "failure detected by watchdog at work sequence id: 12 PG status: last enqueued work: 13, "
+                "last completed work: 11"
             )
             wrapped = moved[0]
             out += [wrapped[i : i + 120] for i in range(0, len(wrapped), 120)]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def write_atomic(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     data: bytes | str,
     *,
     mode: int,

@@ -156,7 +156,8 @@ def _input_shape(argv: list[str], options: Mapping[str, str]) -> list[str]:
             formats[kind] = formats.get(kind, 0) + 1
         sniffed_how = "" if len(files) <= _SNIFFED else f" (the first {_SNIFFED} sniffed)"
         return [
-            f"{len(files)} file{'s' if len(files) > 1 else ''}, {_size(sum(sizes))} in all, the largest {_size(max(sizes))}",
+            f"{len(files)} file{'s' if len(files) > 1 else ''}, {_size(sum(sizes))} in all, "
+            f"the largest {_size(max(sizes))}",
             "formats: " + ", ".join(f"{k} x{n}" for k, n in sorted(formats.items())) + sniffed_how,
         ]
     except Exception as err:  # the shape is a courtesy: its own failure must not hide the crash

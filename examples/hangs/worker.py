@@ -151,7 +151,7 @@ class TokenDataset(Dataset):
         return torch.full((8,), float(index))
 
 
-def data_loader(args: argparse.Namespace) -> None:
+def data_loader(args: argparse.Namespace) -> None:  # noqa: ARG001 - every scenario takes the args
     loader = DataLoader(TokenDataset(dist.get_rank()), batch_size=2, num_workers=1, timeout=0)
     grad = torch.zeros(8)
     for step, batch in enumerate(loader):
@@ -207,7 +207,7 @@ def unreadable(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------- comm-init
 
 
-def comm_init(args: argparse.Namespace) -> None:
+def comm_init(args: argparse.Namespace) -> None:  # noqa: ARG001 - every scenario takes the args
     grad = torch.ones(8)
     reduce_gradients(grad)
     if dist.get_rank() == 3:

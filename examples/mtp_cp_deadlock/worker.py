@@ -79,7 +79,7 @@ def forward_step(step: int) -> torch.Tensor:
     return hidden
 
 
-def save_mtp_loss(hidden: torch.Tensor) -> None:
+def save_mtp_loss(hidden: torch.Tensor) -> None:  # noqa: ARG001 - GPTModel's call, as verl makes it
     """What GPTModel does on the last stage: add this rank's MTP loss to the tracker."""
     tracker = MTPLossLoggingHelper.tracker
     if "values" not in tracker:

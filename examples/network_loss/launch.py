@@ -109,7 +109,7 @@ def _tail(log_path: str, lines: int = 5) -> str:
         return ""
 
 
-def _end_on_sigterm(signum, frame) -> None:
+def _end_on_sigterm(_signum, _frame) -> None:
     raise KeyboardInterrupt
 
 

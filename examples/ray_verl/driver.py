@@ -162,7 +162,7 @@ class TaskRunner:
         return ray.get(refs)
 
 
-def _stop(signum, frame):
+def _stop(signum, _frame):
     raise SystemExit(128 + signum)
 
 

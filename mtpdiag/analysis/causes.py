@@ -240,24 +240,8 @@ def find_causes(
     for i, c in zip(pairs, _pair_components(comp, graph, waiters, waited, pairs), strict=True):
         mcomp[i] = c
 
-    holding = _holding_up(views)
-    blocked: dict[int, list[Waiter]] = {}
-    if holding or len(graph.rank_nodes) > len(views):  # or a split or send names a rank nobody captured
-        for i, m in enumerate(mismatches):
-            for a in m.absent:
-                if a in holding or a not in views:
-                    blocked.setdefault(a, []).append(Waiter(mismatch=i))
-        for w in p2p:
-            if w.peer in holding or w.peer not in views:
-                blocked.setdefault(w.peer, []).append(Waiter(p2p=w))
-
-    # what waits, directly or not, on a cyclic core or a problem rank
-    reached = [False] * (max(comp) + 1 if comp else 0)
-    for c in cyclic:
-        reached[c] = True
-    for r in blocked:
-        reached[comp[graph.rank_nodes[r]]] = True
-    downstream = graph.reaching(comp, reached)
+    blocked = _blocked_on(mismatches, p2p, views, graph)
+    downstream = _downstream(graph, comp, cyclic, blocked)
 
     # the split instances of each cyclic core, by site: (component, op, site, group) -> their indices
     cores: dict[CoreSite, list[int]] = {}
@@ -278,6 +262,52 @@ def find_causes(
             root = not downstream[comp[node if node is not None else graph.rank_nodes[m.absent[0]]]]
         role = Role.ROOT if root else Role.CONSEQUENCE
         roles.append(m if m.role == role else struct_replace(m, role=role))
+    root_p2p, consequence_p2p = _p2p_roles(p2p, graph, comp, cyclic, downstream, root_keys)
+    return Causes(
+        mismatches=tuple(roles),
+        root_p2p=tuple(root_p2p),
+        consequence_p2p=tuple(consequence_p2p),
+        blocked_on={r: tuple(ws) for r, ws in sorted(blocked.items())},
+        orders=chosen.orders,
+    )
+
+
+def _blocked_on(
+    mismatches: Sequence[Mismatch], p2p: Sequence[P2PWait], views: Mapping[int, RankView], graph: _Graph
+) -> dict[int, list[Waiter]]:
+    """The problem ranks (holding the job up, or never captured) and what waits on each of them."""
+    holding = _holding_up(views)
+    blocked: dict[int, list[Waiter]] = {}
+    if holding or len(graph.rank_nodes) > len(views):  # or a split or send names a rank nobody captured
+        for i, m in enumerate(mismatches):
+            for a in m.absent:
+                if a in holding or a not in views:
+                    blocked.setdefault(a, []).append(Waiter(mismatch=i))
+        for w in p2p:
+            if w.peer in holding or w.peer not in views:
+                blocked.setdefault(w.peer, []).append(Waiter(p2p=w))
+    return blocked
+
+
+def _downstream(graph: _Graph, comp: list[int], cyclic: set[int], blocked: Mapping[int, object]) -> list[bool]:
+    """By component: whether it waits, directly or not, on a cyclic core or a problem rank."""
+    reached = [False] * (max(comp) + 1 if comp else 0)
+    for c in cyclic:
+        reached[c] = True
+    for r in blocked:
+        reached[comp[graph.rank_nodes[r]]] = True
+    return graph.reaching(comp, reached)
+
+
+def _p2p_roles(
+    p2p: Sequence[P2PWait],
+    graph: _Graph,
+    comp: list[int],
+    cyclic: set[int],
+    downstream: list[bool],
+    root_keys: Mapping[int, SiteKey],
+) -> tuple[list[P2PWait], list[P2PWait]]:
+    """The pending sends and receives split into roots and consequences, as the splits are."""
     root_p2p: list[P2PWait] = []
     consequence_p2p: list[P2PWait] = []
     for w in p2p:
@@ -287,13 +317,7 @@ def find_causes(
         else:
             root = not downstream[c]
         (root_p2p if root else consequence_p2p).append(w)
-    return Causes(
-        mismatches=tuple(roles),
-        root_p2p=tuple(root_p2p),
-        consequence_p2p=tuple(consequence_p2p),
-        blocked_on={r: tuple(ws) for r, ws in sorted(blocked.items())},
-        orders=chosen.orders,
-    )
+    return root_p2p, consequence_p2p
 
 
 def _holding_up(views: Mapping[int, RankView]) -> set[int]:

@@ -46,6 +46,7 @@ from mtpdiag.model import (
 )
 from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.model.watchdog import WatchdogLog
+from mtpdiag.vocabulary.groups import GroupKind
 from mtpdiag.vocabulary.labels import rank_list
 from mtpdiag.vocabulary.ops import WORLD_OPS
 from mtpdiag.vocabulary.states import RankState, Role, Verdict
@@ -284,7 +285,7 @@ def _world_op_splits(by_rank: dict[int, RankView], world_size: int | None) -> li
         return []
     world = ParallelLayout.for_world(world_size)
     in_world_ops = {r: v for r, v in by_rank.items() if 0 <= r < world_size}
-    splits = [m for m in find_mismatches(in_world_ops, world) if m.op in WORLD_OPS and m.group == "world"]
+    splits = [m for m in find_mismatches(in_world_ops, world) if m.op in WORLD_OPS and m.group == GroupKind.WORLD]
     # Only where the absent ranks are in world-group calls too: one in a collective of a group the missing
     # layout would name may be the root, and without the layout this cannot say.
     return [m for m in splits if all(by_rank.get(a) is not None and by_rank[a].op in WORLD_OPS for a in m.absent)]

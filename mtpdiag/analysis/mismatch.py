@@ -29,6 +29,7 @@ from mtpdiag.analysis.gate import read_split_gate
 from mtpdiag.analysis.known_sites import is_mtp_site, kinds_of, lookup
 from mtpdiag.layout import GROUP_KINDS, INFERENCE_ORDER, ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
+from mtpdiag.vocabulary.groups import GroupKind
 from mtpdiag.vocabulary.ops import BATCH_P2P_OP, P2P_OPS, WAIT_OP, WORLD_OPS
 from mtpdiag.vocabulary.states import FROZEN_STATES, GateStrength, GroupFrom, RankState
 from mtpdiag.vocabulary.waits import WAIT_PHRASES
@@ -74,7 +75,7 @@ def candidate_kinds(op: str, site: Site | None, layout: ParallelLayout) -> tuple
         return kinds_of(site)  # every megatron release's form of the helper (0.13's MTP reduce ran on TP×CP)
     inferred = tuple(k for k in INFERENCE_ORDER if k not in _EXPERT_KINDS or _has_experts(layout))
     if op in WORLD_OPS:
-        return ("world",) + tuple(k for k in inferred if k != "world")
+        return (GroupKind.WORLD,) + tuple(k for k in inferred if k != GroupKind.WORLD)
     return inferred
 
 
@@ -110,7 +111,7 @@ def read_kind(
     known = lookup(site)
     if known is not None and not known.p2p:
         return KindReading(kind, GroupFrom.KNOWN_SITE, (kind,))
-    if op in WORLD_OPS and kind == "world":
+    if op in WORLD_OPS and kind == GroupKind.WORLD:
         return KindReading(kind, GroupFrom.WORLD_OP, (kind,))
     fits = [k for k in kinds if _all_split(entered, k, layout)]
     if not fits:
@@ -213,7 +214,12 @@ def find_mismatches(views: Mapping[int, RankView], layout: ParallelLayout) -> li
         entered_of = [tuple(filter(inside, g)) for g in groups]
         absent_of = [tuple(filterfalse(inside, g)) for g in groups]
         gate = read_split_gate(groups, entered_of, absent_of, layout.coordinate, layout.varying_in(kind))
-        if gate.strength == GateStrength.WEAK and is_mtp_site(site) and kind == "dp_cp" and gate.gate == {"cp": 0}:
+        if (
+            gate.strength == GateStrength.WEAK
+            and is_mtp_site(site)
+            and kind == GroupKind.DP_CP
+            and gate.gate == {"cp": 0}
+        ):
             gate = gate._replace(strength=GateStrength.STRONG)  # the known verl #5895 signature, however few the ranks
         words = said.of(absent_of)
         # each instance's record is the site's with its ranks: a replace costs half a build from keywords

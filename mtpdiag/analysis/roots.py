@@ -28,6 +28,7 @@ from mtpdiag.analysis.mismatch import mismatch_key
 from mtpdiag.analysis.program_order import Passing, RootOrder, StackOrders
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
+from mtpdiag.vocabulary.groups import Coordinate
 from mtpdiag.vocabulary.ops import BARRIER_OPS
 from mtpdiag.vocabulary.states import GroupFrom, OrderSource, RankState
 from mtpdiag.vocabulary.waits import Confidence
@@ -233,4 +234,4 @@ def _rank0_style(gate: Mapping[str, int] | None, layout: ParallelLayout | None) 
     if not gate:
         return False
     last_stage = layout.pp - 1 if layout is not None else None
-    return all(v == 0 or (k == "pp" and v == last_stage) for k, v in gate.items())
+    return all(v == 0 or (k == Coordinate.PP and v == last_stage) for k, v in gate.items())

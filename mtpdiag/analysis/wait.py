@@ -229,13 +229,13 @@ def wait_state(
     The evidence is read strongest first: the frames (Python, then native), D state, what the blocked line
     calls, the system call the main thread sits in, then py-spy's idle/active flag."""
     if op is not None:
-        return _collective_wait(capture, thread, op, side_thread)
+        return _collective_wait(thread, op, side_thread)
     if thread is None:
         return None
     python = python_frames(thread.frames)
     syscall = capture.main_syscall if _is_main(capture, thread) else None
     return (
-        _frames_wait(capture, thread, python)
+        _frames_wait(thread, python)
         or _disk_wait(capture)
         or _called_wait(capture, thread, syscall)
         or _syscall_wait(thread, syscall)
@@ -243,15 +243,15 @@ def wait_state(
     )
 
 
-def _collective_wait(capture: RankCapture, thread: ThreadStack | None, op: str, side_thread: str | None) -> WaitState:
+def _collective_wait(thread: ThreadStack | None, op: str, side_thread: str | None) -> WaitState:
     kind = WaitKind.COMM_INIT if op in COMM_INIT_OPS else WaitKind.COLLECTIVE
     seen = [f"torch.distributed {op} frame" + (f" on thread {side_thread!r}" if side_thread else "")]
     if thread is not None:
-        seen += _quiet_or_busy(capture, thread)
+        seen += _quiet_or_busy(thread)
     return WaitState(kind, Confidence.CERTAIN, tuple(seen), side_thread)
 
 
-def _frames_wait(capture: RankCapture, thread: ThreadStack, python: Sequence[Frame]) -> WaitState | None:
+def _frames_wait(thread: ThreadStack, python: Sequence[Frame]) -> WaitState | None:
     """A wait the stack's own frames name: a native wait frame (which wins over a Python one of another kind
     only at a host sync), else a torch or stdlib Python frame."""
     found = _python_wait(python)
@@ -262,10 +262,10 @@ def _frames_wait(capture: RankCapture, thread: ThreadStack, python: Sequence[Fra
         calls = _call_wait(thread.calls)
         if calls is not None and calls[0] == kind:
             evidence.append(calls[1])
-        return WaitState(kind, Confidence.CERTAIN, tuple(evidence + _quiet_or_busy(capture, thread)))
+        return WaitState(kind, Confidence.CERTAIN, tuple(evidence + _quiet_or_busy(thread)))
     if found is not None:
         kind, why = found
-        return WaitState(kind, Confidence.CERTAIN, (why, *_quiet_or_busy(capture, thread)))
+        return WaitState(kind, Confidence.CERTAIN, (why, *_quiet_or_busy(thread)))
     return None
 
 
@@ -352,7 +352,7 @@ def _flag(thread: ThreadStack) -> list[str]:
     return []
 
 
-def _quiet_or_busy(capture: RankCapture, thread: ThreadStack) -> list[str]:
+def _quiet_or_busy(thread: ThreadStack) -> list[str]:
     return _flag(thread)
 
 

@@ -22,6 +22,7 @@ from mtpdiag.capture.pyspy import CaptureFailed
 from mtpdiag.errors import NothingCaptured
 from mtpdiag.layout import cmdline
 from mtpdiag.model import STATE_GONE, STATE_STOPPED, STATE_UNREADABLE, Env, RankCapture, Snapshot, ThreadStack, decimal
+from mtpdiag.vocabulary.states import ProcessState
 
 _STOPPED = (STATE_STOPPED, "t")  # job-control stop, tracing stop
 _MAX_PARALLEL = 32
@@ -151,7 +152,7 @@ class _Dumped(NamedTuple):
 def _start_first(pid: int, stat: procfs.ProcStat | None, *, native: bool, nonblocking: bool) -> pyspy.Running | None:
     """The first py-spy dump of a rank, started (None for a rank that is gone): native when asked and the rank
     can be paused, else without pausing it when asked or when it is stopped already."""
-    if stat is None or stat.state == "Z":
+    if stat is None or stat.state == ProcessState.ZOMBIE:
         return None
     use_nonblocking = nonblocking or stat.state in _STOPPED
     if native and not use_nonblocking:  # py-spy reads native stacks only of a paused process
@@ -170,7 +171,7 @@ def _dump_one(
     native_timeout: float = 30.0,
 ) -> _Dumped:
     """Finish the rank's first dump (``first``, or started here), and dump it again as its failure calls for."""
-    if stat is None or stat.state == "Z":
+    if stat is None or stat.state == ProcessState.ZOMBIE:
         return _Dumped(STATE_GONE, error="the process exited before it could be captured")
     running = first or _start_first(pid, stat, native=native, nonblocking=nonblocking)
     assert running is not None  # the rank is not gone
@@ -195,7 +196,7 @@ def _dump_again(pid: int, exc: CaptureFailed, *, paused: bool, timeout: float, n
     """The rank's dump failed with ``exc`` (``paused``: a blocking one): it is gone, or it is read again without
     pausing it where the failure calls for that, or it is unreadable."""
     now = procfs.read_stat(pid)
-    if now is None or now.state == "Z":
+    if now is None or now.state == ProcessState.ZOMBIE:
         return _Dumped(STATE_GONE, error="the process exited during the capture")
     if paused and (exc.timed_out or "Failed to suspend process" in str(exc)):
         # Pausing a rank that spins on a busy machine can take longer than the timeout, and one that another
@@ -244,7 +245,7 @@ def _results(futures: list[Future[_Dumped]], *, show: bool) -> list[_Dumped]:
         return [f.result() for f in futures]
 
 
-def _order(c: RankCapture) -> tuple:
+def _order(c: RankCapture) -> tuple[bool, int, int]:
     return (c.rank is None, c.rank if c.rank is not None else 0, c.pid or 0)
 
 

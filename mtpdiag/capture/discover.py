@@ -13,6 +13,7 @@ from collections.abc import Collection
 from mtpdiag.capture import procfs
 from mtpdiag.errors import InputError
 from mtpdiag.vocabulary.ops import is_launcher_argv
+from mtpdiag.vocabulary.states import ProcessState
 
 
 def find_targets(pids: list[int], scan_all: bool, exclude: Collection[int] = ()) -> list[int]:
@@ -59,7 +60,7 @@ def _expand(pid: int, exclude: Collection[int] = ()) -> list[int]:
     stat = procfs.read_stat(pid)
     if stat is None:
         raise InputError(f"pid {pid} does not exist")
-    if stat.state == "Z":
+    if stat.state == ProcessState.ZOMBIE:
         raise InputError(f"pid {pid} has exited (a zombie waiting for its parent)")
     env = procfs.read_env(pid)
     ranked, unreadable = _ranked_descendants(pid, exclude)

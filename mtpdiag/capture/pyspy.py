@@ -22,6 +22,7 @@ from mtpdiag.capture import procfs, source
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.pyspy_json import threads_from_bytes
 from mtpdiag.model import ThreadStack
+from mtpdiag.vocabulary.states import ProcessState
 
 # py-spy's cause lines when ptrace or /proc/PID/mem is refused (another user, no CAP_SYS_PTRACE, a
 # non-dumpable target); its headline then says "Check that the process is running", which misleads.
@@ -176,7 +177,7 @@ class _OwnClock:
         now = time.monotonic()
         interval, self._last = now - self._last, now
         stat, cpu_ns = procfs.read_stat(self.pid), procfs.main_thread_cpu_ns(self.pid)
-        if stat is not None and stat.state == "R" and cpu_ns is not None and self._cpu_ns is not None:
+        if stat is not None and stat.state == ProcessState.RUNNING and cpu_ns is not None and self._cpu_ns is not None:
             self.own_s += min(interval, (cpu_ns - self._cpu_ns) / 1e9)  # runnable: only the CPU it got
         else:
             self.own_s += interval

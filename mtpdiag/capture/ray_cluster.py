@@ -89,7 +89,7 @@ class ClusterProgress:
                 self.state[key] = {r: v for r, v in table.items() if r not in polled}
                 self.state[key].update({int(r): v for r, v in (new.get(key) or {}).items()})
 
-    def poll(self, captures: tuple[RankCapture, ...]) -> bool:
+    def poll(self, captures: tuple[RankCapture, ...]) -> bool:  # noqa: ARG002 - pipeline.ProgressSignal's signature
         """Whether a rank completed a collective in the capture just taken (``pipeline.ProgressSignal``). The
         nodes polled their own ranks while they took ``captures`` (``update``): nothing is read from them here."""
         moved, self.moved = self.moved, False
@@ -222,8 +222,9 @@ class RayCluster:
         }
         return readings, tuple(failed)
 
-    def _run(self, nodes: list[Node], request: dict[str, Any]) -> tuple[dict[str, dict], list[str]]:
-        """Run the capture task on every node at once; the replies by node id, and a line per node that failed."""
+    def _run(self, nodes: list[Node], request: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """Run the capture task on every node at once; the replies by node id (each the task's raw dict, as Ray
+        returned it), and a line per node that failed."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         refs = []

@@ -68,7 +68,7 @@ def verify(
 
     def show(run: RunResult) -> None:
         if not as_json:
-            typer.echo(run_line(run, layout))
+            typer.echo(run_line(run))
             if run.report is not None and run.outcome == OUTCOME_DEADLOCK:
                 typer.echo(indent(report_text(run.report)))
 

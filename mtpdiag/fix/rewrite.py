@@ -36,6 +36,7 @@ import libcst.matchers as m
 from mtpdiag import atomic, lint
 from mtpdiag.errors import InputError
 from mtpdiag.fix import engine
+from mtpdiag.vocabulary.states import CheckStatus
 
 SRC_RANK_TEST = "is_mp_src_rank_with_outputs"
 STAGE_TEST = "mpu.is_pipeline_last_stage(ignore_virtual=True)"
@@ -86,9 +87,9 @@ def rewrite_engine(data: bytes, name: str = "<engine>") -> Rewrite:
     """Fix the MTP block of an engine's source. Raises UnsupportedShape for unknown or odd shapes."""
     text, tree = engine.parse_source(data, Path(name))
     verdict = engine.classify(text, tree)
-    if verdict.status in ("fixed", "not-applicable"):
+    if verdict.status in (CheckStatus.FIXED, CheckStatus.NOT_APPLICABLE):
         return Rewrite(verdict.status, data, data, verdict.lines, False)
-    if verdict.status != "affected" or verdict.collection is None or verdict.lines is None:
+    if verdict.status != CheckStatus.AFFECTED or verdict.collection is None or verdict.lines is None:
         raise UnsupportedShape(f"{name}: left unchanged: {verdict.reason}")
     if_node, removed = _rewritable_if(verdict.collection, verdict.lines, text, name)
     needs_import = _mpu_binding(tree, name)
@@ -103,7 +104,7 @@ def rewrite_engine(data: bytes, name: str = "<engine>") -> Rewrite:
         new_module = _with_mpu_import(new_module)
     fixed = new_module.bytes
     after = engine.classify_text(fixed.decode("utf-8"))
-    if after.status != "fixed":  # never write something the checker itself would not call fixed
+    if after.status != CheckStatus.FIXED:  # never write something the checker itself would not call fixed
         raise UnsupportedShape(f"{name}: left unchanged: the rewrite did not produce the fixed shape ({after.reason})")
     return Rewrite("affected", data, fixed, verdict.lines, needs_import)
 
@@ -234,7 +235,7 @@ class _MtpBlockFixer(cst.CSTTransformer):
             self.depth -= 1
         return updated
 
-    def leave_If(self, original: cst.If, updated: cst.If) -> cst.BaseStatement:
+    def leave_If(self, original: cst.If, updated: cst.If) -> cst.BaseStatement:  # noqa: ARG002 - libcst's callback
         if (
             not self.depth
             or not isinstance(updated.body, cst.IndentedBlock)
@@ -323,7 +324,7 @@ def apply_fix(path: Path, *, dry_run: bool = False, backup_dir: Path | None = No
     rewrite = rewrite_engine(original, str(path))
     if not rewrite.changed:
         action: Literal["already-fixed", "not-applicable"] = (
-            "already-fixed" if rewrite.status == "fixed" else "not-applicable"
+            "already-fixed" if rewrite.status == CheckStatus.FIXED else "not-applicable"
         )
         return ApplyOutcome(path, action, "", None, rewrite.lines, False)
     diff = unified_diff(original, rewrite.fixed, path)

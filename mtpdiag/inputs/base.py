@@ -1,9 +1,10 @@
 """What every reader of an input file shares: the reader interface and what a reader hands back.
 
 A reader is a name, a cheap ``sniff(text, path)`` that says whether the text is its format, and
-``read(text, path, context)`` (the JSON readers take the file's bytes too, which msgspec decodes directly). The registry (``inputs.registry``) asks them in order; the first that
-sniffs the text reads it. Readers of pasted text return ``Dumped`` processes; ``inputs.settle`` turns
-those into ``RankCapture``s (rank identity, merging, unreadable ranks) the same way for every format.
+``read(text, path, context)`` (the JSON readers take the file's bytes too, which msgspec decodes
+directly). The registry (``inputs.registry``) asks them in order; the first that sniffs the text reads it.
+Readers of pasted text return ``Dumped`` processes; ``inputs.settle`` turns those into ``RankCapture``s
+(rank identity, merging, unreadable ranks) the same way for every format.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ if TYPE_CHECKING:  # the text readers' line type: loaded with the first text fil
 class ReadContext(msgspec.Struct, frozen=True):
     """What the caller of ``load_paths`` passes down to every reader."""
 
-    rank_from: re.Pattern | None = None  # --rank-from: its first group is the rank
+    rank_from: re.Pattern[str] | None = None  # --rank-from: its first group is the rank
 
 
 class FileCaptures(msgspec.Struct, frozen=True):

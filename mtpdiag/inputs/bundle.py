@@ -131,11 +131,11 @@ def _not_a_bundle(schema: object, path: str, exc: msgspec.ValidationError) -> st
     return f"{path}: JSON that is neither an {BUNDLE_SCHEMA} bundle nor a py-spy dump"
 
 
-def sniff(text: str | bytes, path: str) -> bool:
+def sniff(text: str | bytes, _path: str) -> bool:
     return json_start(text) == "{"
 
 
-def read(text: str | bytes, path: str, context: ReadContext) -> FileCaptures:
+def read(text: str | bytes, path: str, _context: ReadContext) -> FileCaptures:
     """The bundle's captures, each naming the file it was read from (what ``analyze`` says of a rank)."""
     snapshot = snapshot_from_json(text.encode() if isinstance(text, str) else text, path)
     named = msgspec.structs.force_setattr  # on captures just decoded, that nothing else holds yet: no copies

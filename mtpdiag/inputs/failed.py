@@ -66,7 +66,7 @@ def failure_reason(bodies: list[str]) -> str | None:
     return text if len(text) <= _MAX else text[: _MAX - 1] + "…"
 
 
-def sniff(text: str, path: str) -> bool:
+def sniff(text: str, _path: str) -> bool:
     if not text.strip():
         return True
     return failure_reason([line.body for line in clean_lines(text)[:400]]) is not None

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+import msgspec
+
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.identity import claims_of
 from mtpdiag.inputs.lines import Line, clean_lines
@@ -35,7 +37,24 @@ _SNIFF = re.compile(
 FORM = "faulthandler"
 
 
-def sniff(text: str, path: str) -> bool:
+class _Thread(msgspec.Struct):
+    """One thread header and the frames read under it so far."""
+
+    ident: str
+    name: str
+    current: bool
+    frames: list[Frame] = msgspec.field(default_factory=list)
+
+
+class _Dump(msgspec.Struct):
+    """One dump as it is read: its threads, the lines that may name its process, and its log prefix."""
+
+    prefix: str
+    threads: list[_Thread] = msgspec.field(default_factory=list)
+    context: list[Line] = msgspec.field(default_factory=list)
+
+
+def sniff(text: str, _path: str) -> bool:
     return _SNIFF.search(text) is not None
 
 
@@ -46,11 +65,11 @@ def read(text: str, path: str, context: ReadContext) -> FileCaptures:
     return captures_of(path, FORM, _last_of_each_process(path, dumps, notes), lines, context, notes)
 
 
-def _dumps(lines: list[Line]) -> list[dict]:
-    """Each dump: {"threads": [[ident, name, current, frames]], "context": [lines]}."""
-    dumps: list[dict] = []
-    dump: dict | None = None
-    current: list | None = None
+def _dumps(lines: list[Line]) -> list[_Dump]:
+    """Each dump: its threads (ident, name, current, frames) and its context lines."""
+    dumps: list[_Dump] = []
+    dump: _Dump | None = None
+    current: _Thread | None = None
     pending: list[Line] = []
     for line in lines:
         body = line.body
@@ -59,24 +78,23 @@ def _dumps(lines: list[Line]) -> list[dict]:
             ident = header["ident"] if header else "0x0"
             if (
                 dump is None
-                or any(t[0] == ident for t in dump["threads"])
+                or any(t.ident == ident for t in dump.threads)
                 or any(x.body for x in pending)
-                or line.prefix != dump["prefix"]
+                or line.prefix != dump.prefix
             ):
-                dump = {"threads": [], "context": [], "prefix": line.prefix}
+                dump = _Dump(prefix=line.prefix)
                 dumps.append(dump)
-            dump["context"].extend([*pending, line])
-            current = [
-                ident,
-                printable(header["name"] or "") if header else "",
-                bool(header and header["current"] == "Current thread"),
-                [],
-            ]
-            dump["threads"].append(current)
+            dump.context.extend([*pending, line])
+            current = _Thread(
+                ident=ident,
+                name=printable(header["name"] or "") if header else "",
+                current=bool(header and header["current"] == "Current thread"),
+            )
+            dump.threads.append(current)
             pending = []
         elif current is not None and (m := _FRAME.match(body)):
             line_no = m["line"]
-            current[3].append(
+            current.frames.append(
                 Frame(
                     function=printable(m["function"]),
                     file=display_path(printable(m["file"])),
@@ -84,31 +102,31 @@ def _dumps(lines: list[Line]) -> list[dict]:
                 )
             )
             if line.prefix and dump is not None:
-                dump["context"].append(Line(line.prefix, "", line.prefix))
+                dump.context.append(Line(line.prefix, "", line.prefix))
         elif _BREAK.match(body):
             dump = current = None
             pending.append(line)
         elif body:
             pending.append(line)
     if pending and dump is not None:
-        dump["context"].extend(pending)
+        dump.context.extend(pending)
     return dumps
 
 
-def _dumped(dump: dict) -> Dumped:
-    stacks = [thread(int(ident, 16), name, tuple(frames)) for ident, name, _, frames in dump["threads"]]
-    current = next((i for i, t in enumerate(dump["threads"]) if t[2]), None)
+def _dumped(dump: _Dump) -> Dumped:
+    stacks = [thread(int(t.ident, 16), t.name, tuple(t.frames)) for t in dump.threads]
+    current = next((i for i, t in enumerate(dump.threads) if t.current), None)
     error = None
     if not any(s.frames for s in stacks):
         n = len(stacks)
         error = f"faulthandler output with {n} thread header{'s' if n != 1 else ''} but no frame could be read"
-    return Dumped(pid=None, threads=main_first(stacks, current), context=tuple(dump["context"]), error=error)
+    return Dumped(pid=None, threads=main_first(stacks, current), context=tuple(dump.context), error=error)
 
 
 def _last_of_each_process(path: str, dumps: list[Dumped], notes: list[str]) -> list[Dumped]:
     """Dumps that name the same ranks (or none) are one process dumped again: keep its last."""
-    last: dict[tuple, int] = {}
-    count: dict[tuple, int] = {}
+    last: dict[tuple[int, ...], int] = {}
+    count: dict[tuple[int, ...], int] = {}
     for i, dump in enumerate(dumps):
         key = tuple(sorted({c.rank for c in claims_of(dump)}))
         last[key] = i

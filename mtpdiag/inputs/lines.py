@@ -75,7 +75,7 @@ def clean_lines(text: str) -> list[Line]:
     return out
 
 
-def _inner_prefix(pattern: re.Pattern, prefix: str, rest: str) -> tuple[str, str]:
+def _inner_prefix(pattern: re.Pattern[str], prefix: str, rest: str) -> tuple[str, str]:
     """Stacked prefixes (``[date] worker-0 >> [rank0]:``) all taken off: the last, next to the text, is kept."""
     while m := pattern.match(rest):
         if _looks_like_frame_start(rest, m.end()):

@@ -66,7 +66,7 @@ _DECODER = msgspec.json.Decoder(list[_Thread])
 _LOCALS = msgspec.json.Decoder(Optional[list[_Local]])  # noqa: UP045 - a run-time type: typing.Optional reads the same on Python 3.10 to 3.13
 
 
-def sniff(text: str | bytes, path: str) -> bool:
+def sniff(text: str | bytes, _path: str) -> bool:
     return json_start(text) == "["
 
 
@@ -199,7 +199,7 @@ def _read_args(f: _Frame) -> FrameArgs | None:
 
 
 # Frames made, by the py-spy fields they were made from; bounded, as a long ``watch`` sees new ones.
-_FRAMES: dict[tuple, Frame] = {}
+_FRAMES: dict[tuple[str | None, str | None, str | None, str | None, int | None], Frame] = {}
 _ARGS: dict[tuple[str | None, bytes], FrameArgs | None] = {}
 _MAX_FRAMES = 1 << 16
 

@@ -29,6 +29,14 @@ _LOCALS_HEAD = re.compile(r"^(?:Arguments|Locals):$")
 _LOCAL = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*): (?P<repr>.*)$")
 
 
+class RawFrame(msgspec.Struct):
+    """One frame line as read: the function, its ``file:line`` (or library), and the locals under it."""
+
+    function: str
+    where: str
+    locals: list[tuple[str, str]] = msgspec.field(default_factory=list)
+
+
 @dataclass
 class ThreadHeader:
     """One ``Thread`` header and the frames read under it so far."""
@@ -36,9 +44,9 @@ class ThreadHeader:
     ident: str
     name: str
     active: bool
-    frames: list  # shared by the headers of a grouped paste
-    context: list = field(default_factory=list)
-    unread: list = field(default_factory=lambda: [0])  # shared like frames
+    frames: list[RawFrame]  # shared by the headers of a grouped paste
+    context: list[Line] = field(default_factory=list)
+    unread: list[int] = field(default_factory=lambda: [0])  # shared like frames
 
 
 @dataclass
@@ -47,12 +55,12 @@ class Section:
 
     pid: int | None = None
     cmdline: str = ""
-    parents: list = field(default_factory=list)
-    context: list = field(default_factory=list)
-    threads: list = field(default_factory=list)
-    stray: list = field(default_factory=list)  # frames with no Thread header above them
+    parents: list[str] = field(default_factory=list)
+    context: list[Line] = field(default_factory=list)
+    threads: list[ThreadHeader] = field(default_factory=list)
+    stray: list[RawFrame] = field(default_factory=list)  # frames with no Thread header above them
     from_command: bool = False
-    bodies: list = field(default_factory=list)  # every line, for a tool's error
+    bodies: list[str] = field(default_factory=list)  # every line, for a tool's error
 
 
 class Kind(IntEnum):
@@ -82,9 +90,9 @@ class Record(msgspec.Struct, frozen=True, gc=False):
 
     line: Line
     kind: Kind
-    match: re.Match | None = None  # of PROCESS, PARENT or THREAD
+    match: re.Match[str] | None = None  # of PROCESS, PARENT or THREAD
     frame: tuple[str, str] | None = None  # (function, where) when the line reads as a frame
-    local: re.Match | None = None  # ``name: repr`` (a local, under an Arguments/Locals header)
+    local: re.Match[str] | None = None  # ``name: repr`` (a local, under an Arguments/Locals header)
     locals_head: bool = False
     command: Command | None = None  # a pasted py-spy/pystack prompt
 
@@ -118,7 +126,7 @@ class Parser:
         self.sections: list[Section] = []
         self.section: Section | None = None
         self.group: list[ThreadHeader] = []
-        self.frame: list | None = None  # [function, where, locals] of the last frame
+        self.frame: RawFrame | None = None  # the last frame
         self.in_cmdline = False
         self.in_locals = False
         self.pending: list[Line] = []
@@ -220,7 +228,7 @@ class Parser:
     def _other(self, record: Record) -> None:
         line = record.line
         if self.in_locals and self.frame is not None and record.local is not None:
-            self.frame[2].append((record.local["name"], record.local["repr"]))
+            self.frame.locals.append((record.local["name"], record.local["repr"]))
             self._keep_prefix(line)
         elif self.frame is not None and record.locals_head:
             self.in_locals = True
@@ -235,7 +243,7 @@ class Parser:
 
     def _frame(self, where: tuple[str, str], line: Line) -> None:
         section = self.section or self._start(None, None)
-        self.frame, self.in_locals = [printable(where[0]), where[1], []], False
+        self.frame, self.in_locals = RawFrame(printable(where[0]), where[1]), False
         if self.group:
             self.group[0].frames.append(self.frame)
             if self.pending:

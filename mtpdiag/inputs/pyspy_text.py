@@ -21,7 +21,7 @@ from itertools import pairwise
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.failed import failure_reason
 from mtpdiag.inputs.lines import Line, clean_lines, is_python_file
-from mtpdiag.inputs.pyspy_sections import Section, ThreadHeader, sections
+from mtpdiag.inputs.pyspy_sections import RawFrame, Section, ThreadHeader, sections
 from mtpdiag.inputs.settle import captures_of, thread
 from mtpdiag.layout.cmdline import layout_hints, merge_hints
 from mtpdiag.model import Frame, FrameArgs, ThreadStack, printable
@@ -39,7 +39,7 @@ MAIN = "MainThread"
 FORM = "py-spy text"
 
 
-def sniff(text: str, path: str) -> bool:
+def sniff(text: str, _path: str) -> bool:
     return _SNIFF.search(text) is not None
 
 
@@ -55,7 +55,7 @@ class TextProcess:
 
     pid: int | None
     threads: tuple[ThreadStack, ...]
-    hints: dict
+    hints: dict[str, int]
     launcher: bool = False
 
 
@@ -161,15 +161,15 @@ def _unreadable(threads: list[ThreadHeader], stacks: tuple[ThreadStack, ...], pi
     return None
 
 
-def _is_native_where(frame: list) -> bool:
+def _is_native_where(frame: RawFrame) -> bool:
     """A location with no line number (``libc.so.6``) or an address for a name: a ``--native`` dump."""
-    where = frame[1]
+    where = frame.where
     _, colon, line_no = where.rpartition(":")
-    return not (colon and _LINE_NO.fullmatch(line_no)) or _ADDRESS.match(frame[0]) is not None
+    return not (colon and _LINE_NO.fullmatch(line_no)) or _ADDRESS.match(frame.function) is not None
 
 
-def _frame(frame: list, native_dump: bool) -> Frame:
-    function, where, locals_ = frame
+def _frame(frame: RawFrame, native_dump: bool) -> Frame:
+    function, where, locals_ = frame.function, frame.where, frame.locals
     file, _, line_no = where.rpartition(":")
     if not _LINE_NO.fullmatch(line_no):
         file, line_no = where, "0"

@@ -12,7 +12,8 @@ py-spy prints ``MTPLossLoggingHelper.reduce_loss_in_tracker``).
 from __future__ import annotations
 
 import re
-from typing import Any
+
+import msgspec
 
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.failed import failure_reason
@@ -41,7 +42,37 @@ _SNIFF = re.compile(
 FORM = "pystack"
 
 
-def sniff(text: str, path: str) -> bool:
+class _Frame(msgspec.Struct):
+    """One frame as read, with its locals (``--locals``) and what its source line calls."""
+
+    function: str
+    file: str
+    line: int
+    native: bool
+    locals: list[tuple[str, str]] = msgspec.field(default_factory=list)
+    calls: tuple[str, ...] = ()
+
+
+class _Thread(msgspec.Struct):
+    """One thread: its header's facts, its frames (outermost first, as printed) and its context lines."""
+
+    tid: int
+    name: str
+    active: bool | None
+    context: list[Line]
+    frames: list[_Frame] = msgspec.field(default_factory=list)
+
+
+class _Run(msgspec.Struct):
+    """One pasted ``pystack remote`` command (or the whole text): its pid, threads, context and bodies."""
+
+    pid: int | None
+    threads: list[_Thread] = msgspec.field(default_factory=list)
+    context: list[Line] = msgspec.field(default_factory=list)
+    bodies: list[str] = msgspec.field(default_factory=list)
+
+
+def sniff(text: str, _path: str) -> bool:
     return _SNIFF.search(text) is not None
 
 
@@ -53,26 +84,26 @@ def read(text: str, path: str, context: ReadContext) -> FileCaptures:
 
 class _Runs:
     """pystack output, line by line, into runs: one per pasted ``pystack remote`` command (or one for the
-    whole text), each {"pid", "threads": [{"tid", "name", "active", "frames", "context"}], "context",
-    "bodies"}. The state is the run and thread being read, the last frame (for its locals and its source
-    line) and the lines since the last header (they lead into the next thread)."""
+    whole text), each a ``_Run`` of ``_Thread``s. The state is the run and thread being read, the last frame
+    (for its locals and its source line) and the lines since the last header (they lead into the next
+    thread)."""
 
     def __init__(self) -> None:
-        self.runs: list[dict] = []
-        self.run: dict | None = None
-        self.current: dict | None = None
-        self.frame: dict | None = None
+        self.runs: list[_Run] = []
+        self.run: _Run | None = None
+        self.current: _Thread | None = None
+        self.frame: _Frame | None = None
         self.in_locals = self.source_next = False
         self.pending: list[Line] = []
 
     def feed(self, line: Line) -> None:
         body = line.body
         if self.run is not None:
-            self.run["bodies"].append(body)
+            self.run.bodies.append(body)
         cmd = command(body) if body else None
         if cmd is not None:
             self.run, self.current, self.frame = self._new_run(cmd.pid), None, None
-            self.run["context"].extend([*self.pending, line])
+            self.run.context.extend([*self.pending, line])
             self.pending = []
             return
         header = _HEADER.match(body)
@@ -85,35 +116,34 @@ class _Runs:
         else:
             self._thread_line(line, self.current)
 
-    def finish(self) -> list[dict]:
+    def finish(self) -> list[_Run]:
         if self.pending and self.run is not None:
             run = self.run
-            (run["threads"][-1]["context"] if run["threads"] else run["context"]).extend(self.pending)
+            (run.threads[-1].context if run.threads else run.context).extend(self.pending)
         return self.runs
 
-    def _new_run(self, pid: int | None) -> dict:
-        made: dict[str, Any] = {"pid": pid, "threads": [], "context": [], "bodies": []}
+    def _new_run(self, pid: int | None) -> _Run:
+        made = _Run(pid=pid)
         self.runs.append(made)
         return made
 
-    def _open(self, line: Line, opened: re.Match, header: re.Match | None) -> None:
+    def _open(self, line: Line, opened: re.Match[str], header: re.Match[str] | None) -> None:
         run = self.run if self.run is not None else self._new_run(None)
         self.run = run
         status = (header["status"] or "") if header else ""
-        self.current = {
-            "tid": int(opened[1]),
-            "name": printable(header["name"] or "") if header else "",
-            "active": True if "Has the GIL" in status or "collecting" in status else None,
-            "frames": [],
-            "context": [*self.pending, line],
-        }
-        run["threads"].append(self.current)
+        self.current = _Thread(
+            tid=int(opened[1]),
+            name=printable(header["name"] or "") if header else "",
+            active=True if "Has the GIL" in status or "collecting" in status else None,
+            context=[*self.pending, line],
+        )
+        run.threads.append(self.current)
         self.frame, self.in_locals, self.source_next, self.pending = None, False, False, []
 
-    def _thread_line(self, line: Line, current: dict) -> None:
+    def _thread_line(self, line: Line, current: _Thread) -> None:
         body = line.body
         if self.in_locals and self.frame is not None and (m := _LOCAL.match(body)):
-            self.frame["locals"].append((m["name"], m["repr"]))
+            self.frame.locals.append((m["name"], m["repr"]))
             return
         if _LOCALS_HEAD.match(body):
             self.in_locals, self.source_next = self.frame is not None, False
@@ -122,19 +152,19 @@ class _Runs:
         native = None if python else _NATIVE.match(body)
         if hit := python or native:
             self.frame = _frame_of(hit, native=native is not None)
-            current["frames"].append(self.frame)
+            current.frames.append(self.frame)
             self.in_locals, self.source_next = False, python is not None
             if line.prefix:
-                current["context"].append(Line(line.prefix, "", line.prefix))
+                current.context.append(Line(line.prefix, "", line.prefix))
         elif self.source_next and body:  # pystack prints the source line of a Python frame under it
             self.source_next = False
             if self.frame is not None:
-                self.frame["calls"] = calls_in(body)  # what the line calls (a host sync, a lock); never the text
+                self.frame.calls = calls_in(body)  # what the line calls (a host sync, a lock); never the text
         elif body and not body.startswith("* - "):
             self.pending.append(line)
 
 
-def _runs(lines: list[Line]) -> list[dict]:
+def _runs(lines: list[Line]) -> list[_Run]:
     """One run per pasted ``pystack remote`` command (or one for the whole text)."""
     reader = _Runs()
     for line in lines:
@@ -142,28 +172,28 @@ def _runs(lines: list[Line]) -> list[dict]:
     return reader.finish()
 
 
-def _frame_of(m: re.Match, native: bool) -> dict:
+def _frame_of(m: re.Match[str], native: bool) -> _Frame:
     function = printable(m["function"])
     if native:
         function = function.removesuffix(" (inlined)")
         file = m["file"] if m["file"] != "???" else (m["library"] or "???")
     else:
         file = display_path(printable(m["file"]))
-    return {"function": function, "file": printable(file), "line": int(m["line"]), "native": native, "locals": []}
+    return _Frame(function=function, file=printable(file), line=int(m["line"]), native=native)
 
 
-def _processes(run: dict) -> list[Dumped]:
-    if not run["threads"]:
-        reason = failure_reason(run["bodies"]) or "pystack printed no thread"
-        return [Dumped(pid=run["pid"], threads=(), context=tuple(run["context"]), error=reason)]
-    stacks = [_stack(t) for t in run["threads"]]
-    parts = [list(range(len(stacks)))] if run["pid"] is not None else _split_after_mains(stacks)
+def _processes(run: _Run) -> list[Dumped]:
+    if not run.threads:
+        reason = failure_reason(run.bodies) or "pystack printed no thread"
+        return [Dumped(pid=run.pid, threads=(), context=tuple(run.context), error=reason)]
+    stacks = [_stack(t) for t in run.threads]
+    parts = [list(range(len(stacks)))] if run.pid is not None else _split_after_mains(stacks)
     out = []
     for n, part in enumerate(parts):
         threads = [stacks[i] for i in part]
-        context = (run["context"] if n == 0 else []) + [line for i in part for line in run["threads"][i]["context"]]
+        context = (run.context if n == 0 else []) + [line for i in part for line in run.threads[i].context]
         ordered = main_first(threads)
-        pid = run["pid"] if run["pid"] is not None else (ordered[0].native_id if ordered[0].frames else None)
+        pid = run.pid if run.pid is not None else (ordered[0].native_id if ordered[0].frames else None)
         if pid is not None:
             ordered = tuple(sorted(threads, key=lambda t: t.native_id != pid))
         error = (
@@ -193,20 +223,20 @@ def _split_after_mains(stacks: list[ThreadStack]) -> list[list[int]]:
     return [p for p in parts if p]
 
 
-def _stack(t: dict) -> ThreadStack:
+def _stack(t: _Thread) -> ThreadStack:
     frames = [
         Frame(
-            function=f["function"],
-            file=f["file"],
-            line=f["line"],
-            native=f["native"],
-            args=None if f["native"] or not f["locals"] else FrameArgs.of(kept_args(f["file"], f["locals"])),
+            function=f.function,
+            file=f.file,
+            line=f.line,
+            native=f.native,
+            args=None if f.native or not f.locals else FrameArgs.of(kept_args(f.file, f.locals)),
         )
-        for f in reversed(t["frames"])
+        for f in reversed(t.frames)
     ]
-    innermost = next((f for f in reversed(t["frames"]) if not f["native"]), None)
-    calls = innermost.get("calls", ()) if innermost is not None else ()
-    return thread(t["tid"], t["name"], tuple(frames), t["tid"], t["active"], calls)
+    innermost = next((f for f in reversed(t.frames) if not f.native), None)
+    calls = innermost.calls if innermost is not None else ()
+    return thread(t.tid, t.name, tuple(frames), t.tid, t.active, calls)
 
 
 READER = Reader(name=FORM, sniff=sniff, read=read)

@@ -26,7 +26,7 @@ _SNIFF_CHARS = 200_000  # how far the prefix-aware look goes (this reader is the
 FORM = "frame lines"
 
 
-def sniff(text: str, path: str) -> bool:
+def sniff(text: str, _path: str) -> bool:
     """Frame lines, or (behind log prefixes and their indentation: ``[date] worker-0 >> [rank0]:   File ...``)
     frame lines once the prefixes are taken off."""
     if _SNIFF.search(text) is not None:
@@ -54,7 +54,7 @@ def read(text: str, path: str, context: ReadContext) -> FileCaptures:
     return captures_of(path, FORM, [Dumped(pid=None, threads=stack, context=tuple(rest))], lines, context)
 
 
-def _frame(m: re.Match) -> Frame:
+def _frame(m: re.Match[str]) -> Frame:
     return Frame(function=printable(m["function"]), file=display_path(printable(m["file"])), line=int(m["line"]))
 
 

@@ -136,6 +136,12 @@ def load_watchdog_logs(paths: list[str]) -> WatchdogLog:
     )
 
 
+# A work: (seq, op_type, numel_in, numel_out, work_rank).
+_Work = tuple[int | None, str | None, int | None, int | None, int | None]
+# A timeout line as said: (its text before ``WorkNCCL(``, seq, op_type, numel_in, numel_out, ran_for_ms).
+_Said = tuple[str, int | None, str | None, int | None, int | None, int | None]
+
+
 class _Timeouts:
     """The timeouts read so far, in line order. torch logs a timeout up to three times: the watchdog's line,
     the exception it throws (``watchdog thread terminated with exception: …``) and that exception's ``what():``
@@ -146,10 +152,11 @@ class _Timeouts:
 
     def __init__(self) -> None:
         self.found: list[WatchdogTimeout] = []
-        self._by_work: dict[tuple, list[int]] = {}  # (work, rank) and (work, None) -> indices, in line order
-        self._lines: set[tuple] = set()
+        # (work, rank) and (work, None) -> indices, in line order
+        self._by_work: dict[tuple[_Work, int | None], list[int]] = {}
+        self._lines: set[_Said] = set()
 
-    def keep(self, t: WatchdogTimeout, echo: bool, said: tuple) -> None:
+    def keep(self, t: WatchdogTimeout, echo: bool, said: _Said) -> None:
         work = (t.seq, t.op_type, t.numel_in, t.numel_out, t.work_rank)
         if echo:
             for index in reversed(self._by_work.get((work, t.rank), ())):
@@ -371,12 +378,12 @@ def _global(line: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _first(regex: re.Pattern, line: str) -> int | None:
+def _first(regex: re.Pattern[str], line: str) -> int | None:
     m = regex.search(line)
     return int(m.group(1)) if m else None
 
 
-def _last(regex: re.Pattern, text: str) -> int | None:
+def _last(regex: re.Pattern[str], text: str) -> int | None:
     hits = regex.findall(text)
     return int(hits[-1]) if hits else None
 

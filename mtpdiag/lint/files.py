@@ -10,7 +10,7 @@ from mtpdiag.errors import InputError
 from mtpdiag.lint.rules import LintFinding, LintResult, lint_source
 
 
-def iter_python_files(paths: Iterable[str | os.PathLike]) -> Iterator[tuple[Path, bool]]:
+def iter_python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[tuple[Path, bool]]:
     """(file, named explicitly) for each path; directories are walked for ``*.py``, hidden ones skipped."""
     for raw in paths:
         path = Path(raw)
@@ -26,7 +26,7 @@ def iter_python_files(paths: Iterable[str | os.PathLike]) -> Iterator[tuple[Path
             raise InputError(f"{path}: no such file or directory")
 
 
-def lint_paths(paths: Iterable[str | os.PathLike]) -> LintResult:
+def lint_paths(paths: Iterable[str | os.PathLike[str]]) -> LintResult:
     """Lint files and directories. A named file that cannot be read or parsed is an InputError; one found
     while walking a directory is skipped and listed in ``skipped``."""
     findings: list[LintFinding] = []

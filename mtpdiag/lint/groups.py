@@ -11,6 +11,7 @@ from mtpdiag.analysis.known_sites import KnownSite
 from mtpdiag.layout import GROUP_KINDS
 from mtpdiag.lint.guards import GuardedCall
 from mtpdiag.lint.names import call_name, dotted_name, keyword_true, source_text
+from mtpdiag.vocabulary.groups import GroupKind
 
 ANY = "*"  # a coordinate set holding ANY means "every coordinate, or one we cannot name"
 EVERY_COORD = frozenset({ANY})
@@ -48,7 +49,7 @@ def group_coords(kind: str) -> frozenset[str]:
     """Coordinates that vary inside a group of this kind (``pp+dp_cp`` unions kinds)."""
     coords: set[str] = set()
     for part in kind.split("+"):
-        if part == "world" or part not in GROUP_KINDS:
+        if part == GroupKind.WORLD or part not in GROUP_KINDS:
             return EVERY_COORD
         coords.update(GROUP_KINDS[part][1])
     return frozenset(coords)

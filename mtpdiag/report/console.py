@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from mtpdiag.model import RankView, Report
 from mtpdiag.report import words
 from mtpdiag.vocabulary.labels import coords_label
+from mtpdiag.vocabulary.states import FROZEN_STATES, Role
 
 PALETTE = (
     "red",
@@ -55,70 +56,91 @@ def render(report: Report, color: bool = False, width: int = 120) -> str:
     return buf.getvalue()
 
 
+# One line of the report: a renderable, or None for a blank line.
+Line = RenderableType | None
+
+
 def print_report(console: Console, report: Report) -> None:
     views = {v.rank: v for v in report.ranks if v.rank is not None}
     layout = report.layout.sizes() if report.layout else None
-    console.print(Text(words.headline(report), style=VERDICT_STYLE.get(report.verdict, "bold")))
-    console.print(Text(words.layout_line(report), style="dim"))
-
-    if report.findings:
-        console.print()
-        console.print(Text("Findings", style="bold underline"))
-        for f in report.findings:
-            line = Text()
-            line.append(f"[{f.id}] ", style="bold red" if f is report.findings[0] else "bold")
-            line.append(f.summary)
+    lines: list[Line] = [
+        Text(words.headline(report), style=VERDICT_STYLE.get(report.verdict, "bold")),
+        Text(words.layout_line(report), style="dim"),
+        *_findings(report),
+        *_splits(report, views, layout),
+        *_tables(report),
+        *_odd_ranks(report, layout),
+        *_evidence(report),
+    ]
+    for line in lines:
+        if line is None:
+            console.print()
+        else:
             console.print(line)
-            if f.remedy:
-                console.print(Text(f"    remedy: {f.remedy}", style="green"))
 
-    roots = [m for m in report.mismatches if m.role == "root"]
-    if report.mismatches:
-        console.print()
-        console.print(Text("Split collectives", style="bold underline"))
-        for m in roots + [m for m in report.mismatches if m.role != "root"]:
-            tag = "" if m.role == "root" else "(consequence) "
-            console.print(
-                Text(f"- {tag}{words.mismatch_sentence(m, views, layout)}", style="" if m.role == "root" else "dim")
-            )
 
-    if report.sites:
-        console.print()
-        console.print(_sites_table(report))
-    waits = _waits_table(report)
-    if waits is not None:
-        console.print()
-        console.print(waits)
-    grid = _grid(report)
-    if grid is not None:
-        console.print()
-        console.print(grid)
+def _findings(report: Report) -> list[Line]:
+    if not report.findings:
+        return []
+    out: list[Line] = [None, Text("Findings", style="bold underline")]
+    for f in report.findings:
+        line = Text()
+        line.append(f"[{f.id}] ", style="bold red" if f is report.findings[0] else "bold")
+        line.append(f.summary)
+        out.append(line)
+        if f.remedy:
+            out.append(Text(f"    remedy: {f.remedy}", style="green"))
+    return out
 
-    odd = [v for v in report.ranks if v.state in ("stopped", "gone", "unreadable")]
-    if odd:
-        console.print()
-        console.print(Text("Ranks that could not be read normally", style="bold underline"))
-        for v in odd:
-            label = words.rank_label(v, v.rank, layout) if v.rank is not None else f"pid {v.pid}"
-            console.print(Text(f"- {label} on {v.host}: {words.doing(v)}", style="yellow"))
+
+def _splits(report: Report, views: Mapping[int, RankView], layout: Mapping[str, int] | None) -> list[Line]:
+    """The split collectives, roots first."""
+    if not report.mismatches:
+        return []
+    roots = [m for m in report.mismatches if m.role == Role.ROOT]
+    out: list[Line] = [None, Text("Split collectives", style="bold underline")]
+    for m in roots + [m for m in report.mismatches if m.role != Role.ROOT]:
+        tag = "" if m.role == Role.ROOT else "(consequence) "
+        out.append(
+            Text(f"- {tag}{words.mismatch_sentence(m, views, layout)}", style="" if m.role == Role.ROOT else "dim")
+        )
+    return out
+
+
+def _tables(report: Report) -> list[Line]:
+    """The site groups, the waits outside collectives and the rank grid, each after a blank line."""
+    tables = [_sites_table(report) if report.sites else None, _waits_table(report), _grid(report)]
+    return [line for table in tables if table is not None for line in (None, table)]
+
+
+def _odd_ranks(report: Report, layout: Mapping[str, int] | None) -> list[Line]:
+    odd = [v for v in report.ranks if v.state in FROZEN_STATES]
+    if not odd:
+        return []
+    out: list[Line] = [None, Text("Ranks that could not be read normally", style="bold underline")]
+    for v in odd:
+        label = words.rank_label(v, v.rank, layout) if v.rank is not None else f"pid {v.pid}"
+        out.append(Text(f"- {label} on {v.host}: {words.doing(v)}", style="yellow"))
+    return out
+
+
+def _evidence(report: Report) -> list[Line]:
+    """The Flight Recorder's and the watchdog's lines, and the notes."""
+    out: list[Line] = []
     fr = report.flight_recorder
     if fr is not None:
-        console.print()
-        console.print(Text("Flight Recorder", style="bold underline"))
-        for said in fr.lines:
-            console.print(Text(said, style="yellow" if said.startswith("disagreement") else ""))
+        out += [None, Text("Flight Recorder", style="bold underline")]
+        out += [Text(said, style="yellow" if said.startswith("disagreement") else "") for said in fr.lines]
     watchdog = report.watchdog
     if watchdog is not None:
-        console.print()
-        console.print(Text("NCCL watchdog timeouts (log)", style="bold underline"))
-        for said in watchdog.lines[:MAX_LOG_LINES]:
-            console.print(Text(said))
+        out += [None, Text("NCCL watchdog timeouts (log)", style="bold underline")]
+        out += [Text(said) for said in watchdog.lines[:MAX_LOG_LINES]]
         if len(watchdog.lines) > MAX_LOG_LINES:
-            console.print(Text(f"… and {len(watchdog.lines) - MAX_LOG_LINES} more in the JSON", style="dim"))
+            out.append(Text(f"… and {len(watchdog.lines) - MAX_LOG_LINES} more in the JSON", style="dim"))
     if report.notes:
-        console.print()
-        for note in report.notes:
-            console.print(Text(f"note: {note}", style="dim"))
+        out.append(None)
+        out += [Text(f"note: {note}", style="dim") for note in report.notes]
+    return out
 
 
 def _sites_table(report: Report) -> Table:

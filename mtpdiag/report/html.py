@@ -25,6 +25,7 @@ from mtpdiag.model import Frame, Mismatch, RankView, Report
 from mtpdiag.report import words
 from mtpdiag.report.console import COLUMN, group_letter
 from mtpdiag.vocabulary.labels import coords_label
+from mtpdiag.vocabulary.states import FROZEN_STATES, Role
 
 # The console's colours (red, cyan, yellow, green, magenta, blue, then their bright twins) as CSS, so a
 # group has the same colour in both reports. Past these, hues step by the golden angle.
@@ -120,10 +121,10 @@ def _findings(report: Report) -> str:
 def _mismatches(report: Report, views: Mapping[int, RankView]) -> str:
     if not report.mismatches:
         return ""
-    ordered = [m for m in report.mismatches if m.role == "root"] + [m for m in report.mismatches if m.role != "root"]
+    ordered = sorted(report.mismatches, key=lambda m: m.role != Role.ROOT)  # roots first (a stable sort)
 
     def item(m: Mismatch) -> str:
-        root = m.role == "root"
+        root = m.role == Role.ROOT
         tag = "" if root else "<em>(consequence)</em> "
         return (
             f'<li data-testid=mismatch class="{"root" if root else "consequence"}">'
@@ -234,7 +235,7 @@ def _list_grid(report: Report, group_of: Mapping[int, int]) -> str:
 def _cell(view: RankView, i: int, group_of: Mapping[int, int], text: bool) -> str:
     group = group_of.get(view.rank) if view.rank is not None else None
     css = f"g{group}" if group is not None else "gx"
-    if view.state in ("stopped", "gone", "unreadable"):
+    if view.state in FROZEN_STATES:
         css += f" s-{view.state}"
     label = ""
     if text:
@@ -291,7 +292,7 @@ def _evidence_lines(report: Report, key: str, title: str) -> str:
 
 
 def _odd_ranks(report: Report) -> str:
-    odd = [v for v in report.ranks if v.state in ("stopped", "gone", "unreadable")]
+    odd = [v for v in report.ranks if v.state in FROZEN_STATES]
     if not odd:
         return ""
     out = ["<section><h2>Ranks that could not be read normally</h2><ul>"]

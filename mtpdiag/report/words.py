@@ -9,6 +9,7 @@ from mtpdiag.analysis.gate import describe_gate, gate_terms
 from mtpdiag.model import Mismatch, RankView, Report, Site
 from mtpdiag.vocabulary.groups import COORDINATES, GROUP_NAMES
 from mtpdiag.vocabulary.labels import coords_label, rank_list
+from mtpdiag.vocabulary.states import RankState, Role, Verdict
 
 
 def site_label(site: Site | None) -> str:
@@ -22,7 +23,7 @@ def short_function(function: str) -> str:
     return function.rsplit(".", 1)[-1] if "<locals>" not in function else function
 
 
-def rank_label(view: RankView | None, rank: int, layout: Mapping | None) -> str:
+def rank_label(view: RankView | None, rank: int, layout: Mapping[str, object] | None) -> str:
     coords = coords_label(view.coords if view else None, layout)
     return f"rank {rank} ({coords})" if coords else f"rank {rank}"
 
@@ -31,16 +32,16 @@ def doing(view: RankView | None) -> str:
     """What a rank is doing, in a few words."""
     if view is None:
         return "not captured"
-    if view.state in ("gone", "unreadable"):
+    if view.state in (RankState.GONE, RankState.UNREADABLE):
         return view.state + (f" ({view.error})" if view.error else "")
-    prefix = "stopped (SIGSTOP/frozen), " if view.state == "stopped" else ""
+    prefix = "stopped (SIGSTOP/frozen), " if view.state == RankState.STOPPED else ""
     if view.op:
         direction = "from" if view.op in ("recv", "irecv") else "to"
         peer = f" {direction} rank {view.peer}" if view.peer is not None else ""
         thread = f" on thread {view.wait.thread!r}" if view.wait is not None and view.wait.thread else ""
         return f"{prefix}at {view.op}{peer} in {short_function(view.site.function) if view.site else '?'}{thread}"
     if view.site:
-        what = wait_label(view.wait.kind) if view.state == "waiting" and view.wait else "running"
+        what = wait_label(view.wait.kind) if view.state == RankState.WAITING and view.wait else "running"
         return f"{prefix}{what} in {short_function(view.site.function)} ({view.site.file}:{view.site.line})"
     return prefix.rstrip(", ") or "no stack"
 
@@ -77,7 +78,7 @@ def gate_phrase(gate: Mapping[str, int] | None) -> str:
     return f"entered only where {where}: a condition that excludes {excluded} gates this collective"
 
 
-def mismatch_sentence(m: Mismatch, views: Mapping[int, RankView], layout: Mapping | None) -> str:
+def mismatch_sentence(m: Mismatch, views: Mapping[int, RankView], layout: Mapping[str, object] | None) -> str:
     group = GROUP_NAMES.get(m.group, m.group)
     entered = ", ".join(rank_label(views.get(r), r, layout) for r in m.entered)
     absent = "; ".join(
@@ -85,7 +86,7 @@ def mismatch_sentence(m: Mismatch, views: Mapping[int, RankView], layout: Mappin
         for r in m.absent
     )
     where = short_function(m.site.function) if m.site else "?"
-    if m.role == "consequence":  # its absent ranks are stuck elsewhere, not kept out by a condition
+    if m.role == Role.CONSEQUENCE:  # its absent ranks are stuck elsewhere, not kept out by a condition
         return (
             f"collective {m.op} at {where} on the {group} group {list(m.members)}: entered by {entered}; "
             f"absent: {absent}. It waits because those ranks are stuck elsewhere.{provenance(m)}"
@@ -134,12 +135,12 @@ def headline(report: Report) -> str:
     """The report's first line: the verdict and the finding a person reads first."""
     n = len(report.ranks)
     world = f" of {report.world_size}" if report.world_size else ""
-    if report.verdict == "problem":
+    if report.verdict == Verdict.PROBLEM:
         if report.findings:
             return f"PROBLEM: {report.findings[0].summary}"
         why = report.notes[-1] if report.notes else "no finding explains it"
         return f"PROBLEM: {n}{world} ranks captured; the job is hung ({why})"
-    if report.verdict == "incomplete":
+    if report.verdict == Verdict.INCOMPLETE:
         if report.findings:
             return f"INCOMPLETE: {report.findings[0].summary}"
         return f"INCOMPLETE: {n}{world} ranks captured; the evidence cannot say what is wrong"

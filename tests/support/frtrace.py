@@ -67,7 +67,7 @@ def run_torchfrtrace(dump_files: list[Path], prefix: str = "rank_") -> tuple[lis
     if not hasattr(utils, "tabulate"):
         # torch 2.13's utils.py names tabulate unguarded when printing a p2p batch: without the package it
         # raises NameError. Plain rows serve the same purpose here (only the problem blocks are read).
-        utils.tabulate = lambda rows, headers=None: "\n".join(map(str, rows))
+        utils.tabulate = lambda rows, headers=None: "\n".join(map(str, rows))  # noqa: ARG005 - tabulate's signature
     records: list[str] = []
 
     class Keep(logging.Handler):

@@ -279,7 +279,8 @@ def test_apply_adds_the_mpu_import_when_missing(engine_071):
     [
         "if self.is_mp_src_rank_with_outputs():",
         "if (self.is_mp_src_rank_with_outputs()):",
-        "if (\n            self.model_config.mtp.enable\n            and self.is_mp_src_rank_with_outputs()  # owner\n        ):",
+        "if (\n            self.model_config.mtp.enable\n"
+        "            and self.is_mp_src_rank_with_outputs()  # owner\n        ):",
         "if self.is_mp_src_rank_with_outputs() and self.model_config.mtp.enable:",
     ],
 )

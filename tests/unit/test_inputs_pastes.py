@@ -137,11 +137,11 @@ def _command(path) -> str:
 
 
 LINEWISE = {
-    "tabs": lambda text, path: P.reindent(text, "tabs"),
-    "two-spaces": lambda text, path: P.reindent(text, "two"),
-    "no-indent": lambda text, path: P.reindent(text, "none"),
-    "crlf": lambda text, path: P.crlf(text),
-    "colour": lambda text, path: P.coloured(text),
+    "tabs": lambda text, _path: P.reindent(text, "tabs"),
+    "two-spaces": lambda text, _path: P.reindent(text, "two"),
+    "no-indent": lambda text, _path: P.reindent(text, "none"),
+    "crlf": lambda text, _path: P.crlf(text),
+    "colour": lambda text, _path: P.coloured(text),
     "prompt": lambda text, path: P.prompted(text, _command(path)),
     "torch-prefix": lambda text, path: P.prefixed(text, f"[rank{P.rank_of(path)}]: "),
     "all-at-once": lambda text, path: P.crlf(P.coloured(P.reindent(P.prompted(text, _command(path)), "two"))),

@@ -76,7 +76,7 @@ def test_quoted_integer_override_is_accepted():
     assert read_verl_config(CP2_PP2, [f"{ACTOR}.pipeline_model_parallel_size='4'"])["pp"] == 4
 
 
-def test_override_reaches_interpolated_ref_section(tmp_path):
+def test_override_reaches_interpolated_ref_section():
     # ref.megatron follows the actor through ${oc.select:...}: overriding the actor moves both, and the
     # real OmegaConf resolver is what makes that true
     from omegaconf import OmegaConf

@@ -69,7 +69,7 @@ def test_what_is_no_override(token):
     assert parse_override(token) is None
 
 
-def test_the_hints_and_the_config_reader_take_the_same_overrides(tmp_path):
+def test_the_hints_and_the_config_reader_take_the_same_overrides():
     """A key hydra accepts is read by both readers (the hint reader refused ``-`` in a key before)."""
     override = "actor_rollout_ref.actor.megatron.context_parallel_size=4"
     dashed = "actor_rollout_ref.actor.megatron.my-extra=1"  # a key with a dash: both must take it

@@ -6,9 +6,10 @@
   stage 1 waits in the indexer's pipeline all_reduce. Before issue #20, ``--pp 2`` made the later all_reduce the
   root on a guessed pipeline group.
 * ``tracker_loop_gloo_fr`` (examples/gated_collectives ``tracker-loop``, with the Flight Recorder a stall
-  watcher dumped, in ``fr_gloo/``): a tracker of the job's own returns early on stage 0 inside ``log_metrics``' loop, and stage 0
-  goes round into the next tracker's world all_reduce, at an *earlier* line of the loop body than the pipeline
-  all_reduce stage 1 waits in. Line order alone points the wrong way; the recorder's sequence numbers decide.
+  watcher dumped, in ``fr_gloo/``): a tracker of the job's own returns early on stage 0 inside ``log_metrics``'
+  loop, and stage 0 goes round into the next tracker's world all_reduce, at an *earlier* line of the loop body
+  than the pipeline all_reduce stage 1 waits in. Line order alone points the wrong way; the recorder's sequence
+  numbers decide.
 * ``mtp_cp_pp`` and ``mtp_cp_dp`` without a layout: the MTP reduce is a known site, and the headline says so.
 """
 

@@ -23,7 +23,7 @@ from mtpdiag.model import (
     StragglerDetails,
     Waiter,
 )
-from mtpdiag.vocabulary.states import FindingId, RankState
+from mtpdiag.vocabulary.states import FROZEN_STATES, FindingId, RankState
 from mtpdiag.vocabulary.waits import WAIT_PHRASES, WaitKind
 
 
@@ -46,12 +46,12 @@ def _waiting_phrase(waiters: Sequence[Waiting], mismatches: Sequence[Mismatch], 
     return f"rank {w.rank} waits for {them} in {p2p_call(w)} at {words.where(w.site)}"
 
 
-def stragglers(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def stragglers(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Captured ranks that others wait on while they run, or wait on something of their own."""
     return _held_up_by(facts, FindingId.STRAGGLER)
 
 
-def frozen(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def frozen(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Captured ranks that others wait on while they are stopped, gone or unreadable."""
     return _held_up_by(facts, FindingId.FROZEN_RANK)
 
@@ -75,7 +75,7 @@ def _blocked(causes: Causes, views: Mapping[int, RankView], layout: ParallelLayo
         view = views.get(rank)
         if view is None:
             continue  # never captured: missing-rank
-        if view.state in ("running", "waiting"):
+        if view.state in (RankState.RUNNING, RankState.WAITING):
             kind = view.wait.kind if view.wait is not None else WaitKind.RUNNING
             running.setdefault((view.site, kind), []).append(rank)
         else:
@@ -143,7 +143,7 @@ def straggler_remedy(ranks: Sequence[int], views: Mapping[int, RankView], kind: 
 
 
 def frozen_remedy(state: str, ranks: Sequence[int], views: Mapping[int, RankView]) -> str:
-    if state == "stopped":
+    if state == RankState.STOPPED:
         return (
             f"find what stopped it (a debugger, a job scheduler, a stray Ctrl-Z) and resume it with "
             f"kill -CONT {pids(ranks, views)}; state D means a filesystem or device driver is stuck"
@@ -156,13 +156,13 @@ def _layout_free(views: Sequence[RankView]) -> list[Finding]:
     wait in collectives."""
     ranked = [(v.rank, v) for v in views if v.rank is not None]
     by_rank = dict(ranked)
-    waiting = [r for r, v in ranked if v.state == "collective"]
+    waiting = [r for r, v in ranked if v.state == RankState.COLLECTIVE]
     out: list[Finding] = []
     frozen: dict[str, list[int]] = {}
     for r, v in ranked:
-        if v.state in ("stopped", "gone", "unreadable"):
+        if v.state in FROZEN_STATES:
             frozen.setdefault(v.state, []).append(r)
-    held = [r for r, v in ranked if v.state in ("running", "waiting") and holds_up(v)]
+    held = [r for r, v in ranked if v.state in (RankState.RUNNING, RankState.WAITING) and holds_up(v)]
     words = Words(None)
     if waiting:
         for state, ranks in frozen.items():

@@ -33,25 +33,27 @@ from mtpdiag.model import (
     SplitDetails,
     replace,
 )
-from mtpdiag.vocabulary.states import Source
+from mtpdiag.vocabulary.groups import GroupKind
+from mtpdiag.vocabulary.matching import DivergenceKind
+from mtpdiag.vocabulary.states import GateStrength, Source
 
 if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there are dumps
     from mtpdiag.analysis.flight_recorder.evidence import SizeProblem
 
 
-def mtp_findings(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def mtp_findings(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """The verl #5895 signature: the MTP loss reduce on DP×CP, entered only where cp == 0."""
     return [_finding(*split, facts.layout, _order(facts, *split)) for split in _root_splits(facts) if _is_mtp(*split)]
 
 
-def gated_findings(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def gated_findings(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Every other root split collective (a known metric tracker's, or any gated call)."""
     return [
         _finding(*split, facts.layout, _order(facts, *split)) for split in _root_splits(facts) if not _is_mtp(*split)
     ]
 
 
-def _order(facts: Facts, op: str, site: Site | None, kind: str, instances: Sequence[Mismatch]) -> RootOrder | None:
+def _order(facts: Facts, op: str, site: Site | None, kind: str, _instances: Sequence[Mismatch]) -> RootOrder | None:
     """Why program order makes this root the root of its cycle, when it does."""
     return facts.causes.orders.get(("m", op, site, kind)) if facts.causes is not None else None
 
@@ -62,9 +64,9 @@ def _root_splits(facts: Facts) -> Iterator[tuple[str, Site | None, str, list[Mis
         yield op, site, kind, instances
 
 
-def _is_mtp(op: str, site: Site | None, kind: str, instances: Sequence[Mismatch]) -> bool:
+def _is_mtp(_op: str, site: Site | None, kind: str, instances: Sequence[Mismatch]) -> bool:
     gate = instances[0].gate
-    return is_mtp_site(site) and kind == "dp_cp" and gate is not None and gate.get("cp") == 0
+    return is_mtp_site(site) and kind == GroupKind.DP_CP and gate is not None and gate.get("cp") == 0
 
 
 def _finding(
@@ -138,7 +140,7 @@ def _finding(
             f"every rank of the {words.group(kind)} group must call {op} at {where}: move it out "
             f"of the {describe_gate(gate)} branch, or run it on a group whose members all pass that test"
         )
-        if instances[0].gate_strength == "weak":
+        if instances[0].gate_strength == GateStrength.WEAK:
             remedy += (
                 "; if no such branch exists, look for a loop or branch on rank-local data (a count, a "
                 "length, a flag) that made these ranks skip or repeat it"
@@ -164,14 +166,14 @@ def _skip_words(site: Site | None) -> str:
     return f"{site.function.rsplit('.', 1)[-1]} {skip}"
 
 
-def size_mismatches(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def size_mismatches(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Every member entered one collective with different sizes (Megatron-LM #3400: 14 vs 15 entries)."""
-    return _size_findings([p for p in facts.size_problems if p.problem == "sizes"], facts.layout)
+    return _size_findings([p for p in facts.size_problems if p.problem == DivergenceKind.SIZES], facts.layout)
 
 
-def dtype_mismatches(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def dtype_mismatches(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Every member entered one collective with different dtypes."""
-    return _size_findings([p for p in facts.size_problems if p.problem != "sizes"], facts.layout)
+    return _size_findings([p for p in facts.size_problems if p.problem != DivergenceKind.SIZES], facts.layout)
 
 
 def _size_findings(problems: Sequence[SizeProblem], layout: ParallelLayout | None) -> list[Finding]:
@@ -186,7 +188,8 @@ def _size_findings(problems: Sequence[SizeProblem], layout: ParallelLayout | Non
     for p in problems:
         name = words.group(p.kind) if p.kind else p.desc or p.group
         values = "; ".join(f"{words.ranks(list(ranks))} with {value}" for value, ranks in p.by_value.items())
-        what = "sizes" if p.problem == "sizes" else "dtypes"
+        sizes = p.problem == DivergenceKind.SIZES
+        what = "sizes" if sizes else "dtypes"
         known = signature_of(p.site)
         if known == "moe-aux-loss":
             remedy = (
@@ -196,12 +199,12 @@ def _size_findings(problems: Sequence[SizeProblem], layout: ParallelLayout | Non
             )
         else:
             remedy = (
-                f"every member must pass tensors of the same {'size' if what == 'sizes' else 'dtype'} to "
+                f"every member must pass tensors of the same {'size' if sizes else 'dtype'} to "
                 f"{p.op} at {words.where(p.site)}: compare how each rank builds it (a list whose length "
                 "depends on the layers a stage holds, a rank in another phase such as validation)"
             )
         out.append(
-            (SizeMismatch if what == "sizes" else DtypeMismatch)(
+            (SizeMismatch if sizes else DtypeMismatch)(
                 ranks=p.members,
                 remedy=remedy,
                 summary=(

@@ -10,7 +10,7 @@ import msgspec
 from mtpdiag.analysis.causes import Causes
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Mismatch, RankView
-from mtpdiag.vocabulary.states import StrEnum
+from mtpdiag.vocabulary.states import Role, StrEnum
 
 if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there are dumps
     from mtpdiag.analysis.flight_recorder.evidence import SizeProblem, StuckGroup
@@ -45,7 +45,7 @@ class Facts(msgspec.Struct, frozen=True):
 
     @property
     def roots(self) -> list[Mismatch]:
-        return [m for m in self.mismatches if m.role == "root"]
+        return [m for m in self.mismatches if m.role == Role.ROOT]
 
     @property
     def waited_on(self) -> frozenset[int]:

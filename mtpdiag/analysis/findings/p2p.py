@@ -11,6 +11,7 @@ from mtpdiag.analysis.mismatch import doing
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Finding, P2PDetails, P2PUnmatched, RankView
 from mtpdiag.vocabulary.ops import RECV_OPS, SEND_OPS
+from mtpdiag.vocabulary.states import RankState
 
 
 def p2p_call(w: P2PWait) -> str:
@@ -27,7 +28,7 @@ def _matching(op: str) -> str:
 
 def _peer_doing(view: RankView | None, words: Words) -> str:
     """``in send(dst=0) at send_backward (worker.py:92)``, ``running in load_batch``, ``not captured``."""
-    if view is None or view.state != "collective" or view.op is None:
+    if view is None or view.state != RankState.COLLECTIVE or view.op is None:
         return doing(view)
     call = view.op
     if view.peer is not None and view.rank is not None:
@@ -35,7 +36,7 @@ def _peer_doing(view: RankView | None, words: Words) -> str:
     return f"in {call} at {words.where(view.site)}"
 
 
-def findings(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def findings(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """The root send/recv waits of the wait-for graph (with groups only: a world-op split has none)."""
     if facts.mode != Mode.GROUPS or facts.causes is None:
         return []

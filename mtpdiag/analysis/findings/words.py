@@ -12,8 +12,9 @@ from mtpdiag.analysis.known_sites import is_mtp_site
 from mtpdiag.analysis.program_order import RootOrder
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Mismatch, RankView, Site
-from mtpdiag.vocabulary.groups import GROUP_NAMES
+from mtpdiag.vocabulary.groups import GROUP_NAMES, GroupKind
 from mtpdiag.vocabulary.labels import rank_list
+from mtpdiag.vocabulary.states import GateStrength, GroupFrom, OrderSource, Role
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -121,12 +122,12 @@ def groups_phrase(kind: str, instances: Sequence[Mismatch], words: Words) -> str
 def group_source_phrase(m: Mismatch) -> str:
     """`` (group guessed from who waits: TP or TP×DP)``: where a split's group kind came from, when that is
     not plain (the known-site table and the Flight Recorder's pg_config name it; membership only fits it)."""
-    if m.group_from == "guess":
+    if m.group_from == GroupFrom.GUESS:
         names = " or ".join(GROUP_NAMES.get(k, k) for k in m.group_candidates) or GROUP_NAMES.get(m.group, m.group)
         return f" (group guessed from which ranks wait: {names} fit)"
-    if m.group_from == "unique-fit":
+    if m.group_from == GroupFrom.UNIQUE_FIT:
         return " (the only group kind whose members fit who waits)"
-    if m.group_from == "world-op":
+    if m.group_from == GroupFrom.WORLD_OP:
         return f" ({m.op} is taken as a world-group call: the stack does not keep its group argument)"
     return ""
 
@@ -143,16 +144,16 @@ GROUP_SOURCES = {
 
 def provenance(m: Mismatch) -> str:
     """Where a split's group kind and gate came from, in one parenthesis for the split's sentence."""
-    if m.group_from == "guess":
+    if m.group_from == GroupFrom.GUESS:
         names = " or ".join(GROUP_NAMES.get(k, k) for k in m.group_candidates) or GROUP_NAMES.get(m.group, m.group)
         group = f"group guessed from who waits ({names} fit)"
     else:
         group = GROUP_SOURCES.get(m.group_from, m.group_from)
-    if m.gate is None or m.role == "consequence":
+    if m.gate is None or m.role == Role.CONSEQUENCE:
         gate = ""
-    elif m.gate_strength == "strong":
+    elif m.gate_strength == GateStrength.STRONG:
         gate = "; gate read from the coordinates of who entered and who did not"
-        if is_mtp_site(m.site) and m.group == "dp_cp" and m.gate == {"cp": 0}:
+        if is_mtp_site(m.site) and m.group == GroupKind.DP_CP and m.gate == {"cp": 0}:
             gate += ": the known verl #5895 signature"
         else:
             gate += ", which split cleanly along it (several ranks on each side)"
@@ -164,7 +165,7 @@ def provenance(m: Mismatch) -> str:
 
 def gate_source_phrase(m: Mismatch) -> str:
     """What the gate rests on, when it is weak: a rank test fits, and so does data-dependent divergence."""
-    if m.gate is None or m.gate_strength != "weak":
+    if m.gate is None or m.gate_strength != GateStrength.WEAK:
         return ""
     others = "".join(f" or {describe_gate(g)}" for g in m.gate_alternatives)
     if others:
@@ -209,19 +210,19 @@ def order_phrase(order: RootOrder, op: str, entered: Sequence[int], words: Words
     where = (
         f"{at.function.rsplit('.', 1)[-1]} ({os.path.basename(at.file)}:{at.second}, after :{at.first})" if at else ""
     )
-    if order.source == "flight-recorder":
+    if order.source == OrderSource.FLIGHT_RECORDER:
         return (
             f"{who} skipped this {op}: the Flight Recorder shows {words.verb(skipped, 'it', 'them')} going on to "
             f"later collectives without it; {words.verb(skipped, 'it waits', 'they wait')} at {instead}"
         )
-    if order.source == "stacks":
+    if order.source == OrderSource.STACKS:
         fn = at.function.rsplit(".", 1)[-1] if at else "their shared frame"
         return (
             f"{who} went past this {op} without entering it and {wait} at {instead}, a later line of {where} "
             f"(line order only: if {fn} loops, {words.ranks(entered)} may instead be an iteration ahead; the "
             "Flight Recorder's sequence numbers decide)"
         )
-    if order.source == "stacks+known-site":
+    if order.source == OrderSource.STACKS_AND_KNOWN_SITE:
         return f"{who} returned before this {op} and {wait} at {instead}, a later line of {where}"
     if order.contradicted:
         return (

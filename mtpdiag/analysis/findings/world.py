@@ -29,14 +29,15 @@ from mtpdiag.model import (
     UnexplainedWaitDetails,
     WaitingGroup,
 )
+from mtpdiag.vocabulary.groups import GroupKind
 from mtpdiag.vocabulary.states import FROZEN_STATES, RankState, Source
-from mtpdiag.vocabulary.waits import WAIT_PHRASES
+from mtpdiag.vocabulary.waits import WAIT_PHRASES, WaitKind
 
 if TYPE_CHECKING:  # the Flight Recorder's analysis is imported only when there are dumps
     from mtpdiag.analysis.flight_recorder.evidence import StuckGroup
 
 
-def missing(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def missing(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Ranks of the world nobody captured, when something waits on them or nothing else can tell."""
     if not facts.missing_is_a_finding or facts.world_size is None:
         return []
@@ -62,7 +63,7 @@ def all_waiting(facts: Facts, found: Sequence[Finding]) -> list[Finding]:
     return []
 
 
-def unexplained(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
+def unexplained(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Ranks that wait on what the evidence cannot name (the registry builds it only when nothing else is a
     problem): a single dump cannot prove a job healthy, so a stuck rank is never ``ok``."""
     if not facts.by_rank:
@@ -135,12 +136,12 @@ def unexplained_wait_finding(
         sites = list(dict.fromkeys(words.where(v.site) for v in views if v.site is not None))
         where = f" ({'; '.join(sites[:2])}{'; …' if len(sites) > 2 else ''})" if sites else ""
         phrase = WAIT_PHRASES.get(kind, kind).replace("waiting", "wait", 1)
-        if kind == "collective":
+        if kind == WaitKind.COLLECTIVE:
             ops = list(dict.fromkeys(v.op for v in views if v.op))
             phrase = f"wait in {', '.join(ops[:3])}"
-        elif kind in ("stopped", "gone", "unreadable"):
+        elif kind in FROZEN_STATES:
             phrase = f"are {kind}" if len(who) != 1 else f"is {kind}"
-        elif kind == "running":
+        elif kind == WaitKind.RUNNING:
             phrase = "on the CPU in their own code (a busy step, or a wait that spins: one dump cannot tell them apart)"
         parts.append(f"{words.ranks(who)} {phrase}{where}")
     ranks = tuple(sorted(v.rank for v in stuck if v.rank is not None))
@@ -153,7 +154,7 @@ def unexplained_wait_finding(
             remedy += f"; once confirmed: {known.fix}"
         remedy += f"; the Flight Recorder names the groups too: {FR_HOW}"
         known_sites = known.sites
-    elif kinds == {"collective"} and not layout_known:
+    elif kinds == {WaitKind.COLLECTIVE} and not layout_known:
         summary = "ranks wait in collectives at different call sites and no parallel layout is known: " + "; ".join(
             parts
         )
@@ -178,11 +179,11 @@ def _unexplained_words(kinds: set[str], parts: Sequence[str], fr_found: bool) ->
     """The summary and the next steps of ranks stuck where the stacks do not say why."""
     lead = (
         "no rank is in a collective the stacks can see"
-        if "collective" not in kinds
+        if WaitKind.COLLECTIVE not in kinds
         else "the stacks do not explain the hang"
     )
     summary = f"{lead}: " + "; ".join(parts)
-    if "host_sync" in kinds:
+    if WaitKind.HOST_SYNC in kinds:
         summary += (
             ". On NCCL a collective only enqueues a kernel, so the one that hangs is not on any "
             "stack: the ranks wait for it at their next host sync"
@@ -279,7 +280,7 @@ def _whereabouts(views: Sequence[RankView], words: Words) -> list[tuple[str, str
 
 def _speaks(row: KnownSite | None) -> bool:
     """A known row that names the group of a collective (not pipeline p2p, matched by peers; not the world)."""
-    return row is not None and not row.p2p and bool(row.kinds) and row.kinds[0] != "world"
+    return row is not None and not row.p2p and bool(row.kinds) and row.kinds[0] != GroupKind.WORLD
 
 
 def stuck_groups_finding(stuck: Sequence[StuckGroup]) -> Finding:

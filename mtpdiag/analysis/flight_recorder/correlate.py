@@ -17,7 +17,10 @@ from mtpdiag.model.flight_recorder import FRDump, FREntry, FRGroup, FRRankDump
 from mtpdiag.model.fr_analysis import FRGroupProgress, FRPendingOp, FRSplitCheck
 from mtpdiag.vocabulary.groups import COORDINATES, MEGATRON_GROUP_KINDS, GroupKind
 from mtpdiag.vocabulary.labels import rank_list
+from mtpdiag.vocabulary.matching import MembersFrom
 from mtpdiag.vocabulary.ops import P2P_CALLS, RECORDED_FOR
+from mtpdiag.vocabulary.states import RankState
+from mtpdiag.vocabulary.waits import WaitKind
 
 if TYPE_CHECKING:
     from mtpdiag.layout import ParallelLayout
@@ -76,7 +79,7 @@ def _match_mismatch(m: Mismatch, progress: Iterable[GroupProgress], fr: FRDump) 
     g = sorted(candidates, key=lambda c: (c.kind != m.group, set(c.members) != set(m.members), group_sort_key(c.name)))[
         0
     ]
-    exact = g.members_from == "pg_config"
+    exact = g.members_from == MembersFrom.PG_CONFIG
     members = list(g.members) if exact else sorted(set(m.members) | set(g.members))
     reached = {r: g.last_entered.get(r, 0) for r in members if fr.rank(r) is not None}
     seq = max(e.collective_seq_id for r in m.entered for e in g.pending.get(r, ()) if ops_match(m.op, e.op))
@@ -159,7 +162,7 @@ def _rank_checks(report: Report, fr: FRDump) -> tuple[list[str], list[str]]:
     any_p2p = any(e.is_p2p or e.op in P2P_CALLS for d in fr.ranks for e in d.entries)
     for view in report.ranks:
         dump = fr.rank(view.rank) if view.rank is not None else None
-        if dump is None or view.state in ("gone", "unreadable"):
+        if dump is None or view.state in (RankState.GONE, RankState.UNREADABLE):
             continue
         if view.op in P2P_CALLS and not any_p2p:
             if _NO_P2P_NOTE not in notes:
@@ -177,7 +180,7 @@ def _rank_check(view: RankView, dump: FRRankDump) -> str | None:
     latest = max(pending, key=lambda e: e.record_id) if pending else None
     op = view.op
     if op is None:
-        at_host_sync = view.wait is not None and view.wait.kind == "host_sync"
+        at_host_sync = view.wait is not None and view.wait.kind == WaitKind.HOST_SYNC
         if latest is None or at_host_sync:  # on NCCL a rank waits for its collective at a sync
             return None
         entry = _entry_text(latest)

@@ -30,9 +30,9 @@ from mtpdiag.analysis.mismatch import mismatch_key
 from mtpdiag.layout import GROUP_KINDS, ParallelLayout
 from mtpdiag.model import FlightRecorderSection, Mismatch, RankView, Report, Site, WaitState, replace
 from mtpdiag.model.flight_recorder import FRDump, FREntry
-from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS
+from mtpdiag.vocabulary.groups import MEGATRON_GROUP_KINDS, GroupKind
 from mtpdiag.vocabulary.labels import rank_list
-from mtpdiag.vocabulary.matching import MatchRole
+from mtpdiag.vocabulary.matching import DivergenceKind, MatchRole
 from mtpdiag.vocabulary.states import GateStrength, GroupFrom, RankState, Role, Source
 from mtpdiag.vocabulary.waits import Confidence, WaitKind
 
@@ -177,7 +177,7 @@ def fold(fr: FRDump, layout: ParallelLayout | None, coords_of: CoordsOf | None) 
             reading
             and strength == GateStrength.WEAK
             and is_mtp_site(site)
-            and kind == "dp_cp"
+            and kind == GroupKind.DP_CP
             and reading.gate == {"cp": 0}
         ):
             strength = GateStrength.STRONG  # the known verl #5895 signature
@@ -315,7 +315,7 @@ def _size_problems(d: Divergence, kind: str | None) -> list[SizeProblem]:
             op, site = op or r.op, site or r.site
             value = (
                 f"{r.input_numel} element{'s' if r.input_numel != 1 else ''}"
-                if problem == "sizes"
+                if problem == DivergenceKind.SIZES
                 else "/".join(r.input_dtypes or ()) or "?"
             )
             by_value.setdefault(value, []).append(r.rank)

@@ -8,12 +8,14 @@ world's own choice (the fewest replicas the layout allows, or the job's). Worlds
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from mtpdiag.errors import InputError
 from mtpdiag.fix.verify import MAX_WORLD
 from mtpdiag.layout import LayoutError, ParallelLayout
+from mtpdiag.vocabulary.states import CheckStatus, EngineGate
 
 ENGINE_CHOICES = ("fixed", "buggy", "both", "installed")
 
@@ -29,16 +31,21 @@ class EngineChoice:
 
 
 def resolve_verify_layout(
-    flags: dict, *, dp: int | None, order: str | None, config: str | None, overrides: list[str], pid: int | None
+    flags: Mapping[str, int | None],
+    *,
+    dp: int | None,
+    order: str | None,
+    config: str | None,
+    overrides: list[str],
+    pid: int | None,
 ) -> tuple[ParallelLayout, str]:
     """The layout to verify, and where it came from: flags, a verl config, or a hung job (``--pid``).
 
     Sources are merged by ``layout.sources.resolve_layout``: a flag that contradicts the config or the
     job is an input error naming both. dp is the verify world's own choice (default 1, or the job's).
     """
-    given = {k: v for k, v in flags.items() if v is not None}
-    if order:
-        given["order"] = order
+    flag_sizes = {k: v for k, v in flags.items() if v is not None}
+    given: dict[str, int | str] = {**flag_sizes, **({"order": order} if order else {})}
     if pid is not None:
         job, source = _job_layout(pid, given, config, overrides)
         sizes = {"tp": job.tp, "cp": job.cp, "pp": job.pp, "ep": job.ep, "etp": job.etp, "vpp": job.vpp}
@@ -46,7 +53,7 @@ def resolve_verify_layout(
     if config is not None:
         from mtpdiag.layout.sources import read_verl_config, resolve_layout
 
-        sizes = {**read_verl_config(config, overrides), **given}
+        sizes = {**read_verl_config(config, overrides), **flag_sizes}
         dp = dp or fewest_dp(sizes)
         world = dp * int(sizes.get("tp") or 1) * int(sizes.get("cp") or 1) * int(sizes.get("pp") or 1)
         resolve_layout(world, flags=given, config=config, overrides=overrides)  # flag-vs-config conflicts
@@ -54,10 +61,10 @@ def resolve_verify_layout(
         return build_layout(sizes, dp=dp, order=order), f"verl config {config}{with_overrides}"
     if overrides:
         raise InputError("--override needs --config")
-    return build_layout(given, dp=dp, order=order), "flags"
+    return build_layout(flag_sizes, dp=dp, order=order), "flags"
 
 
-def build_layout(sizes: dict, *, dp: int | None, order: str | None) -> ParallelLayout:
+def build_layout(sizes: Mapping[str, int | None], *, dp: int | None, order: str | None) -> ParallelLayout:
     """A ParallelLayout of tp*cp*pp*dp ranks; refuses worlds too big for CPU processes here.
 
     Without ``dp``, the fewest DP replicas that the expert layout allows (etp*ep must divide tp*cp*dp).
@@ -88,14 +95,16 @@ def build_layout(sizes: dict, *, dp: int | None, order: str | None) -> ParallelL
         raise InputError(str(exc)) from None
 
 
-def fewest_dp(sizes: dict) -> int:
+def fewest_dp(sizes: Mapping[str, int | None]) -> int:
     """The fewest DP replicas the expert layout allows: etp*ep must divide tp*cp*dp."""
     tp, cp = int(sizes.get("tp") or 1), int(sizes.get("cp") or 1)
     expert = int(sizes.get("etp") or tp) * int(sizes.get("ep") or 1)
     return next(d for d in range(1, expert + 1) if (tp * cp * d) % expert == 0)
 
 
-def _job_layout(pid: int, given: dict, config: str | None, overrides: list[str]) -> tuple[ParallelLayout, str]:
+def _job_layout(
+    pid: int, given: Mapping[str, int | str], config: str | None, overrides: list[str]
+) -> tuple[ParallelLayout, str]:
     """Capture the hung job once and resolve its layout as ``inspect`` does."""
     from mtpdiag.capture import capture
     from mtpdiag.layout.sources import resolve_layout
@@ -118,7 +127,7 @@ def choose_engine(engine: str) -> EngineChoice:
     """fixed, buggy, both; or the gate an engine file (the installed verl's, or a path) uses."""
     if engine == "both":
         return EngineChoice("both", (("buggy", "buggy"), ("fixed", "fixed")))
-    if engine in ("fixed", "buggy"):
+    if engine in (EngineGate.FIXED, EngineGate.BUGGY):
         return EngineChoice("single", ((engine, engine),))
     from mtpdiag.fix.engine import check_engine, locate_engine
 
@@ -140,7 +149,7 @@ def choose_engine(engine: str) -> EngineChoice:
         if not path.exists() and "/" not in engine and not engine.endswith(".py"):
             raise InputError(f"--engine {engine!r}: use one of {', '.join(ENGINE_CHOICES)} or a path to an engine file")
     check = check_engine(path)
-    if check.gate is None or check.status in ("unknown", "not-applicable"):
+    if check.gate is None or check.status in (CheckStatus.UNKNOWN, CheckStatus.NOT_APPLICABLE):
         raise InputError(
             f"{path}: {check.status}: {check.reason}; verify needs an engine whose MTP gate is "
             "known (or --engine buggy|fixed|both)"

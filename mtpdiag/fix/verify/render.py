@@ -31,7 +31,7 @@ def intro_line(layout: ParallelLayout, source: str, choice: EngineChoice) -> str
     )
 
 
-def run_line(run: RunResult, layout: ParallelLayout) -> str:
+def run_line(run: RunResult) -> str:
     """One line per run: what happened, and the diagnosis or the metric."""
     name = (
         run.engine

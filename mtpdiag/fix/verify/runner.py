@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import TypedDict
 
 from mtpdiag.analysis.stall import cpu_moved
 from mtpdiag.capture import procfs
@@ -35,7 +36,7 @@ from mtpdiag.fix.verify import (
 from mtpdiag.fix.verify.launch import TICK_NS, Job, kill_pids, main_thread_cpu, start_torchrun
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Report, Snapshot
-from mtpdiag.vocabulary.states import EngineGate, Outcome
+from mtpdiag.vocabulary.states import EngineGate, Outcome, ProcessState
 
 WORKER_SCRIPT = str(Path(__file__).with_name("worker.py"))
 CONCURRENT_WORKERS = 8  # run several worlds at once only while their workers fit this many processes
@@ -288,7 +289,7 @@ class _WatchedRun:
         assert self.job is not None
         pids = self.job.workers()
         self.seen.update(pids)
-        return [p for p in pids if (s := procfs.read_stat(p)) is not None and s.state != "Z"]
+        return [p for p in pids if (s := procfs.read_stat(p)) is not None and s.state != ProcessState.ZOMBIE]
 
     def _capture(self, pids: list[int]) -> tuple[Snapshot | None, str | None]:
         """mtpdiag's own capture of the workers, or None and why it failed."""
@@ -310,14 +311,17 @@ class _WatchedRun:
 
 def _all_blocked(pids: list[int]) -> bool:
     """Every main thread asleep (S) or in uninterruptible wait (D), as /proc/PID/stat reports it."""
-    return all((stat := procfs.read_stat(pid)) is not None and stat.state in ("S", "D") for pid in pids)
+    return all(
+        (stat := procfs.read_stat(pid)) is not None and stat.state in (ProcessState.SLEEPING, ProcessState.DISK)
+        for pid in pids
+    )
 
 
-def _stacks(snapshot: Snapshot | None) -> dict[int | None, tuple]:
+def _stacks(snapshot: Snapshot | None) -> dict[int | None, tuple[tuple[str, str, int], ...]]:
     """Each worker's main-thread stack, as (function, file, line) tuples, to compare two samples."""
     if snapshot is None:
         return {}
-    out = {}
+    out: dict[int | None, tuple[tuple[str, str, int], ...]] = {}
     for c in snapshot.captures:
         main = c.main_thread
         out[c.pid] = tuple((f.function, f.file, f.line) for f in main.frames) if main else ()
@@ -334,9 +338,20 @@ def _diagnose(snapshot: Snapshot, layout: ParallelLayout) -> tuple[Report | None
         return None, f"no diagnosis: {type(exc).__name__}: {exc}"
 
 
-def _read_results(out_dir: str, kind: str) -> list[dict]:
+class _WorkerResult(TypedDict, total=False):
+    """A ``<kind>-<rank>.json`` as ``worker.write_result`` writes it: rank and time, then the kind's payload."""
+
+    rank: int
+    time: float
+    coords: dict[str, int]  # ready
+    name: str  # metric
+    value: float  # metric
+    avg_group: list[int]  # metric
+
+
+def _read_results(out_dir: str, kind: str) -> list[_WorkerResult]:
     """Every ``<kind>-<rank>.json`` the workers wrote (complete files only: they are renamed into place)."""
-    out = []
+    out: list[_WorkerResult] = []
     for name in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else ():
         if name.startswith(f"{kind}-") and name.endswith(".json"):
             try:
@@ -360,5 +375,5 @@ class _sigterm_as_interrupt:
             signal.signal(signal.SIGTERM, self.previous)
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+def _raise_interrupt(_signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt

@@ -23,6 +23,7 @@ import threading
 import time
 import warnings
 from datetime import timedelta
+from typing import Any
 
 warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
 
@@ -51,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def write_result(out_dir: str, kind: str, rank: int, payload: dict) -> None:
+def write_result(out_dir: str, kind: str, rank: int, payload: dict[str, object]) -> None:
     """Write ``<kind>-<rank>.json`` atomically, so the runner never reads half a file."""
     path = os.path.join(out_dir, f"{kind}-{rank}.json")
     with open(path + ".tmp", "w") as f:
@@ -108,16 +109,16 @@ def save_mtp_loss() -> torch.distributed.ProcessGroup:
     return avg_group
 
 
-def megatron_mtp_loss(n_micro_batch: int = 1) -> dict:
+def megatron_mtp_loss(n_micro_batch: int = 1) -> dict[str, float]:
     """verl's get_megatron_mtp_loss: reduce the tracker (a DP x CP all_reduce) into a loss dict."""
-    total_loss_dict: dict = {}
+    total_loss_dict: dict[str, Any] = {}  # metric name -> a torch tensor
     MTPLossLoggingHelper.track_mtp_metrics(1.0 / n_micro_batch, 0, None, None, total_loss_dict)
     return {key: value.item() for key, value in total_loss_dict.items()}
 
 
-def collect_mtp_loss(gate: str) -> dict:
+def collect_mtp_loss(gate: str) -> dict[str, float]:
     """The tail of verl's forward_backward_batch, gated as the chosen engine gates it."""
-    metrics: dict = {}
+    metrics: dict[str, float] = {}
     if gate == "buggy":  # verl 0.7.1: only the src rank enters the reduce
         if is_mp_src_rank_with_outputs():
             metrics.update(megatron_mtp_loss())
@@ -129,7 +130,7 @@ def collect_mtp_loss(gate: str) -> dict:
     return metrics
 
 
-def coordinates() -> dict:
+def coordinates() -> dict[str, int]:
     return {
         "tp": mpu.get_tensor_model_parallel_rank(),
         "cp": mpu.get_context_parallel_rank(),

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mtpdiag.errors import InputError
-from mtpdiag.inputs.flight_recorder.parse import rank_dump
+from mtpdiag.inputs.flight_recorder.parse import StackCache, rank_dump
 from mtpdiag.inputs.flight_recorder.sites import SourceIndex, plain
 from mtpdiag.model.flight_recorder import FRDump, FRRankDump, expected_ranks
 
@@ -35,7 +35,7 @@ class _PlainUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"refuses to load {module}.{name}")
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: Any) -> Any:  # noqa: ARG002 - pickle.Unpickler's signature
         raise pickle.UnpicklingError("refuses persistent ids")
 
 
@@ -53,7 +53,7 @@ def load_fr_dumps(source: str | Sequence[str], qualify: bool = True) -> FRDump:
         files = _dump_files(str(source))
         label = str(source)
     index = SourceIndex() if qualify else None
-    stacks: dict = {}
+    stacks: StackCache = {}
     ranks = tuple(
         sorted((read_dump_file(path, rank, index, stacks) for rank, path in files.items()), key=lambda d: d.rank)
     )
@@ -68,7 +68,9 @@ def load_fr_dumps(source: str | Sequence[str], qualify: bool = True) -> FRDump:
     return FRDump(source=label, ranks=ranks, missing=missing, notes=tuple(notes))
 
 
-def read_dump_file(path: str, rank: int, index: SourceIndex | None = None, stacks: dict | None = None) -> FRRankDump:
+def read_dump_file(
+    path: str, rank: int, index: SourceIndex | None = None, stacks: StackCache | None = None
+) -> FRRankDump:
     """One rank's file, pickle or JSON (told apart by the first byte), as an ``FRRankDump``."""
     data = _read(path)
     fmt = "json" if data.lstrip()[:1] == b"{" else "pickle"

@@ -14,7 +14,7 @@ from typing import Any
 
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder.sites import Qualify, call_site, plain, stack_of
-from mtpdiag.model import replace
+from mtpdiag.model import Site, replace
 from mtpdiag.model.flight_recorder import FREntry, FRGroup, FRGroupStatus, FRRankDump, as_bool, as_int
 from mtpdiag.model.fr_batches import batches
 from mtpdiag.vocabulary.profiling_names import parse_profiling_name
@@ -46,7 +46,8 @@ def check_version(version: str, path: str) -> str | None:
     return None
 
 
-StackCache = dict  # raw frames (filename, name, line triples) -> (stack, call site); shared across ranks
+# raw frames (filename, name, line triples) -> (stack, call site); shared across ranks
+StackCache = dict[tuple[Any, ...], tuple[tuple[Site, ...], Site | None]]
 
 
 def rank_dump(
@@ -104,16 +105,15 @@ def _group(name: Any, cfg: Any) -> FRGroup:
     )
 
 
-def _stack(frames: Any, qualify: Qualify, stacks: StackCache) -> tuple:
+def _stack(frames: Any, qualify: Qualify, stacks: StackCache) -> tuple[tuple[Site, ...], Site | None]:
     if not frames:
         return (), None
     if not isinstance(frames, (list, tuple)):
         raise TypeError("frames is not a list")
-    key: tuple[Any, ...] | None = tuple(
-        (f.get("filename"), f.get("name"), f.get("line")) if isinstance(f, dict) else f for f in frames
-    )
+    raw_key = tuple((f.get("filename"), f.get("name"), f.get("line")) if isinstance(f, dict) else f for f in frames)
+    key: tuple[Any, ...] | None = raw_key
     try:
-        hit = stacks.get(key)
+        hit = stacks.get(raw_key)
     except TypeError:  # an unhashable value where a frame field should be: let stack_of say what is wrong
         hit, key = None, None
     if hit is None:
@@ -235,7 +235,7 @@ def _counter(value: Any) -> int:
     return as_int(value)
 
 
-def _dict(value: Any) -> dict:
+def _dict(value: Any) -> dict[Any, Any]:  # a raw dump's mapping: keys and values as torch wrote them
     if value is None:
         return {}
     if not isinstance(value, dict):

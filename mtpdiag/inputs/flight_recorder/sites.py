@@ -26,7 +26,7 @@ Qualify = Callable[[str, int, str], str]  # (path as recorded, line, plain name)
 MAX_SOURCE_BYTES = 8 * 1024 * 1024
 
 
-def plain(path: str, line: int, name: str) -> str:
+def plain(_path: str, _line: int, name: str) -> str:
     """The ``Qualify`` that reads nothing."""
     return name
 
