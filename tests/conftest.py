@@ -59,7 +59,7 @@ def unavailable(message: str) -> NoReturn:
     pytest.skip(message)
 
 
-def pytest_configure(config: pytest.Config) -> None:
+def pytest_configure() -> None:
     """SIGTERM (``scripts/test.sh`` ending the Ray tests when the unit tier fails, a CI cancel) ends the run as
     Ctrl-C does: the fixtures' teardowns run, so no job or Ray cluster of a test outlives it."""
 

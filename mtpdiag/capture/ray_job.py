@@ -8,7 +8,8 @@ line of the job's log. This side reads that line from the log and stops the job 
 cluster is reached from outside it (KubeRay: ``kubectl port-forward svc/HEAD-svc 8265``).
 
 The job's Python is the one Ray runs its workers with (the raylet's ``--python_worker_command``, a venv's
-Python where Ray runs from one), so mtpdiag must be installed there, as on every node. Its log, on the head, holds what a bundle holds and nothing more.
+Python where Ray runs from one), so mtpdiag must be installed there, as on every node. Its log, on the head,
+holds what a bundle holds and nothing more.
 """
 
 from __future__ import annotations
