@@ -77,6 +77,8 @@ def diagnose(
     found = findings.build(_facts(world, placed, splits, missing, join, logged))
     if logged is not None and not found:  # nothing split: what the log shows, and what to collect next
         found = logged.evidence.findings
+    elif logged is not None and placed.views and all(v.state == RankState.UNREADABLE for v in placed.views):
+        found = (*logged.evidence.findings, *found)  # no stack was read: the log says more, then how to get them
     verdict, verdict_notes = judge(found, placed.by_rank, world.layout)
     notes = (
         *world.notes,
