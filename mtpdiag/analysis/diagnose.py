@@ -320,6 +320,13 @@ def judge_missing(
     nothing says how the world is grouped, are a finding."""
     if world.size is None:
         return Missing(ranks=(), is_a_finding=False, notes=())
+    if not by_rank and snapshot.captures:  # processes by pid only: which ranks they are is unknown, not missing
+        n = len(snapshot.captures)
+        return Missing(
+            ranks=(),
+            is_a_finding=False,
+            notes=(f"{n} of {world.size} ranks captured, by pid only: which ranks they are is unknown",),
+        )
     missing = tuple(filterfalse(by_rank.__contains__, range(world.size)))
     if not missing:
         return Missing(ranks=(), is_a_finding=False, notes=())
