@@ -243,3 +243,13 @@ def test_a_log_of_the_heartbeat_monitor_alone_says_whose_watchdog_was_stuck_and_
         "the NCCL watchdog log names no collective: the NCCL watchdog thread of rank 2 was stuck for up to 480 s"
     )
     assert "mtpdiag inspect --native" in finding["remedy"] and "Flight Recorder" in finding["remedy"]
+
+
+def test_one_process_in_a_collective_beside_others_is_not_called_alone(tmp_path):
+    """Only a paste of that one process says one stack cannot tell: beside others on the CPU, it is not alone."""
+    paste = tmp_path / "node.txt"
+    busy = "".join(_pyspy(p, _BUSY).replace("(idle)", "(active)") for p in (12, 13))
+    paste.write_text(_pyspy(11, _BCAST) + busy)
+    report = _report(paste)
+    assert report.verdict == "incomplete"
+    assert not any(f.summary.startswith("one process's stack") for f in report.findings)

@@ -78,11 +78,17 @@ def unexplained(facts: Facts, found: Sequence[Finding] = ()) -> list[Finding]:
     stuck = [v for v in facts.views if v.state in FROZEN_STATES or is_stuck(v.wait)]
     if not facts.by_rank:  # processes by pid only: where they wait, named by pid
         rankless = [v for v in stuck if v.rank is None]
-        return [unexplained_wait_finding(rankless, facts.layout is not None, facts.fr_found)] if rankless else []
+        alone = len(facts.views) == 1
+        return (
+            [unexplained_wait_finding(rankless, facts.layout is not None, facts.fr_found, alone=alone)]
+            if rankless
+            else []
+        )
     if not stuck:
         return []
     known = known_site_lead(facts.views) if facts.mode == Mode.LAYOUT_FREE else None
-    return [unexplained_wait_finding(stuck, facts.layout is not None, facts.fr_found, known)]
+    alone = len(facts.views) == 1
+    return [unexplained_wait_finding(stuck, facts.layout is not None, facts.fr_found, known, alone=alone)]
 
 
 def no_stack_finding(unreadable: Sequence[RankView]) -> Finding:
@@ -153,7 +159,11 @@ def all_waiting_finding(views: Sequence[RankView]) -> Finding:
 
 
 def unexplained_wait_finding(
-    stuck: Sequence[RankView], layout_known: bool, fr_found: bool = False, known: KnownLead | None = None
+    stuck: Sequence[RankView],
+    layout_known: bool,
+    fr_found: bool = False,
+    known: KnownLead | None = None,
+    alone: bool = False,
 ) -> Finding:
     """Ranks that wait, and evidence that cannot say for what: where they wait, and what to collect next.
 
@@ -191,7 +201,7 @@ def unexplained_wait_finding(
             remedy += f"; once confirmed: {known.fix}"
         remedy += f"; the Flight Recorder names the groups too: {FR_HOW}"
         known_sites = known.sites
-    elif kinds == {"collective"} and len(stuck) == 1:
+    elif kinds == {"collective"} and alone:  # the input holds this one process: who it waits for is elsewhere
         summary = "one process's stack cannot say who the collective waits for: " + "; ".join(parts)
         remedy = (
             "dump every rank's stack (`mtpdiag collect --out DIR` on each node, or `py-spy dump --pid <pid>` of "
