@@ -78,6 +78,8 @@ def diagnose(
     found = findings.build(_facts(world, placed, splits, missing, join, logged))
     if logged is not None and not found:  # nothing split: what the log shows, and what to collect next
         found = logged.evidence.findings
+    elif logged is not None and placed.views and all(v.state == RankState.UNREADABLE for v in placed.views):
+        found = (*logged.evidence.findings, *found)  # no stack was read: the log says more, then how to get them
     verdict, verdict_notes = judge(found, placed.by_rank, world.layout)
     notes = (
         *world.notes,
@@ -319,6 +321,13 @@ def judge_missing(
     nothing says how the world is grouped, are a finding."""
     if world.size is None:
         return Missing(ranks=(), is_a_finding=False, notes=())
+    if not by_rank and snapshot.captures:  # processes by pid only: which ranks they are is unknown, not missing
+        n = len(snapshot.captures)
+        return Missing(
+            ranks=(),
+            is_a_finding=False,
+            notes=(f"{n} of {world.size} ranks captured, by pid only: which ranks they are is unknown",),
+        )
     missing = tuple(filterfalse(by_rank.__contains__, range(world.size)))
     if not missing:
         return Missing(ranks=(), is_a_finding=False, notes=())

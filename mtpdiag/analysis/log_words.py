@@ -41,8 +41,13 @@ def lines(log: WatchdogLog) -> tuple[str, ...]:
 def limits(log: WatchdogLog, global_ranks: bool) -> tuple[str, ...]:
     """What the log's form cannot tell: no sequence numbers, no global ranks."""
     notes = []
-    if any(t.seq is None for t in log.timeouts):
+    if any(t.seq is None and t.op_type is not None for t in log.timeouts):  # a WorkNCCL line without SeqNum
         notes.append(NO_SEQ_NOTE)
+    if any(t.seq is None and t.op_type is None and t.site is not None for t in log.timeouts):
+        notes.append(
+            "the stack torch logged of a failed collective comes with no timeout line here: its sequence number "
+            "and group are not known"
+        )
     if log.timeouts and not global_ranks:
         notes.append(NO_GLOBAL_NOTE)
     return tuple(notes)
@@ -84,22 +89,32 @@ def unexplained(log: WatchdogLog, rank_of: Callable[[WatchdogTimeout], int | Non
         at.add(rank_of(t), t)
     parts = [at.says(group, seq) for (group, seq), at in where.items()]
     signals = [s for s in log.statuses if s.signal_from is not None]
-    if not parts and not signals:
+    stuck = [s for s in log.statuses if s.stuck_s is not None]
+    if not parts and not signals and not stuck:
         return ()
     more = f"; and {len(parts) - GROUPS_SHOWN} more" if len(parts) > GROUPS_SHOWN else ""
     if parts:
         summary = (
             f"the NCCL watchdog log shows timeouts but no split it can prove: {'; '.join(parts[:GROUPS_SHOWN])}{more}"
         )
-    else:
+    elif signals:
         summary = f"the NCCL watchdog log holds dump signals only: {_signals_part(signals)}"
+    else:
+        summary = f"the NCCL watchdog log names no collective: {_stuck_part(stuck)}"
+    remedy = NEXT_STEPS.format(fr=FR_HOW)
+    if stuck and not parts:
+        remedy = f"{STUCK_STEP}; {remedy}"
     timed_out = sorted({r for at in where.values() for r in at.ranks})
-    ranks = sorted(set(timed_out) | {s.signal_rank for s in signals if s.signal_rank is not None})
+    ranks = sorted(
+        set(timed_out)
+        | {s.signal_rank for s in signals if s.signal_rank is not None}
+        | {r for s in stuck if (r := s.rank if s.rank is not None else s.group.rank) is not None}
+    )
     return (
         UnexplainedWait(
             ranks=tuple(ranks),
             summary=summary,
-            remedy=NEXT_STEPS.format(fr=FR_HOW),
+            remedy=remedy,
             details=UnexplainedWaitDetails(source=Source.WATCHDOG_LOG, timed_out=tuple(timed_out)),
         ),
     )
@@ -114,6 +129,7 @@ class _Where:
         self.unlogged_op = self.unnamed = 0
         self.completed: int | None = None
         self.enqueued: int | None = None
+        self.sites: dict[str, None] = {}
 
     def add(self, rank: int | None, t: WatchdogTimeout) -> None:
         if rank is None:
@@ -124,6 +140,8 @@ class _Where:
             self.unlogged_op += 1
         else:
             self.ops[t.op] = None
+        if t.site is not None:
+            self.sites[t.site] = None
         self.completed = t.last_completed if self.completed is None else self.completed
         self.enqueued = t.last_enqueued if self.enqueued is None else self.enqueued
 
@@ -135,7 +153,29 @@ class _Where:
         who = [_ranks(sorted(self.ranks), "rank")] if self.ranks else []
         who += [f"{self.unnamed} line{'s' if self.unnamed > 1 else ''} naming no rank"] if self.unnamed else []
         at = f" at #{seq}" if seq is not None else ""
-        return f"{' and '.join(who)} timed out{at} in {group} ({', '.join(said)})"
+        called = f", called from {'; '.join(self.sites)} (the stack torch logged)" if self.sites else ""
+        return f"{' and '.join(who)} timed out{at} in {group} ({', '.join(said)}){called}"
+
+
+STUCK_STEP = (
+    "see what the stuck rank's threads wait on, its watchdog thread's CUDA or NCCL call and the thread that holds "
+    "the GIL: `mtpdiag inspect --native` on its node (py-spy dump --native --pid <pid>)"
+)
+
+
+def _stuck_part(stuck: list[WatchdogStatus]) -> str:
+    """``rank 2's watchdog thread was stuck for 480 s ...``: the heartbeat monitor's word, per rank."""
+    by_rank: dict[int | None, int] = {}
+    for s in stuck:
+        who = s.rank if s.rank is not None else s.group.rank
+        by_rank[who] = max(by_rank.get(who, 0), s.stuck_s or 0)
+    named = [f"rank {r}" for r in by_rank if r is not None] + ["a rank the log does not name"] * (None in by_rank)
+    seconds = max(by_rank.values())
+    return (
+        f"the NCCL watchdog thread of {', '.join(named)} was stuck for up to {seconds} s without checking its "
+        "collectives (the heartbeat monitor's line): a CUDA or NCCL call hangs in that thread, or another thread "
+        "holds the GIL inside one"
+    )
 
 
 def _signals_part(signals: list[WatchdogStatus]) -> str:
@@ -158,7 +198,13 @@ def _signals_part(signals: list[WatchdogStatus]) -> str:
 
 
 def _timeout_line(t: WatchdogTimeout) -> str:
-    who = f"rank {t.rank}" if t.rank is not None else f"[Rank {t.group.rank}] (no global rank on the line)"
+    who = (
+        f"rank {t.rank}"
+        if t.rank is not None
+        else f"[Rank {t.group.rank}] (no global rank on the line)"
+        if t.group.rank is not None
+        else "a rank the log does not name"
+    )
     what = t.op or "a collective (op not logged)"
     at = f" #{t.seq}" if t.seq is not None else " (no SeqNum)"
     ran = f" after {t.ran_for_ms} ms" if t.ran_for_ms is not None else ""
@@ -167,7 +213,8 @@ def _timeout_line(t: WatchdogTimeout) -> str:
     said += [f"last enqueued {t.last_enqueued}"] if t.last_enqueued is not None else []
     said += [f"last completed {t.last_completed}"] if t.last_completed is not None else []
     rest = f" ({'; '.join(said)})" if said else ""
-    return f"{who}: {what}{at} in {_group(t.group)} timed out{ran}{wait}{rest}"
+    called = f", called from {t.site}" if t.site is not None else ""
+    return f"{who}: {what}{at} in {_group(t.group)} timed out{ran}{wait}{rest}{called}"
 
 
 def _signal_line(s: WatchdogStatus) -> str:

@@ -74,6 +74,10 @@ def analyze(
             snapshot = inputs.snapshot
             for note in inputs.notes:
                 typer.echo(f"mtpdiag: note: {note}", err=True)
+            if inputs.logs:  # a watchdog log given as a dump: read as --log reads it
+                from mtpdiag.inputs.watchdog_log import load_watchdog_logs
+
+                watchdog = load_watchdog_logs([*(str(p) for p in log or ()), *inputs.logs])
         if world_size is not None:
             snapshot = pipeline.with_world_size(snapshot, world_size)
         layout_options = pipeline.LayoutOptions(

@@ -11,6 +11,8 @@ Rules (the same for every command that reads files):
 * A file (or one process in it) that is recognised but yields no frame is a rank that could not be
   read: ``state="unreadable"`` and ``error`` saying why. So is a failed capture (py-spy's or pystack's
   error text) and an empty file named after a rank. Frames never vanish into a healthy-looking rank.
+  Inputs whose every rank is unreadable are diagnosed too (``incomplete``, with how to get the stacks);
+  only inputs that hold no capture at all are ``NothingCaptured``.
 * One rank in several files is one capture when they are of one process and moment (a py-spy JSON and a
   text dump of it, its Python and ``--native`` dumps), the richest kept; captures of it that differ are all
   kept, as a conflict naming the files (``merge``). Two different world sizes are an input error naming both.
@@ -26,7 +28,7 @@ import msgspec
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.inputs.base import Dumped, FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.files import DUMP_SUFFIXES, expand, read_bytes
-from mtpdiag.model import STATE_UNKNOWN, STATE_UNREADABLE, Snapshot, who_and_why
+from mtpdiag.model import STATE_UNKNOWN, STATE_UNREADABLE, Snapshot
 
 __all__ = [
     "DUMP_SUFFIXES",
@@ -65,10 +67,12 @@ def __getattr__(name: str) -> object:
 
 
 class Inputs(msgspec.Struct, frozen=True):
-    """What ``read_inputs`` found: the snapshot, and notes on what was merged or chosen (one line each)."""
+    """What ``read_inputs`` found: the snapshot, notes on what was merged or chosen (one line each), and the
+    files that are NCCL watchdog logs rather than captures (for the caller to read as ``--log`` would)."""
 
     snapshot: Snapshot
     notes: tuple[str, ...] = ()
+    logs: tuple[str, ...] = ()
 
 
 def load_paths(paths: list[str], *, rank_from: str | None = None) -> Snapshot:
@@ -93,11 +97,19 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
     files = expand(paths)
     loaded: list[FileCaptures] = []
     errors: list[str] = []
+    logs: list[str] = []
     for path in files:
         try:
             loaded.append(read_file(read_bytes(path), path, context))
         except InputError as exc:
-            errors.append(str(exc))
+            if _is_watchdog_log(path):
+                logs.append(path)
+            else:
+                errors.append(str(exc))
+    if not loaded and logs and not errors:
+        return Inputs(
+            Snapshot(captures=()), tuple(f"{p}: NCCL watchdog lines, read as --log {p}" for p in logs), tuple(logs)
+        )
     if not loaded:
         raise InputError(
             errors[0] if len(errors) == 1 else f"none of {len(errors)} files could be read (first: {errors[0]})"
@@ -105,15 +117,26 @@ def read_inputs(paths: list[str], *, rank_from: str | None = None) -> Inputs:
     snapshot = merge(loaded, errors)
     merged = len(snapshot.captures) < sum(len(item.captures) for item in loaded)  # a rank's captures made one
     check_world_sizes(loaded, None if merged else snapshot.world_sizes)
-    if not any(c.threads for c in snapshot.captures):  # exit 3, as when a live capture reads nothing
-        if not snapshot.captures:
-            raise NothingCaptured(f"the {len(loaded)} input(s) hold no capture")
-        first = snapshot.captures[0]
-        raise NothingCaptured(
-            f"no stack in {len(loaded)} input(s): all {len(snapshot.captures)} ranks in them "
-            f"were unreadable (first: {first.source}: {who_and_why(first)})"
-        )
-    return Inputs(snapshot, tuple(note for item in loaded for note in item.notes))
+    if not snapshot.captures:  # exit 3, as when a live capture reads nothing
+        raise NothingCaptured(f"the {len(loaded)} input(s) hold no capture")
+    # Ranks whose every capture failed (py-spy missing or refused, a dump that printed nothing) are still the
+    # ranks of a stuck job: the diagnosis says so, with what to collect next (incomplete, never a refusal).
+    notes = (
+        *(note for item in loaded for note in item.notes),
+        *(f"{p}: NCCL watchdog lines, read as --log {p}" for p in logs),
+    )
+    return Inputs(snapshot, notes, tuple(logs))
+
+
+def _is_watchdog_log(path: str) -> bool:
+    """Whether a file that is no capture holds NCCL watchdog lines (then it is read as ``--log`` would read it)."""
+    from mtpdiag.inputs.watchdog_log import load_watchdog_log
+
+    try:
+        log = load_watchdog_log(path)
+    except InputError:
+        return False
+    return bool(log.timeouts or log.statuses or log.desync)
 
 
 def load_file(path: str, context: ReadContext | None = None) -> FileCaptures:

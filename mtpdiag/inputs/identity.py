@@ -103,6 +103,12 @@ def claims_of(dump: Dumped) -> Iterator[Claim]:
         yield Claim(int(m[1]), f"--rank {m[1]} on its command line")
 
 
+def rank_of_prefix(prefix: str) -> int | None:
+    """The rank a log prefix names (torch's ``[rank3]:``, sglang's ``[date TP3]``), or None."""
+    m = _RANK_PREFIX.match(prefix)
+    return int(m[1]) if m else _tp(prefix)
+
+
 def _tp(text: str) -> int | None:
     m = _TP.search(text)
     if m is None or _STAGED.search(text):

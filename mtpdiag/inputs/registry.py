@@ -3,8 +3,9 @@
 JSON first (told apart by its first bytes and read from the bytes by msgspec: the 16k-rank path), then the
 text forms from the most to the least distinctive header: pystack's ``Traceback for thread``,
 faulthandler's ``(most recent call first)``, py-spy's ``Thread N (idle)``; then a tool's error output;
-last, bare frame lines. Every reader takes the file's text; the JSON readers take its bytes as well. The
-other readers are imported with the first file that is not a bundle: ``analyze`` of bundles never loads them.
+bare frame lines; last, log lines tagged with ranks and no stack (each rank unreadable: "no stack"). Every
+reader takes the file's text; the JSON readers take its bytes as well. The other readers are imported with the
+first file that is not a bundle: ``analyze`` of bundles never loads them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from mtpdiag.inputs.base import FileCaptures, ReadContext, Reader
 from mtpdiag.inputs.files import decoded, json_start
 
 # Modules under mtpdiag.inputs, each with its READER, in the order they are asked.
-ORDER = ("bundle", "pyspy_json", "pystack", "faulthandler", "pyspy_text", "failed", "snippet")
+ORDER = ("bundle", "pyspy_json", "pystack", "faulthandler", "pyspy_text", "failed", "snippet", "ranklog")
 
 
 @lru_cache(maxsize=1)

@@ -17,10 +17,16 @@ log prefix: glog's, torch's ``[rankN]:``, torchrun's ``[default0]:``, srun's ``1
   NCCL work: 2, last completed NCCL work: 1.`` and ``Timeout at NCCL work: 2, ...`` (2.3, 2.4; one per group),
   and the heartbeat monitor's ``Received a dump signal due to a collective timeout from rank 3 and we will try
   our best to dump the debug info. Last enqueued NCCL work: 2, last completed NCCL work: 1.`` (2.3: ``Received a
-  timeout signal from this local rank and will start to dump the debug info``);
+  timeout signal from this local rank and will start to dump the debug info``), and its ``ProcessGroupNCCL's
+  watchdog got stuck for 480 seconds without making progress in monitoring enqueued collectives`` (``stuck_s``);
 * with ``TORCH_NCCL_DESYNC_DEBUG=1``, the desync report: ``[0, 2] joined but didn't finish collective #5``,
   ``[1] finished collective #5, but didn't join collective #6``, ``ranks [3] are the lagging ranks``
   (group ranks).
+
+With the Flight Recorder on (torch 2.7+), the watchdog also prints the Python stack of the collective that
+failed, ``Stack trace of the failed collective:`` then ``#0 broadcast from .../distributed_c10d.py:2968``, ``#1
+...`` (innermost first): its op and first frame outside torch are the timeout's ``site``, on the rank's failure
+when the log has one, else as a failure of its own (a paste of the block alone still names where it failed).
 
 Wrapped lines are joined first (``inputs.watchdog_lines``). The global rank comes from torch's ``[rankN]:``
 prefix when the log has it. Lines that match nothing are skipped.
@@ -32,6 +38,7 @@ import re
 
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.watchdog_lines import MAX_LINE, logical_lines
+from mtpdiag.inputs.watchdog_stacks import FailedStack, with_stacks
 from mtpdiag.model import replace
 from mtpdiag.model.watchdog import DesyncReport, PGRef, WatchdogLog, WatchdogStatus, WatchdogTimeout
 from mtpdiag.vocabulary.ops import WORK_OP_TYPES, WORK_TIMEOUT_PHRASES
@@ -73,6 +80,7 @@ _SIGNAL_RANK = re.compile(r"rank\s*(\d{1,9})")
 _JOINED = re.compile(r"\[([\d, ]{0,4000})\] joined but didn't finish collective #(\d{1,19})")
 _FINISHED = re.compile(r"\[([\d, ]{0,4000})\] finished collective #(\d{1,19}), but didn't join")
 _LAGGING = re.compile(r"ranks \[([\d, ]{0,4000})\] are the lagging ranks")
+_STUCK = re.compile(r"watchdog\s*got\s*stuck\s*for\s*(\d{1,12})\s*seconds")
 _ECHO_WORDS = ("exception", "what()", "blocking")
 _ECHO = re.compile(r"exception:|what\(\):|timed\s*out\s*in\s*blocking\s*wait")
 _WORLD_NAMES = ("0", "default_pg")  # the default group's name (GUID) and description: group rank = global rank
@@ -83,7 +91,13 @@ def parse_watchdog_log(text: str) -> WatchdogLog:
     timeouts = _Timeouts()
     statuses: list[WatchdogStatus] = []
     desync: list[DesyncReport] = []
+    stacks: list[FailedStack] = []
     for number, line in logical_lines(text):
+        if stacks and stacks[-1].takes(line):
+            continue
+        if "failed" in line and (stack := FailedStack.start(line, number, _global(line))) is not None:
+            stacks.append(stack)
+            continue
         if "WorkNCCL(" in line:
             t = _timeout(line, number)
             if t is not None:
@@ -103,7 +117,7 @@ def parse_watchdog_log(text: str) -> WatchdogLog:
         by_work.setdefault((s.rank, s.failed_seq), []).append(s)
     joined = [_join(t, by_work.get((t.rank, t.seq), []), claimed) for t in timeouts.found]
     failures = _failures(statuses, claimed, joined)
-    found = tuple(sorted((*joined, *failures), key=lambda t: t.line))
+    found = with_stacks(sorted((*joined, *failures), key=lambda t: t.line), stacks)
     return WatchdogLog(timeouts=found, statuses=tuple(statuses), desync=tuple(desync), notes=_conflicts(found))
 
 
@@ -237,6 +251,7 @@ def _status(line: str, number: int) -> WatchdogStatus:
         signal_from=said,
         thread=_first(_THREAD, line),
         signal_rank=int(named.group(1)) if named else (rank if said else None),
+        stuck_s=_first(_STUCK, line) if "stuck" in line else None,
     )
 
 

@@ -42,6 +42,7 @@ class WatchdogTimeout(Record, frozen=True, kw_only=True):
     last_completed: int | None = None
     work_rank: int | None = None
     tensor_shape: str | None = None  # torch 1.x-2.1: the output's shape, for some ops (``TensorShape=[8, 16]``)
+    site: str | None = None  # torch 2.7+: where the job called the failed collective (``name (file.py:12)``)
 
     def logged(self) -> LoggedTimeout:
         """The timeout as the report's ``watchdog`` section lists it (the group's fields flattened)."""
@@ -107,6 +108,7 @@ class WatchdogStatus(Record, frozen=True, kw_only=True):
     signal_from: str | None = None
     thread: int | None = None
     signal_rank: int | None = None  # the global rank the dump signal names ("this local rank": the line's own)
+    stuck_s: int | None = None  # the heartbeat monitor's "watchdog got stuck for N seconds": N
 
     def logged(self) -> LoggedSignal:
         """The status line as the report's ``watchdog.signals`` lists a dump signal (the group flattened)."""

@@ -213,7 +213,10 @@ def warn_incomplete(snapshot: Snapshot) -> None:
     if snapshot.errors:
         parts.append(f"{len(snapshot.errors)} input(s) skipped (first: {snapshot.errors[0]})")
     if parts:
-        print(f"mtpdiag: warning: {_one_printable_line('; '.join(parts))}; the report covers the rest", file=sys.stderr)
+        rest = (
+            "no rank's stack could be read" if len(missed) == len(snapshot.captures) else "the report covers the rest"
+        )
+        print(f"mtpdiag: warning: {_one_printable_line('; '.join(parts))}; {rest}", file=sys.stderr)
 
 
 def _one_printable_line(text: str, limit: int = 400) -> str:

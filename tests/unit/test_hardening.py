@@ -96,13 +96,29 @@ def _bundle_with(tmp_path: Path, name: str, world_size: str) -> Path:
     return path
 
 
-def test_bundle_in_which_no_rank_was_readable_is_nothing_captured(tmp_path):
+def test_bundle_in_which_no_rank_was_readable_is_incomplete_with_how_to_capture(tmp_path):
+    """Every rank of the job is there and stuck, and none could be read: incomplete (exit 4), with what made the
+    captures fail and what to collect, never exit 3 (the ranks were found; their stacks were not)."""
     data = json.loads((MTP / "bundle.json").read_text())
     for capture in data["captures"]:
         capture.update(threads=[], state="unreadable", error="py-spy timed out after 10s")
     path = tmp_path / "all-unreadable.mtpdiag.json"
     path.write_text(json.dumps(data))
-    one_error_line(mtpdiag("analyze", str(path)), 3, "all 4 ranks in them were unreadable", "timed out")
+    done = mtpdiag("analyze", str(path))
+    assert done.returncode == 4, (done.stdout, done.stderr)
+    assert done.stdout.startswith(
+        "INCOMPLETE: no stack in the input: none of ranks 0, 1, 2, 3 could be read (py-spy timed out after 10s)"
+    )
+    assert "uninterruptible sleep" in done.stdout and "dump every rank" in done.stdout
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_bundle_with_no_capture_at_all_is_nothing_captured(tmp_path):
+    data = json.loads((MTP / "bundle.json").read_text())
+    data["captures"] = []
+    path = tmp_path / "empty.mtpdiag.json"
+    path.write_text(json.dumps(data))
+    one_error_line(mtpdiag("analyze", str(path)), 3, "hold no capture")
 
 
 def test_bundle_of_a_newer_schema(tmp_path):

@@ -57,7 +57,9 @@ def frozen(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
 
 
 def _held_up_by(facts: Facts, wanted: FindingId) -> list[Finding]:
-    if facts.mode == Mode.LAYOUT_FREE:
+    if not facts.by_rank and facts.views:  # a paste that names no rank: its processes, by pid
+        made = _rankless(facts.views)
+    elif facts.mode == Mode.LAYOUT_FREE:
         made = _layout_free(list(facts.by_rank.values()))
     elif facts.mode == Mode.GROUPS and facts.causes is not None:
         made = _blocked(facts.causes, facts.by_rank, facts.layout)
@@ -191,3 +193,59 @@ def _layout_free(views: Sequence[RankView]) -> list[Finding]:
             )
         )
     return out
+
+
+def _rankless(views: Sequence[RankView]) -> list[Finding]:
+    """A paste whose processes carry no rank (py-spy dumps by pid, grouped by hand): the layout-free reading by
+    pid. Processes that hold up the rest (running, or waiting on something of their own, or stopped or
+    unreadable) while every other process waits in a collective are what the others wait for, whichever
+    groups those are."""
+    procs = [v for v in views if v.rank is None and v.pid is not None]
+    if len(procs) < 2 or len(procs) != len(views):
+        return []
+    waiting = [v for v in procs if v.state == RankState.COLLECTIVE]
+    # Only a wait of its own (a data loader, a lock, I/O) or a stopped or unreadable process: from a paste that names
+    # no rank, a process on the CPU may be a spinning host sync as well as a busy step.
+    held = [v for v in procs if holds_up(v) and v.state != RankState.RUNNING]
+    if not waiting or not held or len(held) + len(waiting) != len(procs):
+        return []
+    words = Words(None)
+    at: dict[tuple[str | None, Site | None], int] = {}
+    for v in waiting:
+        at[(v.op, v.site)] = at.get((v.op, v.site), 0) + 1
+    places = [f"{op or 'a collective'} at {words.where(site)}: {n}" for (op, site), n in at.items()]
+    more = "; …" if len(places) > 4 else ""
+    others = f"the {len(waiting)} other processes wait in collectives ({'; '.join(places[:4])}{more})"
+    who = ", ".join(f"pid {v.pid}" for v in held[:SHOW_PIDS]) + (", …" if len(held) > SHOW_PIDS else "")
+    is_are = "is" if len(held) == 1 else "are"
+    tail = "; the input names no rank, so groups and coordinates are unknown (name the files rankN, or --rank-from)"
+    pid_list = " ".join(str(v.pid) for v in held[:SHOW_PIDS])
+    frozen = [v for v in held if v.state in ("stopped", "gone", "unreadable")]
+    if frozen:
+        reasons = list(dict.fromkeys(v.error or v.state for v in frozen))
+        return [
+            FrozenRank(
+                ranks=(),
+                summary=f"{who} {is_are} {frozen[0].state} ({'; '.join(reasons[:2])}) while {others}{tail}",
+                remedy="the process died, stopped or could not be read: check its log, dmesg (OOM killer) and the node",
+            )
+        ]
+    kinds = list(dict.fromkeys(v.wait.kind if v.wait is not None else WaitKind.RUNNING for v in held))
+    kind = kinds[0] if len(kinds) == 1 else WaitKind.RUNNING
+    what = WAIT_PHRASES.get(kind, kind) if len(kinds) == 1 else "outside any collective"
+    sites = list(dict.fromkeys(words.where(v.site) for v in held if v.site is not None))
+    where = f" in {'; '.join(sites[:2])}" if sites else ""
+    cause = _STRAGGLER_CAUSES.get(kind, "a data loader, I/O or a loop that never ends")
+    return [
+        Straggler(
+            ranks=(),
+            summary=f"{who} {is_are} {what}{where}, in no collective, while {others}{tail}",
+            remedy=(
+                f"find out what the straggler is doing (its stack below, or py-spy dump --pid {pid_list}): {cause}; "
+                "the others only wait for it"
+            ),
+        )
+    ]
+
+
+SHOW_PIDS = 6

@@ -4,6 +4,7 @@ from, how strong a gate is, and the hints on what to collect next."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
@@ -58,6 +59,46 @@ FR_HOW = (
     "job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE; then `mtpdiag analyze --fr <prefix>` (with the stacks, or "
     f"alone). If the job did not record them, relaunch with {FR_LAUNCH_ENV}"
 )
+# Why a capture fails, read from the tool's reason (py-spy's or pystack's error text, or mtpdiag's own), and
+# what makes the next one work. The first that matches a reason is said; several reasons, several fixes.
+CAPTURE_FIXES = (
+    (
+        re.compile(r"not found|no such file or directory|not installed", re.IGNORECASE),
+        "install py-spy where the ranks run (`pip install py-spy` in the job's image or environment)",
+    ),
+    (
+        re.compile(r"permission denied|operation not permitted|EPERM|EACCES|os error (?:1|13)\b", re.IGNORECASE),
+        "let py-spy attach: run it as the job's user or as root, with CAP_SYS_PTRACE in a container "
+        "(`--cap-add SYS_PTRACE`), or with kernel.yama.ptrace_scope=0",
+    ),
+    (
+        re.compile(r"python version|py_version|unsupported python|interpreter address", re.IGNORECASE),
+        "use a py-spy that reads this Python version (`pip install -U py-spy`)",
+    ),
+    (
+        re.compile(r"timed out|timeout|empty file|printed nothing|terminated|killed", re.IGNORECASE),
+        "a dump that hangs is a process py-spy cannot stop, often in uninterruptible sleep (state D): read "
+        "/proc/<pid>/status, wchan and stack as root, or dump it with `py-spy dump --nonblocking`",
+    ),
+)
+DUMP_EVERY_RANK = (
+    "dump every rank, not one: `mtpdiag collect --out DIR` on each node (or `py-spy dump --pid <pid>` of each "
+    "rank, as the job's user or root, into files named rankN) and `mtpdiag analyze DIR`"
+)
+
+
+def capture_remedy(reasons: Iterable[str]) -> str:
+    """What to do when no stack could be read: fix what made the captures fail (from their reasons), then
+    collect the stacks of every rank; the Flight Recorder needs no stack at all."""
+    fixes: list[str] = []
+    texts = list(reasons)
+    for pattern, fix in CAPTURE_FIXES:
+        if any(pattern.search(text) for text in texts) and fix not in fixes:
+            fixes.append(fix)
+    dump = f"then {DUMP_EVERY_RANK}" if fixes else DUMP_EVERY_RANK
+    return "; ".join([*fixes, dump, f"without stacks, get {FR_HOW}"])
+
+
 FLIGHT_RECORDER_HINT = (
     "look below Python: the network, NCCL or a device (NCCL_DEBUG=INFO, dmesg); compare each rank's last "
     f"collective in {FR_HOW}"

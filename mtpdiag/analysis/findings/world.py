@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from mtpdiag.analysis.findings.facts import Facts, Mode
-from mtpdiag.analysis.findings.words import FLIGHT_RECORDER_HINT, FR_HOW, SIGNATURE_HANGS, SIZE_FLAGS, Words, union
+from mtpdiag.analysis.findings.words import (
+    FLIGHT_RECORDER_HINT,
+    FR_HOW,
+    SIGNATURE_HANGS,
+    SIZE_FLAGS,
+    Words,
+    capture_remedy,
+    union,
+)
 from mtpdiag.analysis.known_sites import KnownSite, lookup, signature_of
 from mtpdiag.analysis.mismatch import doing
 from mtpdiag.analysis.wait import is_stuck
@@ -66,13 +74,46 @@ def all_waiting(facts: Facts, found: Sequence[Finding]) -> list[Finding]:
 def unexplained(facts: Facts, _found: Sequence[Finding] = ()) -> list[Finding]:
     """Ranks that wait on what the evidence cannot name (the registry builds it only when nothing else is a
     problem): a single dump cannot prove a job healthy, so a stuck rank is never ``ok``."""
-    if not facts.by_rank:
-        return []
+    if facts.views and all(v.state == RankState.UNREADABLE for v in facts.views):
+        return [no_stack_finding(facts.views)]  # with or without ranks: a pid is enough to say what to do
     stuck = [v for v in facts.views if v.state in FROZEN_STATES or is_stuck(v.wait)]
+    if not facts.by_rank:  # processes by pid only: where they wait, named by pid
+        rankless = [v for v in stuck if v.rank is None]
+        alone = len(facts.views) == 1
+        return (
+            [unexplained_wait_finding(rankless, facts.layout is not None, facts.fr_found, alone=alone)]
+            if rankless
+            else []
+        )
     if not stuck:
         return []
     known = known_site_lead(facts.views) if facts.mode == Mode.LAYOUT_FREE else None
-    return [unexplained_wait_finding(stuck, facts.layout is not None, facts.fr_found, known)]
+    alone = len(facts.views) == 1
+    return [unexplained_wait_finding(stuck, facts.layout is not None, facts.fr_found, known, alone=alone)]
+
+
+def no_stack_finding(unreadable: Sequence[RankView]) -> Finding:
+    """No rank's stack could be read (every capture failed, or the input holds the ranks' log lines only): the
+    job's ranks are known and stuck, nothing says where. The next step is to get the stacks: first what made
+    the capture fail, from its reason, then a dump of every rank."""
+    words = Words(None)
+    ranks = tuple(sorted(v.rank for v in unreadable if v.rank is not None))
+    reasons = list(dict.fromkeys(v.error for v in unreadable if v.error))
+    pids = [f"pid {v.pid}" for v in unreadable if v.rank is None and v.pid is not None]
+    who = ", ".join([words.ranks(ranks)] * bool(ranks) + pids) or f"{len(unreadable)} process(es) of no known rank"
+    why = f" ({reasons[0]}{'; …' if len(reasons) > 1 else ''})" if reasons else ""
+    n = len(unreadable)
+    summary = (
+        f"no stack in the input: {who} could not be read{why}"
+        if n == 1
+        else (f"no stack in the input: none of {who} could be read{why}")
+    )
+    return UnexplainedWait(
+        ranks=ranks,
+        summary=summary,
+        remedy=capture_remedy(reasons),
+        details=UnexplainedWaitDetails(waits={"unreadable": ranks}),
+    )
 
 
 def missing_finding(
@@ -119,7 +160,11 @@ def all_waiting_finding(views: Sequence[RankView]) -> Finding:
 
 
 def unexplained_wait_finding(
-    stuck: Sequence[RankView], layout_known: bool, fr_found: bool = False, known: KnownLead | None = None
+    stuck: Sequence[RankView],
+    layout_known: bool,
+    fr_found: bool = False,
+    known: KnownLead | None = None,
+    alone: bool = False,
 ) -> Finding:
     """Ranks that wait, and evidence that cannot say for what: where they wait, and what to collect next.
 
@@ -133,6 +178,7 @@ def unexplained_wait_finding(
     parts = []
     for kind, views in sorted(by_kind.items(), key=lambda item: (-len(item[1]), item[0])):
         who = sorted(v.rank for v in views if v.rank is not None)
+        named = words.ranks(who) if who else _by_pid(views)
         sites = list(dict.fromkeys(words.where(v.site) for v in views if v.site is not None))
         where = f" ({'; '.join(sites[:2])}{'; …' if len(sites) > 2 else ''})" if sites else ""
         phrase = WAIT_PHRASES.get(kind, kind).replace("waiting", "wait", 1)
@@ -143,7 +189,9 @@ def unexplained_wait_finding(
             phrase = f"are {kind}" if len(who) != 1 else f"is {kind}"
         elif kind == WaitKind.RUNNING:
             phrase = "on the CPU in their own code (a busy step, or a wait that spins: one dump cannot tell them apart)"
-        parts.append(f"{words.ranks(who)} {phrase}{where}")
+        if not who and len(views) == 1 and phrase.startswith("wait "):  # one process by pid
+            phrase = "waits " + phrase[len("wait ") :]
+        parts.append(f"{named} {phrase}{where}")
     ranks = tuple(sorted(v.rank for v in stuck if v.rank is not None))
     kinds = set(by_kind)
     known_sites: tuple[KnownSiteAt, ...] = ()
@@ -154,6 +202,13 @@ def unexplained_wait_finding(
             remedy += f"; once confirmed: {known.fix}"
         remedy += f"; the Flight Recorder names the groups too: {FR_HOW}"
         known_sites = known.sites
+    elif kinds == {WaitKind.COLLECTIVE} and alone:  # the input holds this one process: who it waits for is elsewhere
+        summary = "one process's stack cannot say who the collective waits for: " + "; ".join(parts)
+        remedy = (
+            "dump every rank's stack (`mtpdiag collect --out DIR` on each node, or `py-spy dump --pid <pid>` of "
+            "each rank into files named rankN, then `mtpdiag analyze DIR`): the ranks that are not in this "
+            f"collective are the ones it waits for; the Flight Recorder names them too: {FR_HOW}"
+        )
     elif kinds == {WaitKind.COLLECTIVE} and not layout_known:
         summary = "ranks wait in collectives at different call sites and no parallel layout is known: " + "; ".join(
             parts
@@ -173,6 +228,15 @@ def unexplained_wait_finding(
             known_sites=known_sites,
         ),
     )
+
+
+def _by_pid(views: Sequence[RankView]) -> str:
+    """Processes of no known rank, named by pid (``pid 4242, pid 4243``, ``2 processes of no known rank``)."""
+    pids = [f"pid {v.pid}" for v in views if v.pid is not None]
+    unnamed = len(views) - len(pids)
+    if unnamed:
+        pids.append("a process of no known rank" if unnamed == 1 else f"{unnamed} processes of no known rank")
+    return ", ".join(pids)
 
 
 def _unexplained_words(kinds: set[str], parts: Sequence[str], fr_found: bool) -> tuple[str, str]:
