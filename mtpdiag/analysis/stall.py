@@ -26,7 +26,9 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from mtpdiag.model import Progress, Snapshot, replace
+from mtpdiag.model import Progress, Report, Snapshot, replace
+from mtpdiag.vocabulary.states import RankState
+from mtpdiag.vocabulary.waits import WaitKind
 
 Signature = tuple[
     tuple[tuple[str, str, int], ...], object
@@ -37,6 +39,10 @@ Target = Hashable  # what a CPU reading is keyed by: a pid, or (node id, pid) on
 K = TypeVar("K", bound=Target)  # a reading's key: pids or (node id, pid), the same in both readings
 
 MIN_PROGRESS_NS = 1_000_000  # main-thread CPU between two readings that counts as progress
+
+# What a rank does in a phase of its own that leaves the job quiet for a while without a hang: a checkpoint
+# write (I/O), a sleep (a retry, a rate limit), its own code (an evaluation, a compilation in a C call).
+PAUSE_WAITS = frozenset({WaitKind.IO, WaitKind.SLEEP, WaitKind.RUNNING})
 
 
 def stack_signatures(snapshot: Snapshot) -> dict[Process, Signature]:
@@ -155,3 +161,15 @@ class StallTracker:
             stalled_for_s=round(self.stalled_for(now), 2),
             hang=self.is_hang(now, stall_s),
         )
+
+
+def pausing_ranks(report: Report) -> list[int | None]:
+    """The ranks of a quiet job that are in a phase of their own (``PAUSE_WAITS``, or running their own code),
+    not waiting on the others: while one is, the rest may wait for it, and the quiet is a pause (``run``'s
+    ``--pause-after``), not a hang."""
+    out = []
+    for view in report.ranks:
+        kind = view.wait.kind if view.wait is not None else None
+        if view.state == RankState.RUNNING or kind in PAUSE_WAITS:
+            out.append(view.rank)
+    return out
