@@ -163,13 +163,18 @@ class StallTracker:
         )
 
 
-def pausing_ranks(report: Report) -> list[int | None]:
-    """The ranks of a quiet job that are in a phase of their own (``PAUSE_WAITS``, or running their own code),
-    not waiting on the others: while one is, the rest may wait for it, and the quiet is a pause (``run``'s
-    ``--pause-after``), not a hang."""
-    out = []
+def is_pause(report: Report) -> bool:
+    """Whether a quiet job is in a phase of its own rather than hung: every rank does I/O, sleeps or runs its
+    own code (``PAUSE_WAITS``: a checkpoint every rank writes, an evaluation) and none waits on the others (in a
+    collective, at a host sync, on a lock or a data loader). ``run``'s ``--pause-after`` bounds how long.
+
+    One rank in such a phase while the others wait for it is not a pause: that is a straggler, the hang
+    ``examples/gated_collectives`` reproduces (a rank sleeping in its data loading while its group waits). A
+    checkpoint that rank 0 writes while the others wait at a barrier moves rank 0's stack, which is progress."""
+    if not report.ranks:
+        return False
     for view in report.ranks:
         kind = view.wait.kind if view.wait is not None else None
-        if view.state == RankState.RUNNING or kind in PAUSE_WAITS:
-            out.append(view.rank)
-    return out
+        if view.state != RankState.RUNNING and kind not in PAUSE_WAITS:
+            return False
+    return True

@@ -66,7 +66,7 @@ def run(
         PAUSE_AFTER_S,
         "--pause-after",
         min=1.0,
-        help="How long a quiet phase in which some rank does I/O, sleeps or runs its own code (a checkpoint "
+        help="How long a quiet phase in which every rank does I/O, sleeps or runs its own code (a checkpoint "
         "write, an evaluation) may last before it is called a hang.",
     ),
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between samples."),

@@ -9,9 +9,9 @@ Two choices are ``run``'s and off for ``watch``, whose behaviour they would chan
 
 * ``arm_on_progress``: no hang is called before the job was first seen to move (start-up: imports,
   compilation, data-loader warm-up and communicator creation look like a quiet job);
-* ``pause_after``: a quiet window in which some rank is in a phase of its own (I/O, a sleep, its own code:
+* ``pause_after``: a quiet window in which every rank is in a phase of its own (I/O, a sleep, its own code:
   a checkpoint write, an evaluation) is a pause, not a hang, until it has lasted ``pause_after`` seconds
-  (``analysis.stall.pausing_ranks``).
+  (``analysis.stall.is_pause``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mtpdiag.analysis.stall import StallTracker, pausing_ranks
+from mtpdiag.analysis.stall import StallTracker, is_pause
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot
 from mtpdiag.vocabulary.states import WatchPhase as Phase
@@ -122,7 +122,7 @@ class Watcher:
                 Phase.SLOW if quiet >= 2 * self.interval and self.tracker.stack_samples_while_quiet else Phase.PROGRESS
             )
         if self.pause_after is not None and self.tracker.stalled_for(now) < self.pause_after:
-            if pausing_ranks(self._quiet_diagnosis()):
+            if is_pause(self._quiet_diagnosis()):
                 return Phase.PAUSED
         return Phase.HANG
 
