@@ -42,6 +42,7 @@ TIMING_MODULES = frozenset(
         "test_nccl_behaviour_e2e",
         "test_ray_watch_e2e",
         "test_capture_under_load_e2e",
+        "test_run_e2e",
     }
 )
 RAY_MODULES = frozenset({"test_ray_e2e", "test_ray_cluster_e2e"})

@@ -255,7 +255,8 @@ class Supervisor:
             code = zombie_exit_code(pid)
             how = f"with code {code}" if code is not None else "(its exit code went to its launcher)"
             self.run_dir.event(f"rank exited: rank {rank} (pid {pid}) {how}")
-            _say(f"rank {rank} (pid {pid}) exited {how}")
+            if code:  # an unknown code is in the launcher's own summary (torchrun prints each failed rank's)
+                _say(f"rank {rank} (pid {pid}) exited {how}")
 
     def _call(self, now: float) -> int | None:
         """The hang: capture, dumps through the pipe, diagnosis, the reports; then --on-hang."""
