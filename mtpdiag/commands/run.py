@@ -25,7 +25,7 @@ import typer
 from mtpdiag import pipeline
 from mtpdiag.commands import options as o
 from mtpdiag.errors import EXIT_PROBLEM, InputError, NothingCaptured
-from mtpdiag.model import Snapshot
+from mtpdiag.model import Report, Snapshot
 from mtpdiag.pipeline.run_dir import RunDir, default_dir, flight_recorder_env, utc
 from mtpdiag.pipeline.watcher import JobEnded, Watcher
 from mtpdiag.vocabulary.states import WatchPhase as Phase
@@ -276,7 +276,7 @@ class Supervisor:
         }
         path = self.run_dir.write_hang(report, self.watcher.last, timing)
         self.called = True
-        headline = path.read_text(encoding="utf-8").splitlines()[0] if path.exists() else report.verdict
+        headline = headline_of(report)
         self.run_dir.event(f"hang called after {stalled:.1f} s without progress: {headline}")
         _say(f"hang after {stalled:.1f} s without progress: {headline}")
         _say(f"report: {path} (report.json, report.md, report.html, bundle.json beside it)")
@@ -302,6 +302,14 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             pass
         self.run_dir.event(f"killed the job: {len(pids)} processes")
+
+
+def headline_of(report: Report) -> str:
+    """The report's first sentence on one line (the console report wraps it at the terminal's width)."""
+    from mtpdiag.model import printable
+
+    first = report.findings[0].summary if report.findings else "; ".join(report.notes[-1:])
+    return printable(f"{str(report.verdict).upper()}: {first}")
 
 
 def zombie_exit_code(pid: int) -> int | None:

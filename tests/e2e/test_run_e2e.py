@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -46,10 +47,21 @@ def _run(out: Path, *options: str, job: list[str], timeout: float = 300) -> subp
     """``mtpdiag run OPTIONS -- torchrun … job`` as a user runs it; the job's stdout goes to out/../run.job.log,
     and stderr (run's and the job's) to run.stderr: files, since a job left running (--on-hang exit) keeps them
     open."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **{k: "" for k in FR_VARS}}
+    proc = _start(out, *options, job=job)
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            _kill_job(out, proc.pid)
+            proc.wait()
     stderr = out.parent / f"{out.name}.stderr"
-    with open(out.parent / f"{out.name}.job.log", "w") as log, open(stderr, "w") as err:
-        proc = subprocess.Popen(
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr.read_text(errors="replace"))
+
+
+def _start(out: Path, *options: str, job: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **{k: "" for k in FR_VARS}}
+    with open(out.parent / f"{out.name}.job.log", "w") as log, open(out.parent / f"{out.name}.stderr", "w") as err:
+        return subprocess.Popen(
             [sys.executable, "-m", "mtpdiag", "run", "--out", str(out), *options, "--", *TORCHRUN, *job],
             stdout=log,
             stderr=err,
@@ -57,13 +69,6 @@ def _run(out: Path, *options: str, job: list[str], timeout: float = 300) -> subp
             cwd=ROOT,
             start_new_session=True,
         )
-        try:
-            proc.wait(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                _kill_job(out, proc.pid)
-                proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr.read_text(errors="replace"))
 
 
 def _job_pids(out: Path) -> set[int]:
@@ -160,3 +165,40 @@ def test_a_healthy_job_with_a_checkpoint_pause_gets_no_call_and_its_exit_code(tm
     assert "hang:" not in phases and "hang" not in phases and "job exited with code 0" in events, events
     assert "paused:" in phases, events  # the pause was seen, and told from a hang
     print(f"\nhealthy job under run: {time.monotonic() - started:.0f} s; events:\n{events}")
+
+
+def test_on_hang_keep_calls_a_frozen_job_and_notes_its_recovery(tmp_path):
+    """Every rank stopped (SIGSTOP) for longer than the window: a hang is called and written; the job is kept;
+    once continued it moves again, which is noted beside the report (nothing rewritten), and it ends by itself."""
+    out = tmp_path / "run"
+    job = [WORKER, "--gate", "fixed", "--cp", "2", "--pp", "2", "--device-step-s", "0.3", "--microbatches", "1"]
+    proc = _start(out, "--hang-after", "3", job=[*job, "--steps", "14"])
+    try:
+        log = tmp_path / "run.job.log"
+        deadline = time.monotonic() + 240
+        while "rank 0 step 2 " not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, (out / "events.log").read_text()
+            time.sleep(0.2)
+        ranks = [p for p in _job_pids(out) if "RANK" in (procfs.read_env(p) or {})]
+        assert len(ranks) == 4
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            while not (out / "report.txt").exists():
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            written = (out / "report.json").read_bytes()
+        finally:
+            for pid in ranks:
+                os.kill(pid, signal.SIGCONT)
+        assert proc.wait(timeout=240) == 0  # the job finished by itself: its code
+        assert json.loads(written)["progress"]["hang"] is True
+        assert (out / "report.json").read_bytes() == written  # nothing already written was rewritten
+        assert "the job moved again after hang 1" in (out / "recovered-1.txt").read_text()
+        assert "rank 3 done" in log.read_text()
+        stderr = (tmp_path / "run.stderr").read_text()
+        assert "mtpdiag run: hang after " in stderr and "mtpdiag run: the job recovered" in stderr
+    finally:
+        if proc.poll() is None:
+            _kill_job(out, proc.pid)
+            proc.wait()
