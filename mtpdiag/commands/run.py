@@ -207,6 +207,7 @@ class Supervisor:
             self.failures = 0
             return code
         except JobEnded as ended:
+            self._note_exits([])
             self.run_dir.event(f"no ranks left: {ended}")
             self.watcher = self._new_watcher()  # an elastic restart starts new ranks: watch them afresh
         except (InputError, NothingCaptured) as exc:

@@ -60,7 +60,13 @@ def utc(stamp: float | None = None) -> str:
 
 
 def default_dir() -> Path:
-    return Path.cwd() / f"mtpdiag-run-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    """``./mtpdiag-run-<time>/``, or ``-2``, ``-3``… after it when a run started in the same second."""
+    base = Path.cwd() / f"mtpdiag-run-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
 
 
 class RunDir:

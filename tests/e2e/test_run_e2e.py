@@ -142,6 +142,12 @@ def test_on_hang_kill_leaves_no_process_of_the_job(tmp_path):
         seen = {c["pid"] for c in bundle["captures"]} | {json.loads((out / "run.json").read_text())["pid"]}
         assert len(seen) == 5
         assert _alive(seen) == set()
+        # Nor any other: no process carries the run's Flight Recorder prefix, or is in the launcher's group.
+        prefix = str(out / "fr" / "rank_")
+        left = [p for p in procfs.all_pids() if (procfs.read_env(p) or {}).get("TORCH_FR_DUMP_TEMP_FILE") == prefix]
+        group = json.loads((out / "run.json").read_text())["pid"]
+        left += [p for p in procfs.all_pids() if (stat := procfs.read_stat(p)) is not None and stat.pgid == group]
+        assert _alive(set(left)) == set(), left
         assert "killed the job" in (out / "events.log").read_text()
     finally:
         kill_pids(seen)
@@ -198,6 +204,31 @@ def test_on_hang_keep_calls_a_frozen_job_and_notes_its_recovery(tmp_path):
         assert "rank 3 done" in log.read_text()
         stderr = (tmp_path / "run.stderr").read_text()
         assert "mtpdiag run: hang after " in stderr and "mtpdiag run: the job recovered" in stderr
+    finally:
+        if proc.poll() is None:
+            _kill_job(out, proc.pid)
+            proc.wait()
+
+
+def test_a_rank_that_dies_is_an_event_and_the_launchers_exit_code_comes_back(tmp_path):
+    out = tmp_path / "run"
+    job = [WORKER, "--gate", "fixed", "--cp", "2", "--pp", "2", "--device-step-s", "0.3", "--microbatches", "1"]
+    proc = _start(out, job=[*job, "--steps", "0"])
+    try:
+        log = tmp_path / "run.job.log"
+        deadline = time.monotonic() + 240
+        while "rank 0 step 1 " not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        ranks = {int((procfs.read_env(p) or {}).get("RANK", -1)): p for p in _job_pids(out)}
+        victim = ranks[1]
+        os.kill(victim, signal.SIGKILL)
+        code = proc.wait(timeout=120)
+        assert code != 0  # torchrun's own code for a failed worker, passed through
+        events = (out / "events.log").read_text()
+        assert f"rank exited: rank 1 (pid {victim})" in events, events
+        assert f"job exited with code {code}" in events
+        assert not (out / "report.json").exists()  # a rank that died is no hang
     finally:
         if proc.poll() is None:
             _kill_job(out, proc.pid)
