@@ -95,7 +95,10 @@ def run(
     except OSError as exc:
         run_dir.release()
         raise InputError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
-    run_dir.describe(pid=child.pid, launcher=os.path.basename(command[0]), set=added, kept=sorted(kept))
+    try:
+        run_dir.describe(pid=child.pid, launcher=os.path.basename(command[0]), set=added, kept=sorted(kept))
+    except OSError as exc:  # the job runs: our own failure is logged, never its end
+        run_dir.error(exc, "run.json")
     _forward_signals(child)
     layout = pipeline.LayoutOptions(
         tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order, config=config, overrides=tuple(override or ())

@@ -68,7 +68,7 @@ class Watcher:
     started: float = field(default_factory=time.monotonic)
     tracker: StallTracker = field(init=False)
     last: Snapshot | None = field(default=None, init=False)
-    _quiet_report: tuple[float, Report] | None = field(default=None, init=False)
+    _quiet_report: tuple[tuple[float, int], Report] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.tracker = StallTracker.start(self.started)
@@ -129,7 +129,7 @@ class Watcher:
     def _quiet_diagnosis(self) -> Report:
         """The diagnosis of the last sample (made once per quiet spell's sample, for the pause test)."""
         assert self.last is not None
-        stamp = self.tracker.quiet_since + self.tracker.stack_samples_while_quiet
+        stamp = (self.tracker.quiet_since, self.tracker.stack_samples_while_quiet)
         if self._quiet_report is None or self._quiet_report[0] != stamp:
             self._quiet_report = (stamp, diagnose_snapshot(self.last, self.layout))
         return self._quiet_report[1]
