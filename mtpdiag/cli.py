@@ -13,7 +13,7 @@ from mtpdiag import __version__, exits
 from mtpdiag.errors import EXIT_INTERNAL, EXIT_USAGE, MtpdiagError
 
 # Each module defines register(app). Order here is the order of `mtpdiag --help`.
-COMMAND_MODULES = ("inspect", "collect", "analyze", "watch", "check", "apply", "verify", "lint", "schema")
+COMMAND_MODULES = ("run", "inspect", "collect", "analyze", "watch", "check", "apply", "verify", "lint", "schema")
 
 
 # One-shot commands that leave no child process, thread, temporary file or atexit handler behind: they may

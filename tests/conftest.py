@@ -44,6 +44,7 @@ TIMING_MODULES = frozenset(
         "test_gpu_hang_e2e",
         "test_nccl_behaviour_e2e",
         "test_capture_under_load_e2e",
+        "test_run_e2e",
     }
 )
 

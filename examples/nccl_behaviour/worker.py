@@ -25,6 +25,7 @@ import argparse
 import importlib.util
 import os
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -82,6 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="create each communicator on its group's first op, blocking the CPU until every "
                              "member gets there (NCCL's default); by default they are created with the groups")
     parser.add_argument("--device-step-s", type=float, default=3.0, help="device compute per training step")
+    parser.add_argument("--pause-at-step", type=int, default=None,
+                        help="after this step, every rank pauses as for a checkpoint write (--pause-s)")
+    parser.add_argument("--pause-s", type=float, default=40.0, help="how long the --pause-at-step pause lasts")
     parser.add_argument("--microbatches", type=int, default=3, help="microbatches per step")
     args = parser.parse_args(argv)
     if args.healthy:
@@ -253,6 +257,13 @@ def train_step(step: int, args: argparse.Namespace, stream: Stream, optimizer: D
     return metrics
 
 
+def checkpoint_pause(rank: int, seconds: float) -> None:
+    """A checkpoint write's stand-in: every rank leaves the collectives for ``seconds`` (no collective runs,
+    no main thread moves), as a job does while each rank writes its shard to slow storage."""
+    print(f"rank {rank} checkpoint pause of {seconds:g} s", flush=True)
+    time.sleep(seconds)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     watchdog.ABORT = not args.no_abort
@@ -278,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     while args.steps == 0 or step < args.steps:
         metrics = train_step(step, args, stream, optimizer)
         print(f"rank {rank} step {step} {metrics}", flush=True)
+        if step == args.pause_at_step:
+            checkpoint_pause(rank, args.pause_s)
         step += 1
     dist.barrier()
     print(f"rank {rank} done", flush=True)

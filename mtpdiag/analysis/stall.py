@@ -26,7 +26,9 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from mtpdiag.model import Progress, Snapshot, replace
+from mtpdiag.model import Progress, Report, Snapshot, replace
+from mtpdiag.vocabulary.states import RankState
+from mtpdiag.vocabulary.waits import WaitKind
 
 Signature = tuple[
     tuple[tuple[str, str, int], ...], object
@@ -37,6 +39,10 @@ Target = Hashable  # what a CPU reading is keyed by: a pid, or (node id, pid) on
 K = TypeVar("K", bound=Target)  # a reading's key: pids or (node id, pid), the same in both readings
 
 MIN_PROGRESS_NS = 1_000_000  # main-thread CPU between two readings that counts as progress
+
+# What a rank does in a phase of its own that leaves the job quiet for a while without a hang: a checkpoint
+# write (I/O), a sleep (a retry, a rate limit), its own code (an evaluation, a compilation in a C call).
+PAUSE_WAITS = frozenset({WaitKind.IO, WaitKind.SLEEP, WaitKind.RUNNING})
 
 
 def stack_signatures(snapshot: Snapshot) -> dict[Process, Signature]:
@@ -155,3 +161,20 @@ class StallTracker:
             stalled_for_s=round(self.stalled_for(now), 2),
             hang=self.is_hang(now, stall_s),
         )
+
+
+def is_pause(report: Report) -> bool:
+    """Whether a quiet job is in a phase of its own rather than hung: every rank does I/O, sleeps or runs its
+    own code (``PAUSE_WAITS``: a checkpoint every rank writes, an evaluation) and none waits on the others (in a
+    collective, at a host sync, on a lock or a data loader). ``run``'s ``--pause-after`` bounds how long.
+
+    One rank in such a phase while the others wait for it is not a pause: that is a straggler, the hang
+    ``examples/gated_collectives`` reproduces (a rank sleeping in its data loading while its group waits). A
+    checkpoint that rank 0 writes while the others wait at a barrier moves rank 0's stack, which is progress."""
+    if not report.ranks:
+        return False
+    for view in report.ranks:
+        kind = view.wait.kind if view.wait is not None else None
+        if view.state != RankState.RUNNING and kind not in PAUSE_WAITS:
+            return False
+    return True

@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NamedTuple
 
 import typer
 
 from mtpdiag import pipeline
-from mtpdiag.analysis.stall import StallTracker
-from mtpdiag.capture.flight_recorder import LiveProgress
 from mtpdiag.commands import options as o
-from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError, NothingCaptured
-from mtpdiag.model import Snapshot
+from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError
+from mtpdiag.model import Report, Snapshot
 from mtpdiag.pipeline.output import emit
+from mtpdiag.pipeline.watcher import JobEnded, Phase, Watcher
+
+if TYPE_CHECKING:
+    from mtpdiag.capture.ray_cluster import RayCluster
 
 
 def watch(
@@ -73,140 +74,142 @@ def watch(
     ray_timeout: float = o.RAY_TIMEOUT,
 ) -> None:
     """Tell a hang from slow progress: sample until nothing moves for --stall seconds."""
-    from mtpdiag.capture import capture, find_targets
-    from mtpdiag.inputs.bundle import check_destination, save_bundle
-
     if not pid and not all_ and ray is None:
         raise InputError("give --pid PID (a worker or its torchrun agent), --all or --ray")
     output = o.output_format(fmt, as_json, markdown)  # before the first sample, not after a long watch
     if out is not None:
+        from mtpdiag.inputs.bundle import check_destination
+
         check_destination(str(out))
-    layout_options = pipeline.LayoutOptions(
+    layout = pipeline.LayoutOptions(
         tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, vpp=vpp, order=order, config=config, overrides=tuple(override or ())
     )
     cluster = o.ray_cluster(ray, ray_timeout, pid, all_, command="watch")
+    stacks = StackOptions(native, native_timeout, nonblocking, timeout)
+    watcher = _watcher(cluster, list(pid or []), all_, stacks, layout, interval, stall)
     status = _Status()
-    # The Flight Recorder's progress signal (a job that set TORCH_NCCL_DEBUG_INFO_PIPE_FILE); --ray: polled on
-    # each rank's node by its capture task, with the state kept here.
-    fr_progress = LiveProgress() if cluster is None else cluster.track_progress()
-    start = time.monotonic()
-    tracker = StallTracker.start(start)
-    last: Snapshot | None = None
+    try:
+        code = _watch(watcher, status, duration, out, output, html, cluster)
+    except JobEnded as ended:
+        status.done()
+        print(f"mtpdiag watch: {ended}", file=sys.stderr)
+        code = EXIT_OK
+    finally:
+        if cluster is not None:
+            cluster.close()
+    raise typer.Exit(code)
+
+
+class StackOptions(NamedTuple):
+    native: bool
+    native_timeout: float
+    nonblocking: bool
+    timeout: float
+
+
+def _watcher(
+    cluster: RayCluster | None,
+    pids: list[int],
+    all_: bool,
+    stacks: StackOptions,
+    layout: pipeline.LayoutOptions,
+    interval: float,
+    stall: float,
+) -> Watcher:
+    """The Watcher over this host's pids, or (``--ray``) every node's ranks keyed by (node id, pid)."""
+    from mtpdiag.capture import capture, find_targets
+    from mtpdiag.capture.flight_recorder import LiveProgress
+
+    said: set[str] = set()  # --ray: each node's failure is said once, not at every sample
 
     def list_targets() -> list:
-        """The ranks now: pids here, or (node id, pid) across the Ray cluster. InputError when there are none."""
+        """The ranks now. InputError when there are none."""
         if cluster is None:
-            return find_targets(list(pid or []), all_)
+            return find_targets(pids, all_)
         readings, _ = cluster.cpu()
         if not readings:
             raise InputError("no node of the Ray cluster runs a process with RANK in its environment")
         return sorted(readings)
 
-    def take_stacks(targets: list, busy: bool = False) -> Snapshot | None:
-        """The stacks, or None when the ranks changed under the dump (a job that is ending)."""
-        try:
-            if cluster is not None:
-                return pipeline.capture_ray(
-                    cluster,
-                    said=said,
-                    native=native and not busy,
-                    native_timeout=native_timeout,
-                    nonblocking=nonblocking or busy,
-                    timeout=timeout,
-                )
-            return capture(
-                targets,
-                native=native and not busy,
-                native_timeout=native_timeout,
-                nonblocking=nonblocking or busy,
-                timeout=timeout,
-            )
-        except (NothingCaptured, InputError):  # e.g. a worker that exited between discovery and its dump
-            now_targets = _targets_now(list_targets)
-            if now_targets is None:
-                _ended(status, tracker, time.monotonic() - start)
-            if set(now_targets) != set(targets):
-                return None
-            raise
-
-    said: set[str] = set()  # --ray: each node's failure is said once, not at every sample
-    read_cpu = (lambda targets: cluster.cpu()[0]) if cluster is not None else None
-    try:
-        while True:
-            now = time.monotonic()
-            if duration is not None and now - start >= duration:
-                break
-            try:
-                targets = list_targets()
-            except InputError:
-                if tracker.samples == 0:
-                    raise
-                _ended(status, tracker, now - start)
-            tracker, snapshot = pipeline.sample_once(tracker, targets, now, take_stacks, fr_progress, read_cpu)
-            last = snapshot or last
-            status.show(
-                f"watching {len(targets)} ranks: sample {tracker.samples}, "
-                f"no progress for {tracker.stalled_for(now):.1f} s"
-            )
-            if tracker.is_hang(now, stall) and last is not None:
-                status.done()
-                # The dumps the last samples asked for (or the watchdog wrote) are fresh: no new request, no wait.
-                if cluster is None:
-                    last = pipeline.with_flight_recorder(last)
-                report = pipeline.hang_report(
-                    pipeline.diagnose_snapshot(last, layout_options, fr=last.flight_recorder),
-                    tracker,
-                    now,
-                    interval,
-                    stall,
-                )
-                if cluster is not None:
-                    cluster.close()  # Ray's messages no longer share stdout with the report
-                path = save_bundle(last, pipeline.hang_bundle_path(out, last))
-                print(
-                    f"mtpdiag watch: hang after {tracker.stalled_for(now):.1f} s without progress; "
-                    f"bundle written to {path}",
-                    file=sys.stderr,
-                )
-                emit(report, output, html)
-                raise typer.Exit(EXIT_PROBLEM)
-            time.sleep(max(0.0, interval - (time.monotonic() - now)))
-
-        status.done()
-        end = time.monotonic()
-        try:
-            targets = list_targets()
-        except InputError:
-            _ended(status, tracker, end - start)
-        snapshot = take_stacks(targets)  # one more pause, so the report shows where the ranks are now
-    finally:
+    def take_stacks(targets: list, busy: bool = False) -> Snapshot:
+        native, nonblocking = stacks.native and not busy, stacks.nonblocking or busy
         if cluster is not None:
-            cluster.close()
-    if snapshot is None:
-        _ended(status, tracker, end - start)
-    report = pipeline.progress_report(
-        pipeline.diagnose_snapshot(snapshot, layout_options), tracker, end, interval, stall
+            return pipeline.capture_ray(
+                cluster,
+                said=said,
+                native=native,
+                native_timeout=stacks.native_timeout,
+                nonblocking=nonblocking,
+                timeout=stacks.timeout,
+            )
+        return capture(
+            targets,
+            native=native,
+            native_timeout=stacks.native_timeout,
+            nonblocking=nonblocking,
+            timeout=stacks.timeout,
+        )
+
+    return Watcher(
+        list_targets=list_targets,
+        take_stacks=take_stacks,
+        layout=layout,
+        interval=interval,
+        stall=stall,
+        # The Flight Recorder's progress signal (a job that set TORCH_NCCL_DEBUG_INFO_PIPE_FILE); --ray: polled
+        # on each rank's node by its capture task, with the state kept here.
+        fr_progress=LiveProgress() if cluster is None else cluster.track_progress(),
+        read_cpu=(lambda targets: cluster.cpu()[0]) if cluster is not None else None,
+        local_fr=cluster is None,
     )
-    emit(report, output, html)
-    raise typer.Exit(pipeline.exit_code(report))
 
 
-def _targets_now(list_targets: Callable[[], list]) -> list | None:
-    """The workers now; None when there are none left (the job ended)."""
-    try:
-        return list_targets()
-    except InputError:
-        return None
-
-
-def _ended(status: _Status, tracker: StallTracker, elapsed: float) -> NoReturn:
-    """The workers are gone: the job finished (or was ended) while it was still making progress."""
+def _watch(
+    watcher: Watcher,
+    status: _Status,
+    duration: float | None,
+    out: Path | None,
+    output: str,
+    html: Path | None,
+    cluster: RayCluster | None,
+) -> int:
+    """Sample until a hang (the report, a bundle, 1) or the end of --duration (the report, its code)."""
+    while True:
+        now = time.monotonic()
+        if duration is not None and now - watcher.started >= duration:
+            break
+        sample = watcher.sample(now)
+        status.show(watcher.status(sample.targets, now))
+        if watcher.decide(now) is Phase.HANG:
+            status.done()
+            report = watcher.call_hang(now)
+            if cluster is not None:
+                cluster.close()  # Ray's messages no longer share stdout with the report
+            _save_and_emit(watcher, report, now, out, output, html)
+            return EXIT_PROBLEM
+        time.sleep(max(0.0, watcher.interval - (time.monotonic() - now)))
     status.done()
+    snapshot, end = watcher.last_look()
+    if cluster is not None:
+        cluster.close()
+    report = watcher.progress_report(snapshot, end)
+    emit(report, output, html)
+    return pipeline.exit_code(report)
+
+
+def _save_and_emit(
+    watcher: Watcher, report: Report, now: float, out: Path | None, output: str, html: Path | None
+) -> None:
+    from mtpdiag.inputs.bundle import save_bundle
+
+    assert watcher.last is not None
+    path = save_bundle(watcher.last, pipeline.hang_bundle_path(out, watcher.last))
     print(
-        f"mtpdiag watch: the job ended after {elapsed:.1f} s of watching ({tracker.samples} samples) without a hang",
+        f"mtpdiag watch: hang after {watcher.tracker.stalled_for(now):.1f} s without progress; "
+        f"bundle written to {path}",
         file=sys.stderr,
     )
-    raise typer.Exit(EXIT_OK)
+    emit(report, output, html)
 
 
 class _Status:

@@ -144,3 +144,13 @@ class OutputFormat(StrEnum):
     JSON = "json"
     MARKDOWN = "markdown"
     HTML = "html"
+
+
+class WatchPhase(StrEnum):
+    """What ``watch``'s and ``run``'s samples say so far (``pipeline.watcher.Watcher.decide``; ``run``'s event log)."""
+
+    STARTING = "starting"  # not armed yet: the job was never seen to move (run only)
+    PROGRESS = "progress"  # a rank moved within the last samples
+    SLOW = "slow"  # quiet, for less than the window
+    PAUSED = "paused"  # quiet past the window, but some rank is in a phase of its own (run's --pause-after)
+    HANG = "hang"  # quiet past the window, seen by at least two stack samples

@@ -1,0 +1,171 @@
+"""The watch loop as named steps, shared by ``watch`` and ``run``: ``sample`` (CPU, then stacks), ``decide``
+(progress, slow, paused or hung), ``call_hang`` (the Flight Recorder picked up, the diagnosis of the last
+sample made a hang) and, when the time is up, ``last_look`` and ``progress_report``.
+
+The commands keep the I/O that is theirs (the status line, the bundle, the report on stdout, the exit code);
+the Watcher only returns what each step found. When the ranks are gone it raises ``JobEnded``.
+
+Two choices are ``run``'s and off for ``watch``, whose behaviour they would change:
+
+* ``arm_on_progress``: no hang is called before the job was first seen to move (start-up: imports,
+  compilation, data-loader warm-up and communicator creation look like a quiet job);
+* ``pause_after``: a quiet window in which every rank is in a phase of its own (I/O, a sleep, its own code:
+  a checkpoint write, an evaluation) is a pause, not a hang, until it has lasted ``pause_after`` seconds
+  (``analysis.stall.is_pause``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mtpdiag.analysis.stall import StallTracker, is_pause
+from mtpdiag.errors import InputError, NothingCaptured
+from mtpdiag.model import Report, Snapshot
+from mtpdiag.vocabulary.states import WatchPhase as Phase
+
+from . import LayoutOptions, ProgressSignal, diagnose_snapshot, hang_report, sample_once, with_flight_recorder
+from . import progress_report as _progress_report
+
+
+class JobEnded(Exception):
+    """The ranks are gone: the job finished (or was ended) while it was being watched."""
+
+    def __init__(self, elapsed: float, samples: int) -> None:
+        super().__init__(f"the job ended after {elapsed:.1f} s of watching ({samples} samples) without a hang")
+        self.elapsed = elapsed
+        self.samples = samples
+
+
+@dataclass
+class Sample:
+    """One sample's result: the ranks it read and their stacks (None at the CPU baseline, or when the ranks
+    changed under the dump)."""
+
+    targets: list
+    snapshot: Snapshot | None
+
+
+@dataclass
+class Watcher:
+    """``list_targets()`` the ranks now (InputError when there are none); ``take_stacks(targets, busy)`` their
+    stacks (``busy``: a main thread moved, so read without pausing); ``fr_progress`` the Flight Recorder's
+    progress signal; ``read_cpu(targets)`` the main-thread CPU where it is not this host's /proc;
+    ``local_fr``: pick the Flight Recorder dumps up on this host when a hang is called (not for ``--ray``,
+    whose capture tasks do it on the nodes)."""
+
+    list_targets: Callable[[], list]
+    take_stacks: Callable[[list, bool], Snapshot]
+    layout: LayoutOptions
+    interval: float
+    stall: float
+    fr_progress: ProgressSignal | None = None
+    read_cpu: Callable[[list], dict] | None = None
+    local_fr: bool = True
+    arm_on_progress: bool = False
+    pause_after: float | None = None
+    started: float = field(default_factory=time.monotonic)
+    tracker: StallTracker = field(init=False)
+    last: Snapshot | None = field(default=None, init=False)
+    _quiet_report: tuple[tuple[float, int], Report] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.tracker = StallTracker.start(self.started)
+
+    # ------------------------------------------------------------------ step 1: sample
+
+    def sample(self, now: float) -> Sample:
+        """List the ranks and take one sample (``pipeline.sample_once``). The first listing's InputError is the
+        caller's (a wrong pid); later, no ranks left is ``JobEnded``."""
+        try:
+            targets = self.list_targets()
+        except InputError:
+            if self.tracker.samples == 0:
+                raise
+            raise self.ended(now) from None
+        self.tracker, snapshot = sample_once(
+            self.tracker, targets, now, self._stacks_or_none, self.fr_progress, self.read_cpu
+        )
+        self.last = snapshot or self.last
+        return Sample(targets, snapshot)
+
+    def _stacks_or_none(self, targets: list, busy: bool = False) -> Snapshot | None:
+        """The stacks, or None when the ranks changed under the dump (a job that is ending)."""
+        try:
+            return self.take_stacks(targets, busy)
+        except (NothingCaptured, InputError):  # e.g. a worker that exited between discovery and its dump
+            try:
+                now_targets = self.list_targets()
+            except InputError:
+                raise self.ended(time.monotonic()) from None
+            if set(now_targets) != set(targets):
+                return None
+            raise
+
+    def ended(self, now: float) -> JobEnded:
+        return JobEnded(now - self.started, self.tracker.samples)
+
+    # ------------------------------------------------------------------ step 2: decide
+
+    @property
+    def armed(self) -> bool:
+        return not self.arm_on_progress or self.tracker.progressed
+
+    def decide(self, now: float) -> Phase:
+        """Progress, slow, paused or hung, from the samples so far."""
+        if not self.armed:
+            return Phase.STARTING
+        if not self.tracker.is_hang(now, self.stall) or self.last is None:
+            quiet = self.tracker.stalled_for(now)
+            return (
+                Phase.SLOW if quiet >= 2 * self.interval and self.tracker.stack_samples_while_quiet else Phase.PROGRESS
+            )
+        if self.pause_after is not None and self.tracker.stalled_for(now) < self.pause_after:
+            if is_pause(self._quiet_diagnosis()):
+                return Phase.PAUSED
+        return Phase.HANG
+
+    def _quiet_diagnosis(self) -> Report:
+        """The diagnosis of the last sample (made once per quiet spell's sample, for the pause test)."""
+        assert self.last is not None
+        stamp = (self.tracker.quiet_since, self.tracker.stack_samples_while_quiet)
+        if self._quiet_report is None or self._quiet_report[0] != stamp:
+            self._quiet_report = (stamp, diagnose_snapshot(self.last, self.layout))
+        return self._quiet_report[1]
+
+    def status(self, targets: list, now: float) -> str:
+        return (
+            f"watching {len(targets)} ranks: sample {self.tracker.samples}, "
+            f"no progress for {self.tracker.stalled_for(now):.1f} s"
+        )
+
+    # ------------------------------------------------------------------ step 3: capture and diagnose
+
+    def call_hang(self, now: float, request_fr: bool = False, fr_wait_s: float = 10.0) -> Report:
+        """The hang's report: the last sample with its Flight Recorder dumps (those the last samples asked for or
+        the watchdog wrote are fresh; ``request_fr`` asks the job again through its pipe), diagnosed. The
+        snapshot it read (with the dumps) becomes ``last``, for the bundle."""
+        assert self.last is not None
+        if self.local_fr:
+            self.last = with_flight_recorder(self.last, request=request_fr, wait_s=fr_wait_s)
+        report = diagnose_snapshot(self.last, self.layout, fr=self.last.flight_recorder)
+        return hang_report(report, self.tracker, now, self.interval, self.stall)
+
+    # ------------------------------------------------------------------ the time is up
+
+    def last_look(self) -> tuple[Snapshot, float]:
+        """One more (blocking) sample, so the report shows where the ranks are now, and when it began."""
+        end = time.monotonic()
+        try:
+            targets = self.list_targets()
+        except InputError:
+            raise self.ended(end) from None
+        snapshot = self._stacks_or_none(targets)
+        if snapshot is None:
+            raise self.ended(end)
+        return snapshot, end
+
+    def progress_report(self, snapshot: Snapshot, end: float) -> Report:
+        report = diagnose_snapshot(snapshot, self.layout)
+        return _progress_report(report, self.tracker, end, self.interval, self.stall)
