@@ -19,6 +19,7 @@ import time
 from enum import Enum
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import typer
 
@@ -113,7 +114,7 @@ def _say(text: str) -> None:
     print(f"mtpdiag run: {text}", file=sys.stderr, flush=True)
 
 
-def _own_group() -> dict:
+def _own_group() -> dict[str, Any]:
     """Popen's arguments for a child in a process group of its own (the terminal's Ctrl-C reaches us; we pass
     it on)."""
     if sys.version_info >= (3, 11):
@@ -121,7 +122,7 @@ def _own_group() -> dict:
     return {"preexec_fn": os.setpgrp}  # pragma: no cover - Python 3.10
 
 
-def _forward_signals(child: subprocess.Popen) -> None:
+def _forward_signals(child: subprocess.Popen[bytes]) -> None:
     def forward(signum: int, _frame: FrameType | None) -> None:
         try:
             os.killpg(child.pid, signum)
@@ -142,7 +143,7 @@ class Supervisor:
 
     def __init__(
         self,
-        child: subprocess.Popen,
+        child: subprocess.Popen[bytes],
         run_dir: RunDir,
         layout: pipeline.LayoutOptions,
         on_hang: OnHang,
@@ -167,7 +168,7 @@ class Supervisor:
         from mtpdiag.capture import capture, find_targets
         from mtpdiag.capture.flight_recorder import LiveProgress
 
-        def take_stacks(targets: list, busy: bool = False) -> Snapshot:
+        def take_stacks(targets: list[Any], busy: bool = False) -> Snapshot:
             options = self.capture_options
             return capture(
                 targets,
@@ -246,7 +247,7 @@ class Supervisor:
             return self._call(now)
         return None
 
-    def _note_exits(self, targets: list) -> None:
+    def _note_exits(self, targets: list[Any]) -> None:
         """A rank whose process is gone: said once, with its exit code when its zombie could still be read."""
         from mtpdiag.capture import procfs
 

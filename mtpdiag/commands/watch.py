@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import typer
 
@@ -25,7 +25,8 @@ from mtpdiag.commands import options as o
 from mtpdiag.errors import EXIT_OK, EXIT_PROBLEM, InputError
 from mtpdiag.model import Report, Snapshot
 from mtpdiag.pipeline.output import emit
-from mtpdiag.pipeline.watcher import JobEnded, Phase, Watcher
+from mtpdiag.pipeline.watcher import JobEnded, Watcher
+from mtpdiag.vocabulary.states import WatchPhase as Phase
 
 if TYPE_CHECKING:
     from mtpdiag.capture.ray_cluster import RayCluster
@@ -122,7 +123,7 @@ def _watcher(
 
     said: set[str] = set()  # --ray: each node's failure is said once, not at every sample
 
-    def list_targets() -> list:
+    def list_targets() -> list[Any]:
         """The ranks now. InputError when there are none."""
         if cluster is None:
             return find_targets(pids, all_)
@@ -131,7 +132,7 @@ def _watcher(
             raise InputError("no node of the Ray cluster runs a process with RANK in its environment")
         return sorted(readings)
 
-    def take_stacks(targets: list, busy: bool = False) -> Snapshot:
+    def take_stacks(targets: list[Any], busy: bool = False) -> Snapshot:
         native, nonblocking = stacks.native and not busy, stacks.nonblocking or busy
         if cluster is not None:
             return pipeline.capture_ray(
@@ -159,7 +160,7 @@ def _watcher(
         # The Flight Recorder's progress signal (a job that set TORCH_NCCL_DEBUG_INFO_PIPE_FILE); --ray: polled
         # on each rank's node by its capture task, with the state kept here.
         fr_progress=LiveProgress() if cluster is None else cluster.track_progress(),
-        read_cpu=(lambda targets: cluster.cpu()[0]) if cluster is not None else None,
+        read_cpu=(lambda _targets: cluster.cpu()[0]) if cluster is not None else None,
         local_fr=cluster is None,
     )
 

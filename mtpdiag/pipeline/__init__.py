@@ -1,6 +1,7 @@
 """The stages wired together, as every command runs them: capture or read → resolve the layout → diagnose →
-report (and, for ``watch``, the samples that tell a hang from slow progress). What each stage does lives in its package; this module only connects them, and says on stderr what
-the report would otherwise leave a script to find.
+report (and, for ``watch``, the samples that tell a hang from slow progress). What each stage does lives in its
+package; this module only connects them, and says on stderr what the report would otherwise leave a script to
+find.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -52,8 +53,8 @@ class LayoutOptions(msgspec.Struct, frozen=True):
     overrides: tuple[str, ...] = ()
     world_size: int | None = None
 
-    def flags(self) -> dict:
-        out = {k: getattr(self, k) for k in ("tp", "cp", "pp", "ep", "etp", "vpp")}
+    def flags(self) -> dict[str, int | str | None]:
+        out: dict[str, int | str | None] = {k: getattr(self, k) for k in ("tp", "cp", "pp", "ep", "etp", "vpp")}
         if self.order:
             out["order"] = self.order
         return out
@@ -239,11 +240,11 @@ def exit_code(report: Report) -> int:
 
 def sample_once(
     tracker: StallTracker,
-    targets: list,
+    targets: list[Any],
     now: float,
-    take_stacks: Callable[[list, bool], Snapshot | None],
+    take_stacks: Callable[[list[Any], bool], Snapshot | None],
     fr_progress: ProgressSignal | None = None,
-    read_cpu: Callable[[list], dict] | None = None,
+    read_cpu: Callable[[list[Any]], Mapping[Any, int | None]] | None = None,
 ) -> tuple[StallTracker, Snapshot | None]:
     """One sample: main-thread CPU first, then the stacks. ``take_stacks(targets, nonblocking)``.
 
@@ -252,16 +253,17 @@ def sample_once(
     a rank that burns CPU may be working, or spinning at a host sync; only its stack can tell.
     Returns the updated tracker and the snapshot (None at the first sample, which is the CPU baseline).
     With ``fr_progress`` (the job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE), a collective completed since the last
-    sample is progress too (``--ray``: polled on the nodes during ``take_stacks``). Progress seen in this sample starts the quiet window when the sample ends (``now``
-    plus the time it took), not when it began. ``read_cpu(targets)`` reads the CPU elsewhere (``--ray``: on
-    every node); by default the targets are pids of this host.
+    sample is progress too (``--ray``: polled on the nodes during ``take_stacks``). Progress seen in this sample
+    starts the quiet window when the sample ends (``now`` plus the time it took), not when it began.
+    ``read_cpu(targets)`` reads the CPU elsewhere (``--ray``: on every node); by default the targets are pids of
+    this host.
     """
     from mtpdiag.analysis.stall import stack_signatures
     from mtpdiag.capture import procfs
 
     if read_cpu is None:
 
-        def read_cpu(pids: list) -> dict:
+        def read_cpu(pids: list[Any]) -> Mapping[Any, int | None]:
             return {p: procfs.main_thread_cpu_ns(p) for p in pids}
 
     started = time.monotonic()

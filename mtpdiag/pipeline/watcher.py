@@ -17,8 +17,9 @@ Two choices are ``run``'s and off for ``watch``, whose behaviour they would chan
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from mtpdiag.analysis.stall import StallTracker, is_pause
 from mtpdiag.errors import InputError, NothingCaptured
@@ -43,7 +44,7 @@ class Sample:
     """One sample's result: the ranks it read and their stacks (None at the CPU baseline, or when the ranks
     changed under the dump)."""
 
-    targets: list
+    targets: list[Any]
     snapshot: Snapshot | None
 
 
@@ -55,13 +56,13 @@ class Watcher:
     ``local_fr``: pick the Flight Recorder dumps up on this host when a hang is called (not for ``--ray``,
     whose capture tasks do it on the nodes)."""
 
-    list_targets: Callable[[], list]
-    take_stacks: Callable[[list, bool], Snapshot]
+    list_targets: Callable[[], list[Any]]
+    take_stacks: Callable[[list[Any], bool], Snapshot]
     layout: LayoutOptions
     interval: float
     stall: float
     fr_progress: ProgressSignal | None = None
-    read_cpu: Callable[[list], dict] | None = None
+    read_cpu: Callable[[list[Any]], Mapping[Any, int | None]] | None = None
     local_fr: bool = True
     arm_on_progress: bool = False
     pause_after: float | None = None
@@ -90,7 +91,7 @@ class Watcher:
         self.last = snapshot or self.last
         return Sample(targets, snapshot)
 
-    def _stacks_or_none(self, targets: list, busy: bool = False) -> Snapshot | None:
+    def _stacks_or_none(self, targets: list[Any], busy: bool = False) -> Snapshot | None:
         """The stacks, or None when the ranks changed under the dump (a job that is ending)."""
         try:
             return self.take_stacks(targets, busy)
@@ -134,7 +135,7 @@ class Watcher:
             self._quiet_report = (stamp, diagnose_snapshot(self.last, self.layout))
         return self._quiet_report[1]
 
-    def status(self, targets: list, now: float) -> str:
+    def status(self, targets: list[Any], now: float) -> str:
         return (
             f"watching {len(targets)} ranks: sample {self.tracker.samples}, "
             f"no progress for {self.tracker.stalled_for(now):.1f} s"

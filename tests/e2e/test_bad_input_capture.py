@@ -107,7 +107,8 @@ def test_py_spy_errors_become_one_line(started):
     assert "backtrace" not in str(exc.value).lower()
 
 
-def test_every_target_failing_is_nothing_captured(started):
+@pytest.mark.usefixtures("started")
+def test_every_target_failing_is_nothing_captured():
     """A ranked Python process whose dump cannot finish in time: NothingCaptured (exit 3), target untouched."""
     import os
 

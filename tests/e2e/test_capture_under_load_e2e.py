@@ -92,7 +92,8 @@ def starved(work: Callable[[], T]) -> T:
 
 
 @pytest.mark.parametrize("nonblocking", [False, True], ids=["paused", "nonblocking"])
-def test_capture_reads_every_rank_while_py_spy_waits_for_a_cpu(spinning_job, busy_cpu, nonblocking):
+@pytest.mark.usefixtures("busy_cpu")
+def test_capture_reads_every_rank_while_py_spy_waits_for_a_cpu(spinning_job, nonblocking):
     snapshot = starved(lambda: capture([spinning_job.pid], nonblocking=nonblocking, timeout=1.0))
     assert [c.rank for c in snapshot.captures] == [0, 1, 2, 3]
     for c in snapshot.captures:
@@ -101,7 +102,8 @@ def test_capture_reads_every_rank_while_py_spy_waits_for_a_cpu(spinning_job, bus
         assert c.nonblocking == nonblocking and c.error is None, (c.rank, c.error)
 
 
-def test_inspect_reads_every_rank_while_py_spy_waits_for_a_cpu(spinning_job, busy_cpu):
+@pytest.mark.usefixtures("busy_cpu")
+def test_inspect_reads_every_rank_while_py_spy_waits_for_a_cpu(spinning_job):
     result = starved(lambda: run_cli_here("inspect", "--pid", str(spinning_job.pid), "--timeout", "1", "--json"))
     assert result.returncode != 3, result.stderr[-2000:]
     report = json.loads(result.stdout)
@@ -109,7 +111,8 @@ def test_inspect_reads_every_rank_while_py_spy_waits_for_a_cpu(spinning_job, bus
     assert all(r["stack"] is not None and r["state"] != "unreadable" for r in report["ranks"]), report["ranks"]
 
 
-def test_watch_makes_no_false_call_while_py_spy_waits_for_a_cpu(spinning_job, busy_cpu):
+@pytest.mark.usefixtures("busy_cpu")
+def test_watch_makes_no_false_call_while_py_spy_waits_for_a_cpu(spinning_job):
     """The failure of the loaded CI run, made certain: watch, a healthy job, a starved py-spy.
 
     watch sees progress by comparing samples, so it must get a few: it watches four times as long as one starved

@@ -1,4 +1,5 @@
-"""``mtpdiag.fix.verify.launch`` on real processes (the helpers that the demo, ``verify`` and the e2e tests start jobs with)."""
+"""``mtpdiag.fix.verify.launch`` on real processes (the helpers that the demo, ``verify`` and the e2e tests start
+jobs with)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Multi-node merge through the real CLI: one bundle per host, merged by ``analyze DIR``.
 
 The session's canonical hung job (torchrun, gloo, megatron-core, 4 ranks, the MTP-CP reproducer with cp=2
-pp=2: ``support/canonical_hang.py``) stands in for a two-node job: ``mtpdiag collect --pid <worker> --host node-a`` saves ranks 0-1 and
+pp=2: ``support/canonical_hang.py``) stands in for a two-node job: ``mtpdiag collect --pid <worker> --host
+node-a`` saves ranks 0-1 and
 ``--host node-b`` ranks 2-3, each into its own ``<host>.mtpdiag.json`` in one shared directory, as
 ``collect`` on two machines would. ``analyze`` must then merge them, name the files of a duplicated
 rank or of a world-size conflict, and report the ranks that no bundle holds.

@@ -225,7 +225,7 @@ def cluster(tmp_path_factory):
 # ------------------------------------------------------------------------------------------ helpers
 
 
-def _cli(cluster: Cluster, *args: str, cwd: str = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+def _cli(_cluster: Cluster, *args: str, cwd: str = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200"}
     if cwd != ROOT:  # this source tree, where mtpdiag is not installed (the driver's path only, not the nodes')
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -237,7 +237,7 @@ def _cli(cluster: Cluster, *args: str, cwd: str = ROOT, timeout: float = 300) ->
     return done
 
 
-def _cli_watching_ports(cluster: Cluster, *args: str) -> tuple[subprocess.CompletedProcess, set[int]]:
+def _cli_watching_ports(_cluster: Cluster, *args: str) -> tuple[subprocess.CompletedProcess, set[int]]:
     """``_cli``, and the TCP ports the command listened on while it ran."""
     done, ports = run_watching_ports(
         [sys.executable, "-m", "mtpdiag", *args], env={**os.environ, "COLUMNS": "200"}, cwd=ROOT, timeout=400
@@ -435,7 +435,7 @@ def test_a_node_without_py_spy_says_what_to_install(tmp_path):
     assert done.stdout.strip() == "py-spy not found on PATH (pip install py-spy)"
 
 
-# ------------------------------------------------------------------------------------------ failures (destructive, last)
+# ----------------------------------------------------------------------------------------- failures (destructive, last)
 
 
 def test_a_node_whose_mtpdiag_lacks_the_ray_capture_is_one_line_and_the_rest_is_diagnosed(cluster, tmp_path):

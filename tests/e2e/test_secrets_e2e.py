@@ -3,9 +3,10 @@
 The job is the session's canonical hang (``support/canonical_hang.py``): the MTP-CP reproducer (torchrun, gloo,
 4 ranks, cp=2 pp=2) with canary secrets where real jobs keep theirs: several non-whitelisted environment
 variables (W&B, AWS, Hugging Face, a database URL), a ``--secret-flag=...`` on every worker's command line (a
-tiny launcher drops it before the reproducer parses its arguments), and a local variable of a function on every worker's stack, which ``py-spy dump --locals``
-shows. Then inspect (console, JSON, markdown, HTML), collect, watch (JSON, HTML, bundle), verify --pid and
-analyze on both bundles run, and no canary may appear on stdout, stderr or in any file they wrote.
+tiny launcher drops it before the reproducer parses its arguments), and a local variable of a function on every
+worker's stack, which ``py-spy dump --locals`` shows. Then inspect (console, JSON, markdown, HTML), collect, watch
+(JSON, HTML, bundle), verify --pid and analyze on both bundles run, and no canary may appear on stdout, stderr or in
+any file they wrote.
 """
 
 from __future__ import annotations

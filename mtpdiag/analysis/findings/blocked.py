@@ -220,7 +220,7 @@ def _rankless(views: Sequence[RankView]) -> list[Finding]:
     is_are = "is" if len(held) == 1 else "are"
     tail = "; the input names no rank, so groups and coordinates are unknown (name the files rankN, or --rank-from)"
     pid_list = " ".join(str(v.pid) for v in held[:SHOW_PIDS])
-    frozen = [v for v in held if v.state in ("stopped", "gone", "unreadable")]
+    frozen = [v for v in held if v.state in FROZEN_STATES]
     if frozen:
         reasons = list(dict.fromkeys(v.error or v.state for v in frozen))
         return [
