@@ -54,17 +54,37 @@ def start():
 
 
 def ranked(start, rank: int, world: int, code: str = SLEEP, prefix: tuple[str, ...] = ()) -> int:
-    """A Python worker (RANK/WORLD_SIZE set) running ``code``; returns its pid once it is in the interpreter."""
+    """A Python worker (RANK/WORLD_SIZE set) running ``code`` (each one sleeps); returns its pid once it sleeps
+    there: its main thread has gone quiet, past the imports, which a loaded machine can stretch over seconds."""
     env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world))
     proc = start(*prefix, sys.executable, "-c", code, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         stat = procfs.read_stat(proc.pid)
         if stat and procfs.is_python(proc.pid) and (procfs.read_env(proc.pid) or {}).get("RANK") == str(rank):
-            time.sleep(0.5)  # past start-up, into its code
-            return proc.pid
+            return _asleep(proc.pid)
         time.sleep(0.05)
     raise AssertionError(f"pid {proc.pid} never became a ranked Python process")
+
+
+def _asleep(pid: int, timeout: float = 120.0) -> int:
+    """``pid`` once it has slept (state S) with an idle main thread at every read for a second: still in its imports
+    it would be runnable (R), or waiting for a CPU with its ticks still (which "no CPU used" alone mistakes for
+    sleep)."""
+    deadline = time.monotonic() + timeout
+    since, last = None, None
+    while time.monotonic() < deadline:
+        stat, ticks = procfs.read_stat(pid), procfs.main_thread_ticks(pid)
+        if stat is None or ticks is None:
+            raise AssertionError(f"pid {pid} exited before it slept")
+        if stat.state != "S" or ticks != last:
+            since, last = None, ticks
+        elif since is None:
+            since = time.monotonic()
+        elif time.monotonic() - since >= 1.0:
+            return pid
+        time.sleep(0.1)
+    raise AssertionError(f"pid {pid} never slept in its code within {timeout} s")
 
 
 # ------------------------------------------------------------------------------------------ live targets

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -46,8 +47,13 @@ def _unavailable(why: str, done: subprocess.CompletedProcess | None = None) -> N
 @pytest.fixture(scope="session")
 def built(tmp_path_factory) -> Built:
     out = tmp_path_factory.mktemp("dist")
+    # From a copy: setuptools writes mtpdiag.egg-info into the tree it builds, and the tests running beside this
+    # one (the playbooks') check that nothing appears in the repository.
+    source = tmp_path_factory.mktemp("source") / "mtpdiag"
+    skip = shutil.ignore_patterns(".git", ".venv", "*_cache", ".hypothesis", "*.egg-info")
+    shutil.copytree(REPO, source, ignore=skip)
     done = subprocess.run(
-        [sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "build", "--outdir", str(out), str(source)], capture_output=True, text=True, timeout=900
     )
     if done.returncode != 0:
         _unavailable("python -m build failed", done)
