@@ -126,13 +126,18 @@ def session_members(sessions: set[int]) -> list[int]:
 def end_sessions(sessions: set[int], also: set[int] = frozenset()) -> list[int]:
     """SIGKILL every process of the sessions, ``also`` and every descendant of them; what is left (should be none).
 
-    Everything is stopped before anything is killed, so a raylet cannot start a worker in between.
+    Everything is stopped before anything is killed, so a raylet cannot start a worker in between; and the
+    sessions must stay empty for a second, so that a process a dying ``ray start`` was still forking (seen: a
+    log monitor, orphaned with the head's RANK) is found too.
     """
     for _ in range(5):
         pids = set(session_members(sessions)) | {p for p in also if procfs.read_stat(p)}
         pids |= {d for p in list(pids) for d in procfs.descendants(p)}
         if not pids:
-            return []
+            time.sleep(1.0)
+            if not session_members(sessions):
+                return []
+            continue
         for sig in (signal.SIGSTOP, signal.SIGKILL):
             for pid in pids:
                 try:
