@@ -12,6 +12,7 @@ import re
 import msgspec
 
 from mtpdiag.model import ENV_WHITELIST, printable
+from mtpdiag.vocabulary.states import ProcessState
 
 PROC = "/proc"
 
@@ -302,3 +303,16 @@ def real_uid(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def zombie_exit_code(pid: int) -> int | None:
+    """The exit code of an exited child its parent has not reaped yet (``/proc/PID/stat``'s exit_code field)."""
+    try:
+        with open(f"{PROC}/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if not fields or fields[0] != ProcessState.ZOMBIE or len(fields) < 50:
+        return None
+    status = int(fields[49])
+    return 128 + (status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF

@@ -257,7 +257,7 @@ class Supervisor:
                 self.ranks[pid] = int(value) if value.isdigit() else None
         for pid in [p for p in self.ranks if p not in targets]:
             rank = self.ranks.pop(pid)
-            code = zombie_exit_code(pid)
+            code = procfs.zombie_exit_code(pid)
             how = f"with code {code}" if code is not None else "(its exit code went to its launcher)"
             self.run_dir.event(f"rank exited: rank {rank} (pid {pid}) {how}")
             if code:  # an unknown code is in the launcher's own summary (torchrun prints each failed rank's)
@@ -315,19 +315,6 @@ def headline_of(report: Report) -> str:
 
     first = report.findings[0].summary if report.findings else "; ".join(report.notes[-1:])
     return printable(f"{str(report.verdict).upper()}: {first}")
-
-
-def zombie_exit_code(pid: int) -> int | None:
-    """The exit code of an exited child its parent has not reaped yet (``/proc/PID/stat``'s exit_code field)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if not fields or fields[0] != "Z" or len(fields) < 50:
-        return None
-    status = int(fields[49])
-    return 128 + (status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
 
 
 def register(app: typer.Typer) -> None:
