@@ -183,9 +183,6 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cluster_utils:  # the head node's processes are this driver's children, as with ray.init()
             from ray.cluster_utils import Cluster
 
-            if args.temp_dir:  # it records the cluster's address in $RAY_TMPDIR/ray, which must exist
-                os.environ["RAY_TMPDIR"] = args.temp_dir
-                os.makedirs(os.path.join(args.temp_dir, "ray"), exist_ok=True)
             cluster = Cluster(initialize_head=True, head_node_args={
                 "num_cpus": args.world_size + 1, "include_dashboard": False, "node_ip_address": "127.0.0.1",
                 "temp_dir": args.temp_dir})
