@@ -51,9 +51,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "starting one")
     parser.add_argument("--temp-dir", help="Ray's session directory root for a cluster of its own "
                         "(default: Ray's /tmp/ray)")
-    parser.add_argument("--cluster-utils", action="store_true",
-                        help="start the cluster of its own with ray.cluster_utils.Cluster (Ray's test harness) "
-                        "instead of ray.init()")
     parser.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE",
                         help="more env_vars for the workers, as verl's worker_env (e.g. WANDB_API_KEY)")
     args = parser.parse_args(argv)
@@ -176,17 +173,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    cluster = None
     try:
         if args.address or os.environ.get("RAY_ADDRESS"):  # a running cluster: `ray start`, `ray job submit`
             ray.init(address=args.address or os.environ["RAY_ADDRESS"])
-        elif args.cluster_utils:  # the head node's processes are this driver's children, as with ray.init()
-            from ray.cluster_utils import Cluster
-
-            cluster = Cluster(initialize_head=True, head_node_args={
-                "num_cpus": args.world_size + 1, "include_dashboard": False, "node_ip_address": "127.0.0.1",
-                "temp_dir": args.temp_dir})
-            ray.init(address=cluster.address)
         else:
             ray.init(num_cpus=args.world_size + 1, include_dashboard=False, _node_ip_address="127.0.0.1",
                      _temp_dir=args.temp_dir)
@@ -200,8 +189,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
 
 
 if __name__ == "__main__":

@@ -3,13 +3,12 @@
 The driver (``examples/ray_verl/driver.py``, standing in for ``python -m verl.trainer.main_ppo``, with its
 Hydra overrides) has a TaskRunner actor create four ``WorkerDict`` actors with verl's ``runtime_env`` env_vars
 (RANK, WORLD_SIZE, WG_PREFIX, ...) and a secret; they run real megatron-core MTP loss code on gloo and hang
-(verl #5895, cp=2 pp=2). Four deployments, one job each:
+(verl #5895, cp=2 pp=2). Two deployments, one job each:
 
 * ``ray start``: verl's cluster guide on one node: ``ray start --head``, then the driver joins the cluster
   from the same shell (same session). The raylet is no descendant of the driver and the actors' command
   lines carry no sizes, so the layout can only come from the driver among the session's Python processes.
 * ``ray.init``: the driver starts a local cluster of its own; the raylet is its child.
-* ``cluster_utils``: the driver starts the cluster with Ray's ``cluster_utils.Cluster``; the raylet is its child.
 * ``ray job submit``: verl's documented launch on a cluster: ``ray start --head``, then the driver is
   submitted as a Ray job. Ray runs it below the raylet's ``ray::JobSupervisor``, in a session of its own,
   so the layout can only come from the drivers of the jobs submitted to the workers' raylet.
@@ -62,13 +61,9 @@ OVERRIDES = [
 ]
 
 
-# The deployments whose driver starts the cluster itself, so that the raylet is its child (#20).
-OWN_CLUSTER = ("ray.init", "cluster_utils")
-
-
 @dataclass(frozen=True)
 class RayJob:
-    mode: str  # "ray start" (the driver joins a running cluster), "ray.init" or "cluster_utils" (it starts its own)
+    mode: str  # "ray start" (the driver joins a running cluster) or "ray.init" (it starts its own)
     session: int  # the session id of the shell that ran `ray start` and the driver
     driver: int
     raylet: int
@@ -133,12 +128,10 @@ def _launch(mode: str, ray_tmp: str, log: Path) -> subprocess.Popen:
             f"exec {ray} job logs --address {jobs} --follow {SUBMISSION}\n"
         )
         cmd = ["bash", "-c", script, "bash", *driver]
-    elif mode == "cluster_utils":  # Ray's test harness in the driver: the head node is its child too
-        cmd = [*driver, "--temp-dir", ray_tmp, "--cluster-utils"]
     else:  # the driver's ray.init starts a local cluster of its own
         cmd = [*driver, "--temp-dir", ray_tmp]
     env = {**os.environ, **RAY_TEST_ENV, "OMP_NUM_THREADS": "1"}
-    env.update(NODE_ENV if mode not in OWN_CLUSTER else {})
+    env.update(NODE_ENV if mode != "ray.init" else {})
     with open(log, "w") as out:
         return subprocess.Popen(
             cmd,
@@ -151,7 +144,7 @@ def _launch(mode: str, ray_tmp: str, log: Path) -> subprocess.Popen:
         )
 
 
-@pytest.fixture(scope="module", params=["ray start", "ray.init", "cluster_utils", "ray job submit"])
+@pytest.fixture(scope="module", params=["ray start", "ray.init", "ray job submit"])
 def job(request, tmp_path_factory):
     """The hung job: ``ray start`` + a driver that joins (verl's cluster guide), a driver's own ray.init, or
     ``ray start`` + ``ray job submit`` (verl's documented launch)."""
@@ -221,7 +214,7 @@ def test_the_actors_are_deployed_as_verl_deploys_them(job):
         argv = procfs.read_cmdline(pid)
         assert stat.comm == "ray::WorkerDict" and argv[0] == "ray::WorkerDict.update_actor", (stat.comm, argv)
         assert stat.ppid == job.raylet and stat.session == job.session
-        assert (job.driver in procfs.ancestors(pid)) == (job.mode in OWN_CLUSTER)
+        assert (job.driver in procfs.ancestors(pid)) == (job.mode == "ray.init")
         assert not any("parallel" in a or a in ("--cp", "--pp") for a in argv), argv
         environ = dict(e.partition(b"=")[::2] for e in _raw(pid, "environ").split(b"\0") if e)
         assert environ[b"RANK"] == str(rank).encode() and environ[b"WORLD_SIZE"] == str(WORLD).encode()
@@ -231,7 +224,7 @@ def test_the_actors_are_deployed_as_verl_deploys_them(job):
     # in the "ray start" job they and the driver carry the node's RANK, which a worker must not be taken for.
     others = _python_descendants(job.raylet) - set(job.actors.values())
     assert len(others) >= 2, others
-    node_env = NODE_ENV if job.mode not in OWN_CLUSTER else {}
+    node_env = NODE_ENV if job.mode != "ray.init" else {}
     for pid in [*others, job.driver]:
         assert {k: v for k, v in (procfs.read_env(pid) or {}).items() if k in ("RANK", "WORLD_SIZE")} == node_env
 
@@ -278,7 +271,7 @@ def test_inspect_all_finds_exactly_the_actors_and_reads_the_layout_from_the_driv
 def test_inspect_raylet_pid_expands_to_the_actors(job):
     report = _cli_json("inspect --pid raylet", "inspect", "--pid", str(job.raylet))
     _check_diagnosis(report, job)
-    if job.mode in OWN_CLUSTER:  # the driver is the raylet's parent: its pid expands the same way
+    if job.mode == "ray.init":  # the driver is the raylet's parent: its pid expands the same way
         _check_diagnosis(_cli_json("inspect --pid driver", "inspect", "--pid", str(job.driver)), job)
 
 
