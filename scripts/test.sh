@@ -15,7 +15,7 @@ ensure_venv test
 if [ "$#" -gt 0 ]; then
   exec python -m pytest -q -p no:cacheprovider "$@"
 fi
-workers="${MTPDIAG_TEST_WORKERS:-4}"
+workers="${MTPDIAG_TEST_WORKERS:-3}"
 started=$SECONDS
 ray_log=$(mktemp "${TMPDIR:-/tmp}/mtpdiag-ray-tests.XXXXXX")
 trap 'rm -f "$ray_log"' EXIT

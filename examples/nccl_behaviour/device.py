@@ -163,3 +163,14 @@ def _publish(build: Path, lib: Path) -> None:
         pass
     finally:
         build.unlink()
+
+
+
+def report_step(rank: int, step: int, metrics: object, pause_at_step: int | None, pause_s: float) -> None:
+    """The step's progress line; after step ``pause_at_step``, a checkpoint write's stand-in: every rank leaves the
+    collectives for ``pause_s`` (no collective runs, no main thread moves), as while each writes its shard to slow
+    storage. (Here, at the end of this module, so that no line the recorded fixtures quote moves.)"""
+    print(f"rank {rank} step {step} {metrics}", flush=True)
+    if step == pause_at_step:
+        print(f"rank {rank} checkpoint pause of {pause_s:g} s", flush=True)
+        time.sleep(pause_s)

@@ -25,7 +25,6 @@ import argparse
 import importlib.util
 import os
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelpe
 
 import process_group
 import watchdog
-from device import SYNC_MODES, Stream, current_stream
+from device import SYNC_MODES, Stream, current_stream, report_step
 
 HERE = Path(__file__).resolve().parent
 HIDDEN = 8
@@ -79,12 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout-s", type=float, default=600.0,
                         help="the process groups' timeout, after which the watchdog dumps and aborts (NCCL: 10 min)")
     parser.add_argument("--no-abort", action="store_true", help="after the watchdog's dump, stay hung instead of aborting")
-    parser.add_argument("--lazy-init", action="store_true",
-                        help="create each communicator on its group's first op, blocking the CPU until every "
-                             "member gets there (NCCL's default); by default they are created with the groups")
+    parser.add_argument("--lazy-init", action="store_true", help="create each communicator on its group's first op, blocking the CPU until every member gets there (NCCL's default); by default they are created with the groups")
     parser.add_argument("--device-step-s", type=float, default=3.0, help="device compute per training step")
-    parser.add_argument("--pause-at-step", type=int, default=None,
-                        help="after this step, every rank pauses as for a checkpoint write (--pause-s)")
+    parser.add_argument("--pause-at-step", type=int, default=None, help="after this step, every rank pauses as for a checkpoint write (--pause-s)")
     parser.add_argument("--pause-s", type=float, default=40.0, help="how long the --pause-at-step pause lasts")
     parser.add_argument("--microbatches", type=int, default=3, help="microbatches per step")
     args = parser.parse_args(argv)
@@ -257,13 +253,6 @@ def train_step(step: int, args: argparse.Namespace, stream: Stream, optimizer: D
     return metrics
 
 
-def checkpoint_pause(rank: int, seconds: float) -> None:
-    """A checkpoint write's stand-in: every rank leaves the collectives for ``seconds`` (no collective runs,
-    no main thread moves), as a job does while each rank writes its shard to slow storage."""
-    print(f"rank {rank} checkpoint pause of {seconds:g} s", flush=True)
-    time.sleep(seconds)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     watchdog.ABORT = not args.no_abort
@@ -288,9 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     step = 0
     while args.steps == 0 or step < args.steps:
         metrics = train_step(step, args, stream, optimizer)
-        print(f"rank {rank} step {step} {metrics}", flush=True)
-        if step == args.pause_at_step:
-            checkpoint_pause(rank, args.pause_s)
+        report_step(rank, step, metrics, args.pause_at_step, args.pause_s)  # its line, then a checkpoint's pause
         step += 1
     dist.barrier()
     print(f"rank {rank} done", flush=True)
