@@ -16,6 +16,7 @@ from typing import Any
 
 from conftest import unavailable
 from mtpdiag.capture import procfs
+from mtpdiag.capture.ray_job import AGENT_NOT_READY
 from mtpdiag.fix.verify.launch import Job, start_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -253,8 +254,8 @@ def run_watching_ports(
 RAY_TEST_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "300"}
 
 # What Ray's job server answers while its agent on the head is still starting (``ray start`` returns before it
-# is up; Ray's own message says to try again later).
-RAY_AGENT_NOT_READY = "No available agent to submit job"
+# is up): the words mtpdiag's own capture job tries again on.
+RAY_AGENT_NOT_READY = AGENT_NOT_READY
 
 
 def submit_ray_job(argv: list[str], timeout: float = 180, **run: Any) -> subprocess.CompletedProcess:
