@@ -4,14 +4,20 @@
 #   bash scripts/test.sh           everything: the unit tier, stopping at its first failure (-x), and beside it the
 #                                  Ray tests (marked ray: they need the host to themselves, and the unit tier
 #                                  starts no job); then the rest of the e2e tier on MTPDIAG_TEST_WORKERS (default
-#                                  4) pytest-xdist workers, grouped as tests/conftest.py says (--dist loadgroup).
-#                                  Each lists its slowest tests.
+#                                  3) pytest-xdist workers, grouped as tests/conftest.py says (--dist loadgroup).
+#                                  Each lists its slowest tests. With MTPDIAG_CHECKS=DIR (.ci/run), the static
+#                                  checks run beside the unit tier and write DIR/log and DIR/status; their failure
+#                                  stops the run before the e2e tier.
 #   bash scripts/test.sh ARGS...   one pytest run with ARGS (e.g. -m "not e2e", -k layout, -n 4 --dist loadgroup).
 # The HTML tests install Chromium themselves when they run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
 ensure_venv test
+# Bytecode for our own code, as an installed package has it: every CLI run and every rank of a test job imports
+# mtpdiag and the examples' modules, and without it (PYTHONDONTWRITEBYTECODE, as some sandboxes set) each
+# recompiles them (~0.1 CPU-s a process, hundreds of processes).
+python -m compileall -q -j 0 mtpdiag examples tests benchmarks >/dev/null
 if [ "$#" -gt 0 ]; then
   exec python -m pytest -q -p no:cacheprovider "$@"
 fi
@@ -28,6 +34,16 @@ if ! python -m pytest -q -p no:cacheprovider -m "not e2e" --ignore=tests/e2e -x 
   exit 1
 fi
 echo "test: unit tier took $((SECONDS - started)) s; waiting for the Ray tests" >&2
+if [ -n "${MTPDIAG_CHECKS:-}" ]; then  # .ci/run's static checks, run beside the unit tier
+  while [ ! -e "$MTPDIAG_CHECKS/status" ]; do sleep 1; done
+  cat "$MTPDIAG_CHECKS/log"
+  if [ "$(cat "$MTPDIAG_CHECKS/status")" != 0 ]; then
+    echo "test: the static checks failed (above); no e2e tier" >&2
+    kill -- "$ray_tests" 2>/dev/null || true
+    wait "$ray_tests" 2>/dev/null || true
+    exit 1
+  fi
+fi
 status=0
 wait "$ray_tests" || status=$?
 cat "$ray_log"

@@ -1,11 +1,15 @@
 """Capture on a loaded node: py-spy that waits for a CPU is slow, not stuck, and every rank is still read.
 
-The job is the healthy NCCL-behaviour loop of ``test_gpu_hang_e2e`` (3 s device steps, host syncs that spin:
-its four main threads burn a core each while they wait), with two busy loops beside it on CPU 0. The capture
-runs in a thread of this process that is pinned to CPU 0 at nice 19, so py-spy, which inherits both, waits
-seconds for each of the ~20 ms of CPU a dump needs: measured, 20 s of run-queue wait for 18 ms on a CPU. That is
-how ``watch`` failed on a healthy job in a loaded CI run: "could not capture any of 4 target(s) (... py-spy timed
-out after 10s)". Here the timeout is 1 s, so a capture that counted wall time would time out on every rank.
+The job is the healthy NCCL-behaviour loop of ``test_gpu_hang_e2e`` (3 s device steps, the host waiting at one
+line for each), with two busy loops beside it on CPU 0. The capture runs in a thread of this process that is
+pinned to CPU 0 at nice 19, so py-spy, which inherits both, waits seconds for each of the ~20 ms of CPU a dump
+needs: measured, 20 s of run-queue wait for 18 ms on a CPU. That is how ``watch`` failed on a healthy job in a
+loaded CI run: "could not capture any of 4 target(s) (... py-spy timed out after 10s)". Here the timeout is 1 s,
+so a capture that counted wall time would time out on every rank.
+
+The job's host syncs wait in a futex, not spinning: the busy loops make the starvation, and four spinning ranks
+beside them would only starve the rest of the machine (they made this module the slowest of CI, 25 minutes at
+load 40, and every other test slower with it).
 
 No timing is asserted: the wall time of each capture is printed.
 """
@@ -30,14 +34,14 @@ from support.jobs_e2e import ROOT, run_cli_here, wait_for_log
 pytestmark = pytest.mark.e2e
 
 NCCL_WORKER = os.path.join(ROOT, "examples", "nccl_behaviour", "worker.py")
-HEALTHY = ["--healthy", "--cp", "2", "--pp", "2", "--device-step-s", "3", "--sync", "spin"]
+HEALTHY = ["--healthy", "--cp", "2", "--pp", "2", "--device-step-s", "3", "--sync", "futex"]
 STARVED_CPU = 0
 T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
-def spinning_job(tmp_path_factory) -> Iterator[Job]:
-    """The healthy job, its ranks spinning at host syncs, once it has run a step."""
+def healthy_job(tmp_path_factory) -> Iterator[Job]:
+    """The healthy job, once it has run a step."""
     tmp = tmp_path_factory.mktemp("under-load")
     (tmp / "fr").mkdir()
     (tmp / "pipes").mkdir()
@@ -93,8 +97,8 @@ def starved(work: Callable[[], T]) -> T:
 
 @pytest.mark.parametrize("nonblocking", [False, True], ids=["paused", "nonblocking"])
 @pytest.mark.usefixtures("busy_cpu")
-def test_capture_reads_every_rank_while_py_spy_waits_for_a_cpu(spinning_job, nonblocking):
-    snapshot = starved(lambda: capture([spinning_job.pid], nonblocking=nonblocking, timeout=1.0))
+def test_capture_reads_every_rank_while_py_spy_waits_for_a_cpu(healthy_job, nonblocking):
+    snapshot = starved(lambda: capture([healthy_job.pid], nonblocking=nonblocking, timeout=1.0))
     assert [c.rank for c in snapshot.captures] == [0, 1, 2, 3]
     for c in snapshot.captures:
         assert c.threads and c.main_thread is not None and c.main_thread.frames, (c.rank, c.state, c.error)
@@ -103,8 +107,8 @@ def test_capture_reads_every_rank_while_py_spy_waits_for_a_cpu(spinning_job, non
 
 
 @pytest.mark.usefixtures("busy_cpu")
-def test_inspect_reads_every_rank_while_py_spy_waits_for_a_cpu(spinning_job):
-    result = starved(lambda: run_cli_here("inspect", "--pid", str(spinning_job.pid), "--timeout", "1", "--json"))
+def test_inspect_reads_every_rank_while_py_spy_waits_for_a_cpu(healthy_job):
+    result = starved(lambda: run_cli_here("inspect", "--pid", str(healthy_job.pid), "--timeout", "1", "--json"))
     assert result.returncode != 3, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert [r["rank"] for r in report["ranks"]] == [0, 1, 2, 3]
@@ -112,15 +116,15 @@ def test_inspect_reads_every_rank_while_py_spy_waits_for_a_cpu(spinning_job):
 
 
 @pytest.mark.usefixtures("busy_cpu")
-def test_watch_makes_no_false_call_while_py_spy_waits_for_a_cpu(spinning_job):
+def test_watch_makes_no_false_call_while_py_spy_waits_for_a_cpu(healthy_job):
     """The failure of the loaded CI run, made certain: watch, a healthy job, a starved py-spy.
 
     watch sees progress by comparing samples, so it must get a few: it watches four times as long as one starved
     capture took here (at least 20 s), however slow this machine is today."""
     started = time.monotonic()
-    starved(lambda: capture([spinning_job.pid], nonblocking=True, timeout=1.0))
+    starved(lambda: capture([healthy_job.pid], nonblocking=True, timeout=1.0))
     duration = max(20.0, 4 * (time.monotonic() - started))
-    args = ("watch", "--pid", str(spinning_job.pid), "--duration", f"{duration:.0f}", "--timeout", "1", "--json")
+    args = ("watch", "--pid", str(healthy_job.pid), "--duration", f"{duration:.0f}", "--timeout", "1", "--json")
     result = starved(lambda: run_cli_here(*args))
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
@@ -128,4 +132,4 @@ def test_watch_makes_no_false_call_while_py_spy_waits_for_a_cpu(spinning_job):
     assert report["progress"]["samples"] >= 2
     assert [r["rank"] for r in report["ranks"]] == [0, 1, 2, 3]
     assert all(r["stack"] is not None for r in report["ranks"]), report["ranks"]
-    assert spinning_job.proc.poll() is None
+    assert healthy_job.proc.poll() is None
