@@ -66,8 +66,9 @@ def locked(root: Path, wait_s: float = LOCK_WAIT_S, stale_s: float = LOCK_STALE_
 class SharedOut:
     """This node's side of the shared ``--out``: ``call`` when it calls a hang, ``look`` at every sample."""
 
-    def __init__(self, root: Path, node: str, run_dir: RunDir, window: float) -> None:
+    def __init__(self, root: Path, node: str, run_dir: RunDir, window: float, lock_wait_s: float = LOCK_WAIT_S) -> None:
         self.root, self.node, self.run_dir, self.window = root.absolute(), node, run_dir, window
+        self.lock_wait_s = lock_wait_s
         self.started = time.time()
         self.handled: set[str] = set()  # hang directories this node has put its bundle in, or given up on
 
@@ -78,7 +79,7 @@ class SharedOut:
         report at ``report_path``) in the hang directory it joins or makes. That directory, or None when the
         shared directory could not be written (said in the run's error log)."""
         try:
-            with locked(self.root):
+            with locked(self.root, self.lock_wait_s):
                 now = time.time()
                 name = mn.pick_hang(self.hangs(), self.node, now, self.window) or self._make(now)
                 arrival = self._arrival(name, snapshot, NodeRole.CALLED, headline, report_path)
@@ -123,7 +124,7 @@ class SharedOut:
             self.handled.add(name)  # once: a capture that fails is logged, not retried at every sample
             try:
                 snapshot = self._capture(watcher, targets)
-                with locked(self.root):
+                with locked(self.root, self.lock_wait_s):
                     self._deliver(name, snapshot, self._arrival(name, snapshot, NodeRole.SAW), None)
             except (OSError, InputError, NothingCaptured) as exc:
                 self.run_dir.error(exc, f"shared --out {self.root / name}")
