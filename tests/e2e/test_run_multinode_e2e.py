@@ -5,7 +5,9 @@ canonical reproducer (examples/mtp_cp_deadlock, verl #5895 on gloo with real meg
 and watches only its own two ranks. ``--host node-a`` / ``--host node-b`` name the nodes (two real nodes would
 default to their hostnames). Each calls the hang from its own ranks and exits 1 (``--on-hang exit``); between them
 they make one ``hang-<time>/`` with both nodes' bundles, and ``mtpdiag analyze`` of it names the bug with all four
-ranks. How far apart the two calls came is printed, never asserted.
+ranks. node-b waits longer before it calls (``--hang-after 40``, node-a 10 s), so it sees node-a's hang directory
+appear first and drops its ranks there at once (``saw``), then calls the same hang itself and joins it, its own
+bundle replacing the first (``called``). How far apart the calls came is printed, never asserted.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from support.jobs_e2e import MTP_WORKER, ROOT, free_port, run_cli
 pytestmark = pytest.mark.e2e
 
 NODES = ("node-a", "node-b")
+HANG_AFTER = {"node-a": "10", "node-b": "40"}
 FR_VARS = (
     "TORCH_FR_BUFFER_SIZE",
     "TORCH_NCCL_DUMP_ON_TIMEOUT",
@@ -50,6 +53,7 @@ def _start(out: Path, node: str, node_rank: int, port: int) -> subprocess.Popen:
     with open(logs / f"{node}.job.log", "w") as log, open(logs / f"{node}.stderr", "w") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "mtpdiag", "run", "--out", str(out), "--host", node, "--on-hang", "exit"]
+            + ["--hang-after", HANG_AFTER[node]]
             + ["--", *_torchrun(node_rank, port), *JOB],
             stdout=log,
             stderr=err,
@@ -89,10 +93,14 @@ def test_two_nodes_share_one_hang_directory_that_analyze_merges(tmp_path):
         assert len(hangs) == 1, hangs  # the second node joined the first one's hang
         hang = out / hangs[0]
         doc = json.loads((hang / "nodes.json").read_text())
-        assert doc["schema"] == "mtpdiag.hang-nodes/1" and doc["hang"] == hang.name and doc["first"] in NODES
+        assert doc["schema"] == "mtpdiag.hang-nodes/1" and doc["hang"] == hang.name and doc["first"] == "node-a"
         arrived = {entry["node"]: entry for entry in doc["nodes"]}
         assert set(arrived) == set(NODES)
         assert all(entry["role"] == "called" for entry in arrived.values()), arrived  # each called it itself
+        saw = f"another node called a hang; this node's ranks are in {hang}"
+        assert saw in stderr["node-b"], stderr["node-b"]  # before its own call: it saw node-a's directory appear
+        events_b = (out / "node-b" / "events.log").read_text()
+        assert events_b.index("another node called a hang") < events_b.index("hang called after"), events_b
         assert sorted(r for entry in arrived.values() for r in entry["ranks"]) == [0, 1, 2, 3]
         for node in NODES:
             assert (hang / f"{node}.mtpdiag.json").stat().st_size > 0
