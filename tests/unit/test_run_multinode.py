@@ -248,3 +248,18 @@ def test_a_command_across_nodes_runs_in_a_directory_named_after_the_host(tmp_pat
     result = run_cli("run", "--out", str(out), "--", "sh", "-c", "exit 0", "sh", "--nnodes", "2")
     assert result.returncode == 0, result.stderr
     assert [p.name for p in out.iterdir()] == [mn.node_label(None, ["--nnodes", "2"], {}, os.uname().nodename)]
+
+
+def test_analyze_of_a_nodes_run_directory_reads_its_bundle_and_passes_over_runs_own_records(tmp_path):
+    out = tmp_path / "shared"
+    shared = _shared(out, "node-b")
+    shared.run_dir.describe(pid=1, launcher="torchrun")
+    shared.run_dir.event("hang called")
+    snapshot = _node_snapshot("node-b")
+    _, layout, _ = load_scenario("mtp_cp_pp")
+    shared.run_dir.write_hang(diagnose(snapshot, layout, "flags"), snapshot, {"stalled_for_s": 10.0})
+    names = {p.name for p in shared.run_dir.path.iterdir()}
+    assert {"run.json", "events.log", "report.json", "report.txt", "hang.json", "bundle.json"} <= names
+    result = run_cli("analyze", str(shared.run_dir.path), "--json", *LAYOUT)
+    assert result.stderr == "" and result.returncode == 1  # the bundle alone; nothing listed as unreadable
+    assert [r["rank"] for r in json.loads(result.stdout)["ranks"]] == [2, 3]
