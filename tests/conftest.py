@@ -45,6 +45,7 @@ TIMING_MODULES = frozenset(
         "test_nccl_behaviour_e2e",
         "test_capture_under_load_e2e",
         "test_run_e2e",
+        "test_run_multinode_e2e",
     }
 )
 

@@ -27,7 +27,9 @@ from mtpdiag import pipeline
 from mtpdiag.commands import options as o
 from mtpdiag.errors import EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot
+from mtpdiag.pipeline import multinode
 from mtpdiag.pipeline.run_dir import RunDir, default_dir, flight_recorder_env, utc
+from mtpdiag.pipeline.shared_out import SharedOut
 from mtpdiag.pipeline.watcher import JobEnded, Watcher
 from mtpdiag.vocabulary.states import WatchPhase as Phase
 
@@ -48,7 +50,14 @@ class OnHang(str, Enum):
 def run(
     command: list[str] | None = typer.Argument(None, metavar="-- COMMAND...", help="The job's command line."),
     out: Path | None = typer.Option(
-        None, "--out", help="The run directory (default ./mtpdiag-run-TIME/); one run per directory."
+        None, "--out", help="The run directory (default ./mtpdiag-run-TIME/); one run per directory, or per node."
+    ),
+    host: str | None = typer.Option(
+        None,
+        "--host",
+        help="This node's name in an --out every node shares (one run per node, each in OUT/HOST/; a hang in "
+        "OUT/hang-TIME/). Default: the hostname when the job spans nodes (torchrun --nnodes N>1, an srun step "
+        "over several nodes), else none: a single node's layout.",
     ),
     on_hang: OnHang = typer.Option(
         OnHang.KEEP,
@@ -87,7 +96,10 @@ def run(
     """Run a job (torchrun, python -m, deepspeed, …) and diagnose its hang within seconds, into a run directory."""
     if not command:
         raise InputError("give the job's command after --: mtpdiag run [OPTIONS] -- torchrun ... train.py")
-    run_dir = RunDir.claim(out if out is not None else default_dir())
+    base = out if out is not None else default_dir()
+    node = multinode.node_label(host, command, os.environ, os.uname().nodename)
+    run_dir = RunDir.claim(base / node if node is not None else base)
+    shared = SharedOut(base, node, run_dir, multinode.same_hang_window(hang_after)) if node is not None else None
     added, kept = flight_recorder_env(os.environ, str(run_dir.path))
     for name, (theirs, ours) in kept.items():
         _say(f"keeping your {name}={theirs} (mtpdiag's would be {ours})")
@@ -107,6 +119,7 @@ def run(
     supervisor = Supervisor(
         child, run_dir, layout, on_hang, hang_after, pause_after, interval, native, native_timeout, timeout
     )
+    supervisor.shared = shared
     raise typer.Exit(supervisor.run())
 
 
@@ -163,6 +176,7 @@ class Supervisor:
         self.called = False  # a hang was called and the job has not moved since
         self.ranks: dict[int, int | None] = {}  # pid -> rank, of every rank seen
         self.failures = 0  # samples that failed in a row
+        self.shared: SharedOut | None = None  # the --out every node of a multi-node job shares
 
     def _new_watcher(self) -> Watcher:
         from mtpdiag.capture import capture, find_targets
@@ -176,6 +190,7 @@ class Supervisor:
                 native_timeout=float(options["native_timeout"]),
                 nonblocking=busy,
                 timeout=float(options["timeout"]),
+                host=self.shared.node if self.shared is not None else None,
             )
 
         return Watcher(
@@ -235,6 +250,9 @@ class Supervisor:
     def _sample_and_act(self, now: float) -> int | None:
         sample = self.watcher.sample(now)
         self._note_exits(sample.targets)
+        if self.shared is not None:  # another node called a hang: this node's ranks go beside its bundle
+            for where in self.shared.look(self.watcher, sample.targets):
+                _say(f"another node called a hang; this node's ranks are in {where}")
         phase = self.watcher.decide(now)
         if phase != self.phase:
             self.run_dir.event(f"{phase}: {self.watcher.status(sample.targets, now)}")
@@ -285,6 +303,8 @@ class Supervisor:
         self.run_dir.event(f"hang called after {stalled:.1f} s without progress: {headline}")
         _say(f"hang after {stalled:.1f} s without progress: {headline}")
         _say(f"report: {path} (report.json, report.md, report.html, bundle.json beside it)")
+        if self.shared is not None and (where := self.shared.call(report, headline, self.watcher.last, path)):
+            _say(f"every node's ranks: mtpdiag analyze {where}")
         code = pipeline.exit_code(report) or EXIT_PROBLEM
         if self.on_hang == OnHang.KILL:
             self._kill_tree()

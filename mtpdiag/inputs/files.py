@@ -4,6 +4,9 @@
   files are read (a named file is read whatever its name). A path that does not exist, or a directory
   with no such file, is an input error.
 * A file is read once however often it is named (through a directory, a link or a hard link).
+* In a directory, ``mtpdiag run``'s own records (``RUN_RECORDS``: its reports, its logs, a shared hang's
+  ``nodes.json``) are not captures and are passed over, so ``analyze`` of a run or hang directory reads its
+  bundles alone.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ import stat
 from mtpdiag.errors import InputError
 
 DUMP_SUFFIXES = (".json", ".txt", ".log", ".dump", ".out")
+RUN_RECORDS = frozenset(
+    ("run.json", "hang.json", "nodes.json", "report.json", "report.txt", "events.log", "mtpdiag-errors.log")
+)
 _JSON_START = re.compile(rb'\s*([\[{])\s*(?:[\[{\]}"]|$)')
 BOM = b"\xef\xbb\xbf"
 
@@ -60,7 +66,7 @@ def _walk(directory: str) -> list[tuple[str, tuple[int, int]]]:
         subdirs = []
         for entry in entries:
             name = entry.name
-            if name.startswith("."):
+            if name.startswith(".") or name in RUN_RECORDS:
                 continue
             try:
                 if entry.is_dir(follow_symlinks=False):

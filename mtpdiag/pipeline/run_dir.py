@@ -11,6 +11,8 @@
 <out>/hang-<N>/...        a later hang (after the job recovered), the same files
 <out>/recovered-<N>.txt   the job moved again after hang N (nothing written before is changed)
 ```
+A run of one node of a multi-node job (``pipeline.multinode``) has all this in ``<out>/<node>/``; the hangs every
+node shares are ``<out>/hang-<time>/`` (``pipeline.shared_out``).
 The environment a run fills in is ``flight_recorder_env``'s, pure; the rest writes files.
 """
 
