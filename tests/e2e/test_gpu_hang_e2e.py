@@ -224,13 +224,17 @@ def test_cp_dp_hang_named_from_the_watchdogs_dumps_and_log(tmp_path):
 
 
 def test_watch_makes_no_false_call_on_a_healthy_job_with_3s_device_steps(tmp_path):
-    """The host waits about 3 s at one sync line every step while collectives complete on the device."""
+    """The host waits about 3 s at one sync line every step while collectives complete on the device.
+
+    It waits in a futex: for a false call that is the stricter case (no CPU burnt, the stack unchanged, only the
+    Flight Recorder moves), and it leaves the machine's cores to the tests beside it. A host that spins is the hang
+    tests' case above: busy, yet stuck."""
     dumps, pipes = tmp_path / "fr", tmp_path / "pipes"
     dumps.mkdir()
     pipes.mkdir()
     env = {"TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_"), "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(pipes / "rank_")}
     log = tmp_path / "job.log"
-    args = ["--healthy", *CP_PP, "--device-step-s", "3", "--sync", "spin"]
+    args = ["--healthy", *CP_PP, "--device-step-s", "3", "--sync", "futex"]
     with start_torchrun(WORKER, args, 4, env=env, log_path=str(log)) as job:
         record._wait_for_log(str(log), "rank 0 step 1 ", job, timeout=240)
         # 30 s: ten device steps, six of watch's 5 s stall windows

@@ -132,6 +132,76 @@ def test_recorded_watchdog_log_has_nccls_timeout_line():
     )
 
 
+# ---------------------------------------------------------------- jobs of their own, before the hung job
+# (pytest keeps a module fixture until the module ends: these run before ``hung`` starts, not beside its
+# spinning ranks; the healthy host waits in a futex, since nothing here reads its CPU)
+
+
+@pytest.mark.e2e
+def test_without_no_abort_every_rank_dumps_then_the_job_aborts(tmp_path):
+    dumps = tmp_path / "fr"
+    dumps.mkdir()
+    log = tmp_path / "job.log"
+    args = [
+        "--gate",
+        "buggy",
+        "--cp",
+        "2",
+        "--pp",
+        "2",
+        "--sync",
+        "futex",
+        "--timeout-s",
+        "5",
+        "--device-step-s",
+        "0.2",
+    ]
+    with start_torchrun(
+        str(WORKER), args, 4, env={"TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_")}, log_path=str(log)
+    ) as job:
+        code = job.wait(300)
+    text = log.read_text(errors="replace")
+    assert code not in (None, 0), text[-2000:]
+    assert "terminate called after throwing an instance of 'c10::DistBackendError'" in text
+    assert "Signal 6 (SIGABRT)" in text
+    assert sorted(p.name for p in dumps.iterdir()) == [f"rank_{r}" for r in range(4)]
+
+
+# ---------------------------------------------------------------- a healthy job
+
+
+@pytest.mark.e2e
+def test_healthy_job_moves_its_flight_recorder_while_the_host_waits_at_one_line(tmp_path):
+    dumps, pipes = tmp_path / "fr", tmp_path / "pipes"
+    dumps.mkdir()
+    pipes.mkdir()
+    env = {"TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_"), "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(pipes / "rank_")}
+    log = tmp_path / "job.log"
+    with start_torchrun(
+        str(WORKER),
+        ["--healthy", "--cp", "2", "--pp", "2", "--device-step-s", "3", "--sync", "futex"],
+        4,
+        env=env,
+        log_path=str(log),
+    ) as job:
+        ranks = record.worker_ranks(job)
+        record._wait_for_log(str(log), "rank 0 step 1 ", job, timeout=240)
+        first = _pipe_dump(pipes, dumps, 0, after_ns=0)
+        lines = set()
+        for _ in range(3):
+            main = _main_thread(json.loads(record.py_spy_dump(ranks[0], as_json=True)))
+            lines.add(_source(main["frames"][0]))
+            time.sleep(0.5)
+        record._wait_for_log(str(log), "rank 0 step 3 ", job, timeout=240)
+        second = _pipe_dump(pipes, dumps, 0, after_ns=(dumps / "rank_0").stat().st_mtime_ns)
+        assert job.proc.poll() is None
+    done = {k: v["last_completed_collective"] for k, v in first["pg_status"].items()}
+    later = {k: v["last_completed_collective"] for k, v in second["pg_status"].items()}
+    assert any(later[k] > done.get(k, -1) for k in later), (done, later)
+    assert len(second["entries"]) > len(first["entries"])
+    assert "found_inf_flag = self.found_inf.item() > 0" in lines  # rank 0's first host sync of each step
+
+
 # ---------------------------------------------------------------- a live hung job
 
 
@@ -233,64 +303,3 @@ def test_torchfrtrace_reads_the_live_dumps(hung):
         "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
         [2],
     )
-
-
-@pytest.mark.e2e
-def test_without_no_abort_every_rank_dumps_then_the_job_aborts(tmp_path):
-    dumps = tmp_path / "fr"
-    dumps.mkdir()
-    log = tmp_path / "job.log"
-    args = [
-        "--gate",
-        "buggy",
-        "--cp",
-        "2",
-        "--pp",
-        "2",
-        "--sync",
-        "futex",
-        "--timeout-s",
-        "5",
-        "--device-step-s",
-        "0.2",
-    ]
-    with start_torchrun(
-        str(WORKER), args, 4, env={"TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_")}, log_path=str(log)
-    ) as job:
-        code = job.wait(300)
-    text = log.read_text(errors="replace")
-    assert code not in (None, 0), text[-2000:]
-    assert "terminate called after throwing an instance of 'c10::DistBackendError'" in text
-    assert "Signal 6 (SIGABRT)" in text
-    assert sorted(p.name for p in dumps.iterdir()) == [f"rank_{r}" for r in range(4)]
-
-
-# ---------------------------------------------------------------- a healthy job
-
-
-@pytest.mark.e2e
-def test_healthy_job_moves_its_flight_recorder_while_the_host_waits_at_one_line(tmp_path):
-    dumps, pipes = tmp_path / "fr", tmp_path / "pipes"
-    dumps.mkdir()
-    pipes.mkdir()
-    env = {"TORCH_FR_DUMP_TEMP_FILE": str(dumps / "rank_"), "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(pipes / "rank_")}
-    log = tmp_path / "job.log"
-    with start_torchrun(
-        str(WORKER), ["--healthy", "--cp", "2", "--pp", "2", "--device-step-s", "3"], 4, env=env, log_path=str(log)
-    ) as job:
-        ranks = record.worker_ranks(job)
-        record._wait_for_log(str(log), "rank 0 step 1 ", job, timeout=240)
-        first = _pipe_dump(pipes, dumps, 0, after_ns=0)
-        lines = set()
-        for _ in range(3):
-            main = _main_thread(json.loads(record.py_spy_dump(ranks[0], as_json=True)))
-            lines.add(_source(main["frames"][0]))
-            time.sleep(0.5)
-        record._wait_for_log(str(log), "rank 0 step 3 ", job, timeout=240)
-        second = _pipe_dump(pipes, dumps, 0, after_ns=(dumps / "rank_0").stat().st_mtime_ns)
-        assert job.proc.poll() is None
-    done = {k: v["last_completed_collective"] for k, v in first["pg_status"].items()}
-    later = {k: v["last_completed_collective"] for k, v in second["pg_status"].items()}
-    assert any(later[k] > done.get(k, -1) for k in later), (done, later)
-    assert len(second["entries"]) > len(first["entries"])
-    assert "found_inf_flag = self.found_inf.item() > 0" in lines  # rank 0's first host sync of each step

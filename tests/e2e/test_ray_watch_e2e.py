@@ -5,7 +5,9 @@ A one-node Ray cluster (``ray start --head``, with its job server) runs a torchr
 ``examples/nccl_behaviour`` submitted with ``ray job submit``, so that its ranks are below the raylet (raylet,
 job supervisor, torchrun agent, workers) as a Ray job's are. Every step each host waits about 3 s at one sync
 line while the collectives complete on the (emulated) device: the stacks seen from one sample to the next are
-the same, and a spinning host burns CPU whether it moves or not. Only the Flight Recorder shows the progress:
+the same, and the host's CPU is idle (it waits in a futex: for a false call the stricter case, and it leaves the
+machine's cores to the tests beside it; a spinning host burns CPU whether it moves or not). Only the Flight
+Recorder shows the progress:
 the capture task on the node asks each rank for a dump through its debug-info pipe and reads it, with the
 state between samples kept by the driver. The same job is the local ``watch`` test of
 ``test_gpu_hang_e2e.py``.
@@ -115,7 +117,7 @@ def cluster(tmp_path_factory):
                 "--device-step-s",
                 "3",
                 "--sync",
-                "spin",
+                "futex",
             ],
             env=env,
             cwd=ROOT,
