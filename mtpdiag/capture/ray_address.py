@@ -57,8 +57,10 @@ def loopback_only(address: str) -> bool:
 
 
 def keep_loopback(address: str) -> bool:
-    """Before Ray is imported: keep Ray on the loopback when ``address`` names a head that listens there only
-    (a value the user set is left alone). Whether it did."""
+    """Before Ray is imported: keep Ray on the loopback when ``address`` (``auto``: ``RAY_ADDRESS``) names a head
+    that listens there only (a value the user set is left alone). Whether it did."""
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS") or address
     if ONE_MACHINE in os.environ or not loopback_only(address):
         return False
     os.environ[ONE_MACHINE] = "0"

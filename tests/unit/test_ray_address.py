@@ -29,6 +29,9 @@ def test_a_head_on_the_loopback_only_is_kept_there(listener, monkeypatch):
     assert loopback_only(f"localhost:{listener}") == on_a_network
     assert keep_loopback(f"127.0.0.1:{listener}") == on_a_network
     assert (ray_address.os.environ.get(ONE_MACHINE) == "0") == on_a_network
+    monkeypatch.delenv(ONE_MACHINE, raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{listener}")  # --ray auto reads it
+    assert keep_loopback("auto") == on_a_network
 
 
 @pytest.mark.parametrize("listener", ["0.0.0.0"], indirect=True)
