@@ -16,9 +16,10 @@ megatron-core ``parallel_state`` and ``MTPLossLoggingHelper`` on gloo. With ``--
 the cp > 0 ranks never join the DP x CP all_reduce and the job hangs; ``--gate fixed`` (verl 0.8.0)
 completes.
 
-It prints ``ready pids=RANK:PID,...`` once every actor has set up model parallelism and been sent its
-training step. SIGTERM or SIGINT shuts Ray down: the cluster it started (raylet, GCS, workers), or, with
-``--address``, its connection and its actors.
+It prints ``ready pids=RANK:PID,... nodes=... gcs=HOST:PORT coords=...`` once every actor has set up model
+parallelism and been sent its training step (``gcs``: the cluster's address, for ``mtpdiag inspect --ray``).
+SIGTERM or SIGINT shuts Ray down: the cluster it started (raylet, GCS, workers), or, with ``--address``, its
+connection and its actors.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "starting one")
     parser.add_argument("--temp-dir", help="Ray's session directory root for a cluster of its own "
                         "(default: Ray's /tmp/ray)")
+    parser.add_argument("--cluster-utils", action="store_true",
+                        help="start the cluster of its own with Ray's ray.cluster_utils.Cluster (its test harness) "
+                        "instead of ray.init(); its processes are this driver's children as well")
     parser.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE",
                         help="more env_vars for the workers, as verl's worker_env (e.g. WANDB_API_KEY)")
     args = parser.parse_args(argv)
@@ -166,15 +170,38 @@ def _stop(signum, _frame):
     raise SystemExit(128 + signum)
 
 
+def prepare_cluster_utils(temp_dir: str | None) -> None:
+    """What ``ray.cluster_utils.Cluster`` needs before Ray is imported, for a head on the loopback.
+
+    It writes the head's address to ``$RAY_TMPDIR/ray/ray_current_cluster`` (default ``/tmp/ray/``) without
+    creating the directory, so the temp dir becomes ``RAY_TMPDIR`` and its ``ray/`` is made first; and
+    ``ray.init(address=...)`` rewrites a 127.0.0.1 address to the host's, where a loopback head does not listen,
+    unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps Ray on this one machine.
+    """
+    if temp_dir:
+        os.environ["RAY_TMPDIR"] = temp_dir
+    os.makedirs(os.path.join(os.environ.get("RAY_TMPDIR") or "/tmp", "ray"), exist_ok=True)
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if args.cluster_utils:
+        prepare_cluster_utils(args.temp_dir)
     import ray
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    cluster = None
     try:
-        if args.address or os.environ.get("RAY_ADDRESS"):  # a running cluster: `ray start`, `ray job submit`
+        if args.cluster_utils:  # Ray's test harness: the head node's processes are this driver's children
+            from ray.cluster_utils import Cluster
+
+            cluster = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": args.world_size + 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"})
+            ray.init(address=cluster.address)
+        elif args.address or os.environ.get("RAY_ADDRESS"):  # a running cluster: `ray start`, `ray job submit`
             ray.init(address=args.address or os.environ["RAY_ADDRESS"])
         else:
             ray.init(num_cpus=args.world_size + 1, include_dashboard=False, _node_ip_address="127.0.0.1",
@@ -184,11 +211,14 @@ def main(argv: list[str] | None = None) -> int:
         training = runner.fit.remote(args.gate, args.steps)
         print("ready pids=" + ",".join(f"{rank}:{pid}" for rank, pid, _, _ in placed)
               + " nodes=" + ",".join(f"{rank}:{node}" for rank, _, node, _ in placed)
+              + " gcs=" + ray.get_runtime_context().gcs_address
               + " coords=" + "; ".join(coords for _, _, _, coords in placed), flush=True)
         print(f"done metrics={ray.get(training)}", flush=True)
         return 0
     finally:
         ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
 
 
 if __name__ == "__main__":

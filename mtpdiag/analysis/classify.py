@@ -4,8 +4,10 @@ A stack (innermost frame first) is read from the inside out. The innermost run o
 (torch, and generic decorator plumbing such as functools/contextlib/typing_extensions) is the
 "torch block". If that block holds a ``torch/distributed`` frame, the rank waits in a collective:
 its op is the outermost public c10d function in the block (``all_gather_object`` rather than the
-``all_gather`` it calls), and its call site is the first frame outside the block. Otherwise the rank
-is running and its site is its innermost frame outside library and stdlib internals.
+``all_gather`` it calls), and its call site is the first frame outside the block, or, where that frame is a
+helper in the file of a function the known-site table names (megatron's ``_build_key_size_numel_dictionaries``
+for ``broadcast_data``), that function. Otherwise the rank is running and its site is its innermost frame
+outside library and stdlib internals.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from mtpdiag.model import (
     ThreadStack,
 )
 from mtpdiag.vocabulary.ops import KNOWN_OPS, RECV_OPS, SEND_OPS, WAIT_OP
-from mtpdiag.vocabulary.stacks import call_site_frame, is_torch_distributed, short_name, torch_block_end
+from mtpdiag.vocabulary.stacks import call_site_frame, is_torch_distributed, short_name, slash_path, torch_block_end
 from mtpdiag.vocabulary.states import RankState
 
 
@@ -55,6 +57,26 @@ def site_of(frame: Frame) -> Site:
 def _call_site(frames: Sequence[Frame]) -> Site | None:
     frame = call_site_frame(frames)
     return site_of(frame) if frame is not None else None
+
+
+def _collective_site(frames: Sequence[Frame]) -> Site | None:
+    """A collective's call site; where that frame is a helper in the file of a known function that called it
+    (megatron's ``_build_key_size_numel_dictionaries`` for ``broadcast_data``), the known function: the
+    collective is the one the known site issues, on the group the table knows, and a person knows its name."""
+    frame = call_site_frame(frames)
+    if frame is None:
+        return None
+    site = site_of(frame)
+    if lookup(site) is not None:
+        return site
+    at = next(i for i, f in enumerate(frames) if f is frame)
+    for outer in frames[at + 1 :]:
+        if slash_path(outer.file) != slash_path(frame.file):
+            break
+        row = lookup(site_of(outer))
+        if row is not None and row.function is not None:
+            return site_of(outer)
+    return site
 
 
 def _op_of(block: Sequence[Frame]) -> tuple[str, int]:
@@ -92,7 +114,8 @@ def classify_stack(frames: tuple[Frame, ...], active: bool | None = None) -> Cla
     if any(is_torch_distributed(f) for f in block):
         op, at = _op_of(block)
         p2p = op in SEND_OPS or op in RECV_OPS
-        return Classified(op=op, site=_call_site(frames), peer=peer_of(op, frames[at]), peer_frame=at if p2p else None)
+        site = _collective_site(frames)
+        return Classified(op=op, site=site, peer=peer_of(op, frames[at]), peer_frame=at if p2p else None)
     if not block and active is False:
         # An idle thread whose innermost frame is code known to wait on Work handles itself
         # (megatron's p2p `_communicate` calling req.wait()) is blocked in a bare Work.wait.

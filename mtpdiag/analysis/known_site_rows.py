@@ -320,6 +320,8 @@ KNOWN_SITES: tuple[KnownSite, ...] = TRACKER_ROWS + (
         "reduce/gather/scatter mappings: the tensor-parallel group unless MoE passes its own",
     ),
     KnownSite("broadcast_data", "tensor_parallel/data.py", ("tp",), "broadcasts the batch from tp rank 0"),
+    # the same function where Megatron-LM kept it before megatron-core (2022), and Megatron-DeepSpeed still does
+    KnownSite("broadcast_data", "mpu/data.py", ("tp",), "broadcasts the batch from tp rank 0"),
     KnownSite(None, "tensor_parallel/layers.py", ("tp",), "column/row parallel linear communication"),
     KnownSite(None, "tensor_parallel/cross_entropy.py", ("tp",), "vocab-parallel cross entropy"),
     KnownSite("_allreduce_layernorm_grads", None, ("tp",), "sequence-parallel layernorm grads"),

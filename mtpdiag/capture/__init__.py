@@ -27,7 +27,7 @@ from mtpdiag.vocabulary.states import ProcessState
 _STOPPED = (STATE_STOPPED, "t")  # job-control stop, tracing stop
 _MAX_PARALLEL = 32
 
-__all__ = ["capture", "find_targets", "raylet_hints", "CaptureFailed", "STATE_GONE", "STATE_UNREADABLE"]
+__all__ = ["capture", "find_targets", "own_lineage", "raylet_hints", "CaptureFailed", "STATE_GONE", "STATE_UNREADABLE"]
 
 
 def capture(
@@ -254,6 +254,20 @@ def raylet_hints(raylet: int, exclude: Collection[int] = ()) -> dict[str, int]:
     return _HintReader(exclude).for_raylet(raylet)
 
 
+def own_lineage() -> list[int]:
+    """This process and its ancestors below the nearest raylet: mtpdiag's own, never a rank or a layout hint.
+
+    A raylet and what started it belong to the cluster, not to mtpdiag, even when mtpdiag runs below them (a
+    ``--ray`` capture task, a capture job): a driver that started its cluster itself (``ray.init()``,
+    ``cluster_utils``) is the raylet's parent, and its command line is the job's layout (#20)."""
+    lineage = [os.getpid()]
+    for pid in procfs.ancestors(os.getpid()):
+        if procfs.is_raylet(pid):
+            break
+        lineage.append(pid)
+    return lineage
+
+
 class _HintReader:
     """Layout hints of a worker: its own argv, its ancestors', its session's Python processes, then the
     drivers of the Ray jobs submitted to its raylet.
@@ -265,7 +279,7 @@ class _HintReader:
     """
 
     def __init__(self, exclude: Collection[int] = ()) -> None:
-        self._own = {os.getpid(), *procfs.ancestors(os.getpid()), *exclude}
+        self._own = {*own_lineage(), *exclude}
         self._argv_hints: dict[int, dict[str, int]] = {}
         self._session_hints: dict[int, dict[str, int]] = {}
         self._job_driver_hints: dict[int, dict[str, int]] = {}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -24,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import mtpdiag
-from mtpdiag.capture import procfs
+from mtpdiag.capture import own_lineage
+from mtpdiag.capture.ray_address import answers, keep_loopback
 from mtpdiag.capture.ray_node import capture_node, identify
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.base import FileCaptures
@@ -100,6 +100,7 @@ class RayCluster:
     """A driver's connection to a Ray cluster (``address``: ``auto``, ``HOST:PORT`` or ``ray://…``)."""
 
     def __init__(self, address: str, timeout: float = 60.0) -> None:
+        keep_loopback(address)  # before Ray reads its environment (ray_address)
         self.ray = import_ray()
         self.address = address
         self.timeout = timeout
@@ -116,8 +117,8 @@ class RayCluster:
         self._remote = self.ray.remote(capture_node)
         self.progress: ClusterProgress | None = None  # watch's Flight Recorder signal, once asked for
         self._driver_node = self.ray.get_runtime_context().get_node_id()
-        # This process and its ancestors run on the driver's node: never a rank, never a layout hint.
-        self._driver = identify([os.getpid(), *procfs.ancestors(os.getpid())])
+        # This process and its ancestors (below a raylet) run on the driver's node: never a rank or a layout hint.
+        self._driver = identify(own_lineage())
 
     def _init(self) -> None:
         """``ray.init``. Ray Client (``ray://``) starts a server process on the head for each connection, and on
@@ -294,16 +295,6 @@ def gcs_address(address: str) -> str:
         if address != "auto":
             raise
         raise ConnectionError("no Ray cluster runs here and RAY_ADDRESS is not set (give --ray HOST:PORT)") from None
-
-
-def answers(host_port: str, timeout: float = 10.0) -> None:
-    """ConnectionError unless something accepts a TCP connection at ``host_port`` (the GCS's port)."""
-    host, _, port = host_port.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            pass
-    except (OSError, ValueError) as exc:
-        raise ConnectionError(f"nothing answers at {host_port} ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def why_failed(exc: BaseException, ray: Any) -> str:

@@ -3,15 +3,22 @@
 The driver (``examples/ray_verl/driver.py``, standing in for ``python -m verl.trainer.main_ppo``, with its
 Hydra overrides) has a TaskRunner actor create four ``WorkerDict`` actors with verl's ``runtime_env`` env_vars
 (RANK, WORLD_SIZE, WG_PREFIX, ...) and a secret; they run real megatron-core MTP loss code on gloo and hang
-(verl #5895, cp=2 pp=2). Two deployments, one job each:
+(verl #5895, cp=2 pp=2). Four deployments, one job each:
 
 * ``ray start``: verl's cluster guide on one node: ``ray start --head``, then the driver joins the cluster
   from the same shell (same session). The raylet is no descendant of the driver and the actors' command
   lines carry no sizes, so the layout can only come from the driver among the session's Python processes.
 * ``ray.init``: the driver starts a local cluster of its own; the raylet is its child.
+* ``cluster_utils``: the driver starts the cluster with Ray's ``cluster_utils.Cluster`` (on the loopback, its
+  temp dir as ``RAY_TMPDIR``); the raylet is its child too.
 * ``ray job submit``: verl's documented launch on a cluster: ``ray start --head``, then the driver is
   submitted as a Ray job. Ray runs it below the raylet's ``ray::JobSupervisor``, in a session of its own,
   so the layout can only come from the drivers of the jobs submitted to the workers' raylet.
+
+In every deployment ``inspect --ray`` names the hang through the cluster at the address the driver prints. Where
+the driver started the cluster, the driver is an ancestor of the capture task's worker and must still be read
+for the layout (#20); the head listens on the loopback only, which Ray's own address handling would replace
+with the host's address.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ WORLD = 4
 # A Kubeflow PyTorchJob gives each pod (node) a RANK and WORLD_SIZE: in the "ray start" job, the shell, the
 # driver and every Ray process inherit them; only the actors get their own from verl's runtime_env.
 NODE_ENV = {"RANK": "0", "WORLD_SIZE": "1"}
+# The deployments whose driver starts the cluster itself, so that the raylet is its child (#20).
+OWN_CLUSTER = ("ray.init", "cluster_utils")
 SUBMISSION = "mtpdiag-e2e-verl"  # the `ray job submit --submission-id` of the third deployment
 CANARY = "cnry-ray-6b0e-wandb"  # in every actor's environment and on the driver's command line
 OVERRIDES = [
@@ -63,12 +72,13 @@ OVERRIDES = [
 
 @dataclass(frozen=True)
 class RayJob:
-    mode: str  # "ray start" (the driver joins a running cluster) or "ray.init" (it starts its own)
+    mode: str  # "ray start", "ray job submit" (the driver joins a running cluster), or one of OWN_CLUSTER
     session: int  # the session id of the shell that ran `ray start` and the driver
     driver: int
     raylet: int
     actors: dict[int, int]  # rank -> pid
     log: Path
+    gcs: str  # the cluster's address, as the driver's Ray connection gives it
 
 
 def _require_ray(mode: str) -> None:
@@ -128,10 +138,12 @@ def _launch(mode: str, ray_tmp: str, log: Path) -> subprocess.Popen:
             f"exec {ray} job logs --address {jobs} --follow {SUBMISSION}\n"
         )
         cmd = ["bash", "-c", script, "bash", *driver]
+    elif mode == "cluster_utils":  # Ray's test harness in the driver: the head node is its child too
+        cmd = [*driver, "--temp-dir", ray_tmp, "--cluster-utils"]
     else:  # the driver's ray.init starts a local cluster of its own
         cmd = [*driver, "--temp-dir", ray_tmp]
     env = {**os.environ, **RAY_TEST_ENV, "OMP_NUM_THREADS": "1"}
-    env.update(NODE_ENV if mode != "ray.init" else {})
+    env.update(NODE_ENV if mode not in OWN_CLUSTER else {})
     with open(log, "w") as out:
         return subprocess.Popen(
             cmd,
@@ -144,10 +156,10 @@ def _launch(mode: str, ray_tmp: str, log: Path) -> subprocess.Popen:
         )
 
 
-@pytest.fixture(scope="module", params=["ray start", "ray.init", "ray job submit"])
+@pytest.fixture(scope="module", params=["ray start", "ray.init", "cluster_utils", "ray job submit"])
 def job(request, tmp_path_factory):
-    """The hung job: ``ray start`` + a driver that joins (verl's cluster guide), a driver's own ray.init, or
-    ``ray start`` + ``ray job submit`` (verl's documented launch)."""
+    """The hung job: ``ray start`` + a driver that joins (verl's cluster guide), a driver's own ray.init or
+    cluster_utils.Cluster, or ``ray start`` + ``ray job submit`` (verl's documented launch)."""
     mode = request.param
     _require_ray(mode)
     tmp = tmp_path_factory.mktemp("ray")
@@ -174,7 +186,8 @@ def job(request, tmp_path_factory):
                 if procfs.is_python(p) and DRIVER in (procfs.read_cmdline(p) or [])
             ]
         wait_until_quiet(list(actors.values()))
-        yield RayJob(mode=mode, session=session, driver=driver, raylet=raylets[0], actors=actors, log=log)
+        gcs = dict(item.split("=", 1) for item in ready.split() if "=" in item)["gcs"]
+        yield RayJob(mode=mode, session=session, driver=driver, raylet=raylets[0], actors=actors, log=log, gcs=gcs)
     finally:
         proc.send_signal(signal.SIGTERM)  # the driver shuts Ray down (ray start: only its connection)
         try:
@@ -214,7 +227,7 @@ def test_the_actors_are_deployed_as_verl_deploys_them(job):
         argv = procfs.read_cmdline(pid)
         assert stat.comm == "ray::WorkerDict" and argv[0] == "ray::WorkerDict.update_actor", (stat.comm, argv)
         assert stat.ppid == job.raylet and stat.session == job.session
-        assert (job.driver in procfs.ancestors(pid)) == (job.mode == "ray.init")
+        assert (job.driver in procfs.ancestors(pid)) == (job.mode in OWN_CLUSTER)
         assert not any("parallel" in a or a in ("--cp", "--pp") for a in argv), argv
         environ = dict(e.partition(b"=")[::2] for e in _raw(pid, "environ").split(b"\0") if e)
         assert environ[b"RANK"] == str(rank).encode() and environ[b"WORLD_SIZE"] == str(WORLD).encode()
@@ -224,7 +237,7 @@ def test_the_actors_are_deployed_as_verl_deploys_them(job):
     # in the "ray start" job they and the driver carry the node's RANK, which a worker must not be taken for.
     others = _python_descendants(job.raylet) - set(job.actors.values())
     assert len(others) >= 2, others
-    node_env = NODE_ENV if job.mode != "ray.init" else {}
+    node_env = NODE_ENV if job.mode not in OWN_CLUSTER else {}
     for pid in [*others, job.driver]:
         assert {k: v for k, v in (procfs.read_env(pid) or {}).items() if k in ("RANK", "WORLD_SIZE")} == node_env
 
@@ -271,7 +284,7 @@ def test_inspect_all_finds_exactly_the_actors_and_reads_the_layout_from_the_driv
 def test_inspect_raylet_pid_expands_to_the_actors(job):
     report = _cli_json("inspect --pid raylet", "inspect", "--pid", str(job.raylet))
     _check_diagnosis(report, job)
-    if job.mode == "ray.init":  # the driver is the raylet's parent: its pid expands the same way
+    if job.mode in OWN_CLUSTER:  # the driver is the raylet's parent: its pid expands the same way
         _check_diagnosis(_cli_json("inspect --pid driver", "inspect", "--pid", str(job.driver)), job)
 
 
@@ -289,3 +302,12 @@ def test_collect_from_the_raylet_then_analyze(job, tmp_path):
     console = run_cli("analyze", str(out))
     _no_canary(console, "analyze (console)")
     assert console.returncode == 1 and "verl #5895" in console.stdout, console.stdout[-2000:]
+
+
+def test_inspect_ray_names_the_hang_with_the_layout_from_the_driver(job):
+    """Through the cluster, at the address the driver prints: where the driver started the cluster it is an
+    ancestor of the capture task's worker, and its sizes are still the layout (#20)."""
+    done = run_cli("inspect", "--ray", job.gcs, "--json", "--ray-timeout", "240", timeout=600)
+    _no_canary(done, "inspect --ray")
+    assert done.returncode == 1, (job.gcs, done.returncode, done.stderr[-3000:])
+    _check_diagnosis(json.loads(done.stdout), job)
