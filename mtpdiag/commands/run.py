@@ -137,7 +137,7 @@ def run(
     )
     supervisor.shared = shared
     if launch:
-        supervisor.use_ray(run_ray.RayWatch(launch.address, ray_timeout, run_dir.event))
+        supervisor.use_ray(run_ray.RayWatch(launch.address, ray_timeout, run_dir.event, command))
     try:
         code = supervisor.run()
     finally:

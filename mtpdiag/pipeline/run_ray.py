@@ -238,8 +238,13 @@ def _add_them(env: Mapping[str, str]) -> str:
 class RayWatch:
     """The job's Ray cluster, joined at the first sample that finds it, and the Watcher over its ranks."""
 
-    def __init__(self, address: str, timeout: float, event: Callable[[str], None]) -> None:
+    def __init__(self, address: str, timeout: float, event: Callable[[str], None], command: list[str]) -> None:
+        from mtpdiag.layout.cmdline import layout_hints
+
         self.address, self.timeout, self.event = address, timeout, event
+        # The driver's sizes, from the command run started (the driver may be in no session of the actors'):
+        # each capture gets them after its own, as the drivers --ray finds on the nodes give theirs.
+        self.hints = layout_hints(command)
         self.cluster: RayCluster | None = None
         self._waiting_said = False
         self._said: set[str] = set()  # each node's failure is said once, not at every sample
@@ -273,10 +278,11 @@ class RayWatch:
         return sorted(readings)
 
     def take_stacks(self, options: Mapping[str, Any]) -> Callable[[list[Any], bool], Snapshot]:
+        from mtpdiag.capture.ray_cluster import with_hints
         from mtpdiag.pipeline import capture_ray
 
         def take(_targets: list[Any], busy: bool = False) -> Snapshot:
-            return capture_ray(
+            snapshot = capture_ray(
                 self.connect(),
                 said=self._said,
                 native=bool(options["native"]) and not busy,
@@ -284,6 +290,7 @@ class RayWatch:
                 nonblocking=busy,
                 timeout=float(options["timeout"]),
             )
+            return with_hints(snapshot, self.hints)
 
         return take
 

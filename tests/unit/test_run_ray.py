@@ -56,7 +56,8 @@ def test_run_inside_a_submitted_job_merges_into_its_runtime_env_and_keeps_its_ke
 
 
 def test_a_verl_override_of_the_same_variable_is_kept():
-    command = ["python", "-m", "verl.trainer.main_ppo", "+ray_kwargs.ray_init.runtime_env.env_vars.TORCH_FR_BUFFER_SIZE=5"]
+    override = "+ray_kwargs.ray_init.runtime_env.env_vars.TORCH_FR_BUFFER_SIZE=5"
+    command = ["python", "-m", "verl.trainer.main_ppo", override]
     launch = plan(command, {}, FR, None)
     assert launch is not None and launch.kept == ["TORCH_FR_BUFFER_SIZE"]
     assert json.loads(launch.env[JOB_CONFIG_ENV])["runtime_env"]["env_vars"] == {
