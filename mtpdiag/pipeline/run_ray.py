@@ -67,6 +67,7 @@ class RayLaunch(msgspec.Struct, frozen=True, kw_only=True):
     detected: str  # why this is a Ray job: "ray job submit", a verl driver's name, or "--ray"
     address: str  # the cluster run watches (--ray's value, or auto)
     why_not: str = ""  # RayEnvRoute.NOT_APPLIED: why, and what to do
+    note: str = ""  # something about the command that run cannot change, said once
 
     def lines(self) -> list[str]:
         """What run says about it, one line each."""
@@ -76,7 +77,7 @@ class RayLaunch(msgspec.Struct, frozen=True, kw_only=True):
             return [head + self.why_not, f"watching the Ray cluster at {self.address} (--ray)"]
         out = [f"a Ray job ({self.detected}): its actors get {names} through {self.route}"]
         out += [f"keeping the job's own runtime_env value of {name}" for name in self.kept]
-        return [*out, f"watching the Ray cluster at {self.address} (--ray)"]
+        return [*out, *([self.note] if self.note else []), f"watching the Ray cluster at {self.address} (--ray)"]
 
     def record(self) -> dict[str, Any]:
         """``run.json``'s ``ray``: what was applied and how (names only; the values are the run's paths)."""
@@ -170,6 +171,9 @@ def _submit_launch(command: list[str], at: int, ours: dict[str, str], detected: 
         command=command, env={}, route=RayEnvRoute.SUBMIT_RUNTIME_ENV, actor_env=ours, kept=[], detected=detected,
         address=address,
     )  # fmt: skip
+    if "--no-wait" in options:  # the client returns at once, and run with it: the job goes on unwatched
+        base = msgspec.structs.replace(base, note="ray job submit --no-wait returns at once, and run with it: drop "
+                                       "--no-wait so that run watches the job until it ends")  # fmt: skip
     if _option_value(options, RUNTIME_ENV_FILE)[0] is not None:
         return _not_applied(base, f"the job's runtime_env is in a {RUNTIME_ENV_FILE} file: {_add_them(ours)}")
     if given is None:

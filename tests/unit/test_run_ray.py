@@ -70,6 +70,7 @@ def test_ray_job_submit_gets_them_in_runtime_env_json_merged_into_the_users():
     assert launch is not None and launch.route == RayEnvRoute.SUBMIT_RUNTIME_ENV and launch.env == {}
     assert launch.command[:5] == ["ray", "job", "submit", "--runtime-env-json", json.dumps({"env_vars": FR})]
     assert launch.command[5:] == ["--no-wait", "--", "python", "d.py"]
+    assert any("drop --no-wait" in line for line in launch.lines())
     users = {"pip": ["x"], "env_vars": {"TORCH_FR_DUMP_TEMP_FILE": "/shared/fr/rank_", "A": "1"}}
     for spelled in (["--runtime-env-json", json.dumps(users)], [f"--runtime-env-json={json.dumps(users)}"]):
         launch = plan(["ray", "job", "submit", *spelled, "--", "python", "d.py"], {}, FR, None)
