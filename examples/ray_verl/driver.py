@@ -32,6 +32,7 @@ import sys
 
 EXAMPLES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MTP_WORKER = os.path.join(EXAMPLES, "mtp_cp_deadlock", "worker.py")
+FR_WORKER = os.path.join(EXAMPLES, "flight_recorder", "worker.py")
 
 # The keys of verl's config that this job reads. Sizes default to 1 as in verl; the world to 4 CPU processes.
 SIZE_KEYS = {
@@ -78,15 +79,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _load(name: str, path: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class WorkerDict:
     """One Megatron worker, as verl's fused ``WorkerDict`` actor: rank and rendezvous come from its env."""
 
     def __init__(self, mtp_worker_path: str) -> None:
-        import importlib.util
+        self.mtp = _load("mtp_cp_deadlock_worker", mtp_worker_path)
+        prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+        if prefix and os.environ.get("TORCH_FR_BUFFER_SIZE"):
+            # The Flight Recorder's dump when the collectives stop, as NCCL's watchdog writes it on its timeout
+            # (gloo never does): examples/flight_recorder/worker.py's thread, if the actor was given the variables.
+            import threading
 
-        spec = importlib.util.spec_from_file_location("mtp_cp_deadlock_worker", mtp_worker_path)
-        self.mtp = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(self.mtp)
+            recorder = _load("flight_recorder_worker", FR_WORKER)
+            stall_s = float(os.environ.get("MTPDIAG_FR_STALL_S", "5"))
+            threading.Thread(target=recorder.watch, args=(prefix, stall_s), name="fr-dump", daemon=True).start()
 
     def init_model(self, tp: int, cp: int, pp: int) -> tuple[int, int, str, str]:
         """torch.distributed from RANK/WORLD_SIZE/MASTER_* (env://) and megatron-core model parallelism."""

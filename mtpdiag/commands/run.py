@@ -27,7 +27,7 @@ from mtpdiag import pipeline
 from mtpdiag.commands import options as o
 from mtpdiag.errors import EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot
-from mtpdiag.pipeline import multinode
+from mtpdiag.pipeline import multinode, run_ray
 from mtpdiag.pipeline.run_dir import RunDir, default_dir, flight_recorder_env, utc
 from mtpdiag.pipeline.shared_out import SharedOut
 from mtpdiag.pipeline.watcher import JobEnded, Watcher
@@ -92,10 +92,20 @@ def run(
     order: str | None = o.ORDER,
     config: str | None = o.CONFIG,
     override: list[str] | None = o.OVERRIDE,
+    ray: str | None = typer.Option(
+        None,
+        "--ray",
+        metavar="[ADDRESS]",
+        help="The job is a Ray job (found by itself for ray job submit and verl's main_ppo): give its actors the "
+        "Flight Recorder's variables through Ray's runtime_env, and watch every node as watch --ray does. ADDRESS "
+        "(default auto) is the cluster's, as for watch --ray.",
+    ),
+    ray_timeout: float = o.RAY_TIMEOUT,
 ) -> None:
     """Run a job (torchrun, python -m, deepspeed, …) and diagnose its hang within seconds, into a run directory."""
     if not command:
         raise InputError("give the job's command after --: mtpdiag run [OPTIONS] -- torchrun ... train.py")
+    run_ray.check_address(ray)
     base = out if out is not None else default_dir()
     node = multinode.node_label(host, command, os.environ, os.uname().nodename)
     run_dir = RunDir.claim(base / node if node is not None else base)
@@ -103,13 +113,19 @@ def run(
     added, kept = flight_recorder_env(os.environ, str(run_dir.path))
     for name, (theirs, ours) in kept.items():
         _say(f"keeping your {name}={theirs} (mtpdiag's would be {ours})")
+    launch = run_ray.launch(command, os.environ, added, kept, ray)  # a Ray job: its actors get them too
+    for line in launch.lines() if launch else ():
+        _say(line)
+    command, driver_env = (launch.command, launch.env) if launch else (command, {})
     try:
-        child = subprocess.Popen(command, env={**os.environ, **added}, **_own_group())
+        child = subprocess.Popen(command, env={**os.environ, **added, **driver_env}, **_own_group())
     except OSError as exc:
         run_dir.release()
         raise InputError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
     try:
-        run_dir.describe(pid=child.pid, launcher=os.path.basename(command[0]), set=added, kept=sorted(kept))
+        ray_record = {"ray": launch.record()} if launch else {}
+        launcher = os.path.basename(command[0])
+        run_dir.describe(pid=child.pid, launcher=launcher, set=added, kept=sorted(kept), **ray_record)
     except OSError as exc:  # the job runs: our own failure is logged, never its end
         run_dir.error(exc, "run.json")
     _forward_signals(child)
@@ -120,7 +136,14 @@ def run(
         child, run_dir, layout, on_hang, hang_after, pause_after, interval, native, native_timeout, timeout
     )
     supervisor.shared = shared
-    raise typer.Exit(supervisor.run())
+    if launch:
+        supervisor.use_ray(run_ray.RayWatch(launch.address, ray_timeout, run_dir.event, command))
+    try:
+        code = supervisor.run()
+    finally:
+        if supervisor.ray is not None:
+            supervisor.ray.close()
+    raise typer.Exit(code)
 
 
 def _say(text: str) -> None:
@@ -170,6 +193,7 @@ class Supervisor:
         self.child, self.run_dir, self.layout, self.on_hang = child, run_dir, layout, on_hang
         self.hang_after, self.pause_after, self.interval = hang_after, pause_after, interval
         self.capture_options = {"native": native, "native_timeout": native_timeout, "timeout": timeout}
+        self.ray: run_ray.RayWatch | None = None  # a Ray job: watched through --ray's capture
         self.watching = True
         self.watcher = self._new_watcher()
         self.phase: Phase | None = None
@@ -178,7 +202,13 @@ class Supervisor:
         self.failures = 0  # samples that failed in a row
         self.shared: SharedOut | None = None  # the --out every node of a multi-node job shares
 
+    def use_ray(self, ray: run_ray.RayWatch) -> None:
+        self.ray = ray
+        self.watcher = self._new_watcher()
+
     def _new_watcher(self) -> Watcher:
+        if self.ray is not None:
+            return self.ray.watcher(self.layout, self.interval, self.hang_after, self.pause_after, self.capture_options)
         from mtpdiag.capture import capture, find_targets
         from mtpdiag.capture.flight_recorder import LiveProgress
 
@@ -249,7 +279,8 @@ class Supervisor:
 
     def _sample_and_act(self, now: float) -> int | None:
         sample = self.watcher.sample(now)
-        self._note_exits(sample.targets)
+        if self.ray is None:  # --ray's targets are (node id, pid): an actor's end is Ray's to report
+            self._note_exits(sample.targets)
         if self.shared is not None:  # another node called a hang: this node's ranks go beside its bundle
             for where in self.shared.look(self.watcher, sample.targets):
                 _say(f"another node called a hang; this node's ranks are in {where}")

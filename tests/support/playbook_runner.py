@@ -296,7 +296,9 @@ _MTPDIAG_CALL = re.compile(r"(?:^|[\s;|&(`'\"])mtpdiag\s+([a-z]+)([^;|&`'\"\n]*)
 def mtpdiag_calls(text: str) -> list[tuple[str, list[str]]]:
     """``(subcommand, [--options])`` of every mtpdiag command in a text (a block, or prose code spans)."""
     text = text.replace("\\\n", " ")
-    return [(m.group(1), re.findall(r"(?<![\w-])--[a-z][a-z-]*", m.group(2))) for m in _MTPDIAG_CALL.finditer(text)]
+    # ``mtpdiag run [OPTIONS] -- COMMAND``: the options after the dashes are the job's
+    calls = [(m.group(1), m.group(2).split(" -- ")[0]) for m in _MTPDIAG_CALL.finditer(text)]
+    return [(sub, re.findall(r"(?<![\w-])--[a-z][a-z-]*", rest)) for sub, rest in calls]
 
 
 def shim_dir(path: str, python: str) -> str:
