@@ -288,10 +288,13 @@ class _HintReader:
     def for_process(self, pid: int) -> dict[str, int]:
         ancestors = procfs.ancestors(pid)
         sources = [self._hints_of(p) for p in [pid, *ancestors] if p not in self._own]
-        stat = procfs.read_stat(pid)
-        if stat is not None and stat.session > 0:
-            sources.append(self._of_session(stat.session))
-        sources += [self._of_job_drivers(p) for p in ancestors if procfs.is_raylet(p)]
+        raylets = [p for p in ancestors if procfs.is_raylet(p)]
+        if raylets:  # a Ray worker: its driver is in its session, or below its raylet (never for other processes:
+            # a shell session can hold any other job, whose sizes would be taken for this one's)
+            stat = procfs.read_stat(pid)
+            if stat is not None and stat.session > 0:
+                sources.append(self._of_session(stat.session))
+        sources += [self._of_job_drivers(p) for p in raylets]
         return cmdline.merge_hints(*sources)
 
     def for_raylet(self, raylet: int) -> dict[str, int]:

@@ -17,6 +17,8 @@ from mtpdiag.errors import InputError
 from mtpdiag.layout.megatron import LayoutError, ParallelLayout
 from mtpdiag.vocabulary.sizes import COMMAND_LINE_FLAGS, CONFIG_NAMES, SOURCE_KEYS
 
+HINTS = "command line of the target processes"
+
 
 class _Source(msgspec.Struct, frozen=True):
     """One place sizes came from, and how that place spells a size (for conflict messages)."""
@@ -87,7 +89,11 @@ def resolve_layout(
     try:
         layout = ParallelLayout.for_world(world_size, **_arguments(values))
     except LayoutError as exc:
-        raise InputError(str(exc)) from None
+        if any(s.name != HINTS for s in sources):
+            raise InputError(str(exc)) from None
+        # Sizes read off command lines are a guess (another job's may be among them): a guess that does not fit
+        # is dropped and said, never the reason a hung job gets no report.
+        return None, f"{source}, which does not fit ({exc})"
     return layout, source
 
 
@@ -148,7 +154,7 @@ def _hint_source(hints: Iterable[Mapping[str, int | str]]) -> _Source | None:
     if not merged:
         return None
     shown = " ".join(_spell_flag(k, merged[k]) for k in SOURCE_KEYS if k in merged)
-    return _Source("command line of the target processes", f"command line ({shown})", merged, _spell_flag)
+    return _Source(HINTS, f"command line ({shown})", merged, _spell_flag)
 
 
 def _spell_mtpdiag_flag(key: str, value: object) -> str:

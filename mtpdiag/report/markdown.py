@@ -32,6 +32,8 @@ def _heading(report: Report, layout: Mapping[str, int] | None) -> list[str]:
         sizes = ", ".join(f"{k}={layout[k]}" for k in COORDINATES if k in layout)
         source = f" (from {report.layout_source})" if report.layout_source else ""
         out += [f"Layout: {sizes}{source}. World size: {report.world_size}.", ""]
+    elif report.layout_source:  # sizes that were found and dropped, and why
+        out += [f"Layout: unknown ({report.layout_source}).", ""]
     return out
 
 

@@ -99,8 +99,9 @@ def mismatch_sentence(m: Mismatch, views: Mapping[int, RankView], layout: Mappin
 
 def layout_line(report: Report) -> str:
     """``layout: tp=1 cp=2 ... from <source>``, or how to give one."""
-    if not report.layout:
-        return "layout: unknown (pass --tp/--cp/--pp or --config to find split process groups)"
+    if not report.layout:  # a source without a layout: sizes that were found but give none, and why
+        found = f"{report.layout_source}; " if report.layout_source else ""
+        return f"layout: unknown ({found}pass --tp/--cp/--pp or --config to find split process groups)"
     sizes = " ".join(f"{k}={getattr(report.layout, k)}" for k in COORDINATES)
     source = f" from {report.layout_source}" if report.layout_source else ""
     return f"layout: {sizes}{source}"

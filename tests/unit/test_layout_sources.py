@@ -194,6 +194,19 @@ def test_disagreeing_hints_are_an_error():
     assert "--context-parallel-size 2" in str(info.value) and "--context-parallel-size 4" in str(info.value)
 
 
+def test_hints_that_do_not_fit_the_world_are_dropped_and_said():
+    """Sizes read off command lines are a guess: one that does not fit gives no layout, not a failed command."""
+    layout, source = resolve_layout(2, flags=NO_FLAGS, hints=[{"cp": 2, "pp": 2}])
+    assert layout is None
+    assert source.startswith("command line (--context-parallel-size 2 --pipeline-model-parallel-size 2), which ")
+    assert source.endswith("which does not fit (tp*cp*pp = 1*2*2 = 4 does not divide the world size 2)")
+
+
+def test_flags_that_do_not_fit_the_world_are_an_error():
+    with pytest.raises(InputError, match="does not divide the world size 2"):
+        resolve_layout(2, flags={"cp": 2, "pp": 2}, hints=[{"cp": 2}])
+
+
 def test_sources_merge_in_priority_order():
     layout, source = resolve_layout(8, flags={"tp": 2}, config=USER, hints=[{"pp": 2}])
     assert (layout.tp, layout.cp, layout.pp) == (2, 2, 2)
