@@ -3,7 +3,7 @@
 verl's workers carry no sizes on their command lines; their driver does. A node's capture task finds drivers by
 process relationships (``capture._HintReader``), which miss a driver started from another session than the one
 that ran ``ray start`` (a second terminal, a Slurm step) or on another node. The cluster's GCS lists every job's
-driver: its pid, its node's address and, since Ray 2.x, its entrypoint (the driver's command line). The driver
+driver: its pid, its node's address and its entrypoint (the driver's command line, as Ray 2.49 records it). The driver
 side (``ray_cluster``) reads that table and reduces each entrypoint to sizes at once; each node's capture task
 gets the pids of the drivers on its node and reduces their command lines to sizes there. Argv never leaves.
 
@@ -47,9 +47,12 @@ def read_job_table(ray: Any) -> tuple[list[Mapping[str, Any]], str | None]:
     try:
         rows = ray._private.state.jobs()
     except Exception as exc:  # ImportError/AttributeError in another Ray, RaySystemError when not connected
-        return [], f"Ray's job table could not be read ({type(exc).__name__}): job drivers were found on the nodes only"
+        return (
+            [],
+            f"Ray's job table could not be read ({type(exc).__name__}): the layout is looked for on the nodes only",
+        )
     if not isinstance(rows, list):
-        return [], "Ray's job table is not a list in this Ray: job drivers were found on the nodes only"
+        return [], "Ray's job table is not a list in this Ray: the layout is looked for on the nodes only"
     return [row for row in rows if isinstance(row, Mapping)], None
 
 
