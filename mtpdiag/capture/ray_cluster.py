@@ -187,7 +187,7 @@ class RayCluster:
         alive = [n for n in nodes if n.alive]
         if self.progress is not None:
             options["fr_progress"] = self.progress.state
-        drivers, notes = job_drivers(self.ray)  # Ray's job table: the drivers no process relationship leads to
+        drivers, notes = job_drivers(self.ray, client=self.address.startswith("ray://"))  # Ray's job table
         replies, failed = self._run(alive, {"mode": "stacks", **options}, drivers_by_ip(drivers))
         if self.progress is not None:
             self.progress.update(replies.values())

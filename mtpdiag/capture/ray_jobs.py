@@ -12,9 +12,10 @@ Nothing here imports Ray: ``read_job_table`` is handed the connected ray module.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
+import sys
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from mtpdiag.capture import procfs
@@ -22,9 +23,12 @@ from mtpdiag.layout import cmdline
 
 # A job's StartTime is when its driver connected, after the process started; /proc's start time is whole seconds.
 START_SLACK_S = 2.0
+CLIENT_TABLE_TIMEOUT_S = 60.0
+NOT_READ = "Ray's job table could not be read"
+ON_THE_NODES = "the layout is looked for on the nodes only"
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class JobDriver:
     """One alive job's driver, as the GCS lists it: where it runs, and the sizes its entrypoint names."""
 
@@ -35,24 +39,39 @@ class JobDriver:
     entrypoint_hints: dict[str, int]
 
 
-def job_drivers(ray: Any) -> tuple[list[JobDriver], list[str]]:
-    """The drivers of the cluster's alive jobs but this connection's own, and a note when Ray cannot list them."""
-    rows, note = read_job_table(ray)
-    return alive_drivers(rows, own_job_id(ray)), [note] if note else []
+def job_drivers(ray: Any, *, client: bool = False) -> tuple[list[JobDriver], list[str]]:
+    """The drivers of the cluster's alive jobs but this connection's own, and a note when Ray cannot list them.
+
+    A Ray Client connection (``ray://``, ``client``) has no GCS connection in this process: a task on the cluster
+    reads the table there and hands back the drivers alone (``drivers_on_cluster``), never an entrypoint."""
+    own = own_job_id(ray)
+    if not client:
+        rows, note = read_job_table(ray)
+        return alive_drivers(rows, own), [note] if note else []
+    try:
+        task = ray.remote(drivers_on_cluster).options(num_cpus=0, max_retries=0, name="mtpdiag-job-table")
+        found, note = ray.get(task.remote(own), timeout=CLIENT_TABLE_TIMEOUT_S)
+        return [JobDriver(*fields) for fields in found], [note] if note else []
+    except Exception as exc:  # the task failed, timed out, or answered in another shape (another mtpdiag there)
+        return [], [f"{NOT_READ} ({type(exc).__name__}): {ON_THE_NODES}"]
+
+
+def drivers_on_cluster(own_job: str) -> tuple[list[tuple[Any, ...]], str | None]:
+    """Run as a task (a Ray worker has imported Ray and is connected to the GCS): ``alive_drivers`` there, as
+    plain tuples, and ``read_job_table``'s note."""
+    rows, note = read_job_table(sys.modules["ray"])
+    return [dataclasses.astuple(d) for d in alive_drivers(rows, own_job)], note
 
 
 def read_job_table(ray: Any) -> tuple[list[Mapping[str, Any]], str | None]:
     """The GCS's job table rows (``ray._private.state.jobs()``, which Ray does not promise to keep), and a note
-    when they cannot be read: this Ray lacks the call, or the connection (Ray Client) cannot make it."""
+    when they cannot be read: this Ray lacks the call, or this process is not connected to the GCS."""
     try:
         rows = ray._private.state.jobs()
     except Exception as exc:  # ImportError/AttributeError in another Ray, RaySystemError when not connected
-        return (
-            [],
-            f"Ray's job table could not be read ({type(exc).__name__}): the layout is looked for on the nodes only",
-        )
+        return [], f"{NOT_READ} ({type(exc).__name__}): {ON_THE_NODES}"
     if not isinstance(rows, list):
-        return [], "Ray's job table is not a list in this Ray: the layout is looked for on the nodes only"
+        return [], f"{NOT_READ} (not a list in this Ray): {ON_THE_NODES}"
     return [row for row in rows if isinstance(row, Mapping)], None
 
 

@@ -4,7 +4,8 @@
 joins the cluster from another session (a second terminal, a tmux pane, a Slurm step). The driver is neither an
 ancestor nor a descendant of the raylet, shares no session with the actors, and was not submitted as a Ray job:
 the layout is only where Ray records the driver, in its job table (its pid and node, and its entrypoint). The
-actors' command lines carry no sizes, so without the job table ``inspect --ray`` knows no layout (#20).
+actors' command lines carry no sizes, so without the job table ``inspect --ray`` knows no layout (#20). Through
+Ray Client (``ray://``) mtpdiag's process has no GCS connection of its own: a task reads the table on the cluster.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class DetachedDriverJob:
     raylet: int
     actors: dict[int, int]  # rank -> pid
     gcs: str
+    client: str  # the head's Ray Client address (ray://)
 
 
 def _tail(log: Path) -> str:
@@ -83,12 +85,13 @@ def job(tmp_path_factory):
     ray_tmp = tempfile.mkdtemp(prefix="mtpd-rayjt-", dir="/tmp")  # Ray's socket paths must stay short
     env = {**os.environ, **RAY_TEST_ENV, "OMP_NUM_THREADS": "1"}
     py = sys.executable
-    port = free_port()
+    port, client = free_port(), free_port()
     head_log, driver_log = tmp / "head.log", tmp / "driver.log"
     with open(head_log, "w") as out:
         head = subprocess.Popen(
             [py, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-             f"--num-cpus={WORLD + 1}", "--disable-usage-stats", f"--temp-dir={ray_tmp}", "--include-dashboard=false"],
+             f"--num-cpus={WORLD + 1}", "--disable-usage-stats", f"--temp-dir={ray_tmp}", "--include-dashboard=false",
+             f"--ray-client-server-port={client}"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=ROOT,
             start_new_session=True,
         )  # fmt: skip
@@ -115,7 +118,8 @@ def job(tmp_path_factory):
         seen.update(procfs.descendants(raylets[0]))
         wait_until_quiet(list(actors.values()))
         gcs = dict(item.split("=", 1) for item in ready.split() if "=" in item)["gcs"]
-        yield DetachedDriverJob(head_session=head.pid, driver=driver.pid, raylet=raylets[0], actors=actors, gcs=gcs)
+        yield DetachedDriverJob(head_session=head.pid, driver=driver.pid, raylet=raylets[0], actors=actors, gcs=gcs,
+                                client=f"ray://127.0.0.1:{client}")  # fmt: skip
     finally:
         if driver is not None:
             driver.send_signal(signal.SIGTERM)  # the driver's connection and its actors end
@@ -139,10 +143,19 @@ def test_inspect_ray_reads_the_layout_of_a_driver_in_another_session(job):
         assert procfs.read_stat(pid).session == job.head_session
         assert not any("parallel" in a for a in procfs.read_cmdline(pid) or [])
 
-    done = run_cli("inspect", "--ray", job.gcs, "--json", "--ray-timeout", "240", timeout=600)
+    _check_inspect_ray(job, job.gcs)
+
+
+def test_inspect_through_ray_client_reads_the_job_table_on_the_cluster(job):
+    _check_inspect_ray(job, job.client)
+
+
+def _check_inspect_ray(job: DetachedDriverJob, address: str) -> None:
+    done = run_cli("inspect", "--ray", address, "--json", "--ray-timeout", "240", timeout=600)
+    assert "job table could not be read" not in done.stderr, done.stderr[-2000:]
     assert CANARY not in done.stdout and CANARY not in done.stderr
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert done.returncode == 1, (job.gcs, done.returncode, done.stdout[-1500:], done.stderr[-3000:])
+    assert done.returncode == 1, (address, done.returncode, done.stdout[-1500:], done.stderr[-3000:])
     report = json.loads(done.stdout)
     assert sorted((v["rank"], v["pid"]) for v in report["ranks"]) == sorted(job.actors.items())
     check_ray_verl_hang(report)

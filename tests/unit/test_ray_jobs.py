@@ -18,6 +18,7 @@ from mtpdiag.capture.ray_jobs import (
     JobDriver,
     alive_drivers,
     drivers_by_ip,
+    drivers_on_cluster,
     entrypoint_hints,
     job_drivers,
     merged_entrypoint_hints,
@@ -177,3 +178,17 @@ def test_job_drivers_leave_out_the_connection_s_own_job():
     drivers, notes = job_drivers(ray)
     assert [d.job_id for d in drivers] == ["05000000"] and notes == []
     assert drivers[0].entrypoint_hints == {"cp": 2}
+
+
+def test_drivers_on_cluster_hand_back_plain_tuples_without_entrypoints(monkeypatch):
+    """Through Ray Client a task on the cluster reads the table; what it returns crosses as plain data."""
+    rows = [_row(OWN, 10), _row("05000000", 999, entrypoint=subprocess.list2cmdline(VERL_ARGV))]
+    monkeypatch.setitem(
+        sys.modules, "ray", SimpleNamespace(_private=SimpleNamespace(state=SimpleNamespace(jobs=lambda: rows)))
+    )
+    found, note = drivers_on_cluster(OWN)
+    assert note is None and all(type(fields) is tuple for fields in found)
+    assert SECRET not in repr(found)
+    assert [JobDriver(*fields) for fields in found] == [
+        JobDriver("05000000", "10.0.0.5", 999, 1_700_000_000.0, {"cp": 2, "pp": 2})
+    ]
