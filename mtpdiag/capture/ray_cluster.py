@@ -25,6 +25,7 @@ from typing import Any
 import mtpdiag
 from mtpdiag.capture import own_lineage
 from mtpdiag.capture.ray_address import answers, keep_loopback
+from mtpdiag.capture.ray_jobs import drivers_by_ip, job_drivers, merged_entrypoint_hints
 from mtpdiag.capture.ray_node import capture_node, identify
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.base import FileCaptures
@@ -186,14 +187,16 @@ class RayCluster:
         alive = [n for n in nodes if n.alive]
         if self.progress is not None:
             options["fr_progress"] = self.progress.state
-        replies, failed = self._run(alive, {"mode": "stacks", **options})
+        drivers, notes = job_drivers(self.ray, client=self.address.startswith("ray://"))  # Ray's job table
+        replies, failed = self._run(alive, {"mode": "stacks", **options}, drivers_by_ip(drivers))
         if self.progress is not None:
             self.progress.update(replies.values())
-        loaded, notes, hints = [], [], []
+        loaded, driver_hints, hints = [], [], []
         for node in alive:
             reply = replies.get(node.id)
             if reply is None:
                 continue
+            driver_hints.append(reply.get("driver_hints") or {})
             hints.append(reply.get("hints") or {})
             notes += [f"node {node.describe()}: {printable(str(n))}" for n in reply.get("notes") or ()]
             if reply.get("unreadable"):
@@ -205,7 +208,9 @@ class RayCluster:
                 loaded.append(_node_captures(node, reply["bundle"]))
         check_world_sizes(loaded)
         _check_one_node_per_rank(loaded)
-        snapshot = with_hints(merge(loaded, []), cmdline.merge_hints(*hints))
+        snapshot = with_hints(
+            merge(loaded, []), cmdline.merge_hints(*driver_hints, merged_entrypoint_hints(drivers), *hints)
+        )
         # Named for the cluster, by the node mtpdiag joined it through (a bundle's file name, --out DIR).
         snapshot = replace(snapshot, host=f"ray-{alive[0].hostname}" if alive else "ray")
         failed += _dead_nodes_note(nodes, snapshot)
@@ -223,14 +228,17 @@ class RayCluster:
         }
         return readings, tuple(failed)
 
-    def _run(self, nodes: list[Node], request: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
-        """Run the capture task on every node at once; the replies by node id (each the task's raw dict, as Ray
-        returned it), and a line per node that failed."""
+    def _run(
+        self, nodes: list[Node], request: dict[str, Any], drivers: Mapping[str, list[list[float]]] | None = None
+    ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """Run the capture task on every node at once, each given the job drivers at its address; the replies by
+        node id (each the task's raw dict, as Ray returned it), and a line per node that failed."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         refs = []
         for node in nodes:
             exclude = self._driver if node.id == self._driver_node else []
+            here = (drivers or {}).get(node.ip, [])  # the job drivers Ray's job table places at its address
             strategy = NodeAffinitySchedulingStrategy(node_id=node.id, soft=False)
             try:
                 refs.append(
@@ -239,7 +247,7 @@ class RayCluster:
                         num_cpus=0,
                         max_retries=0,
                         name="mtpdiag-capture",
-                    ).remote({**request, "label": node.label, "exclude": exclude})
+                    ).remote({**request, "label": node.label, "exclude": exclude, "drivers": here})
                 )
             except Exception as exc:  # a ray:// client server that cannot import mtpdiag fails here, not in a task
                 raise InputError(

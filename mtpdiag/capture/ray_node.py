@@ -25,6 +25,7 @@ from mtpdiag.capture import capture, procfs, raylet_hints
 from mtpdiag.capture.discover import workers_below
 from mtpdiag.capture.flight_recorder import LiveProgress, with_dumps
 from mtpdiag.capture.pyspy import find_pyspy
+from mtpdiag.capture.ray_jobs import node_driver_hints
 from mtpdiag.errors import MtpdiagError
 
 REPLY_SCHEMA = "mtpdiag.ray-node/1"
@@ -36,11 +37,13 @@ def capture_node(request: dict[str, Any]) -> dict[str, Any]:
     ``request``: ``label`` (the host name the captures carry), ``mode`` (``stacks``, or ``cpu`` for ``watch``'s
     main-thread CPU reading alone), py-spy's ``native``, ``nonblocking``, ``timeout`` and ``native_timeout``,
     ``fr_dump`` and ``fr_wait`` (the Flight Recorder), ``fr_progress`` (``watch``: the ``LiveProgress.state`` the
-    driver keeps, polled here), and ``exclude`` ([pid, start time] pairs of the driver and its ancestors, for the
-    node it runs on). The reply holds ``bundle`` (None when the node runs no rank), ``cpu`` (pid -> ns), ``hints``
-    (the sizes on the command lines of the job drivers this node runs), ``notes``, ``unreadable`` (processes below
-    the raylet whose environment could not be read), ``fr_progress`` (``moved``, and the new state of this node's
-    ranks), or ``failure``: one line saying why nothing could be captured (py-spy missing, permission denied).
+    driver keeps, polled here), ``exclude`` ([pid, start time] pairs of the driver and its ancestors, for the
+    node it runs on) and ``drivers`` ([pid, job start] of the job drivers Ray's job table places here). The reply
+    holds ``bundle`` (None when the node runs no rank), ``cpu`` (pid -> ns), ``hints`` (the sizes on the command
+    lines of the job drivers this node's raylet leads to), ``driver_hints`` (those of ``drivers``), ``notes``,
+    ``unreadable`` (processes below the raylet whose environment could not be read), ``fr_progress`` (``moved``,
+    and the new state of this node's ranks), or ``failure``: one line saying why nothing could be captured (py-spy
+    missing, permission denied).
     """
     reply: dict[str, Any] = {"schema": REPLY_SCHEMA, "version": mtpdiag.__version__, "pid": os.getpid()}
     try:
@@ -54,6 +57,7 @@ def capture_node(request: dict[str, Any]) -> dict[str, Any]:
         reply.update(hints=raylet_hints(raylet, exclude), unreadable=unreadable)
         if request.get("mode") == "cpu":
             return {**reply, "cpu": {str(pid): procfs.main_thread_cpu_ns(pid) for pid in workers}}
+        reply["driver_hints"] = node_driver_hints(request.get("drivers") or (), exclude)
         if not workers:
             return {**reply, "bundle": None}
         snapshot = capture(
