@@ -1,15 +1,21 @@
 """What ``mtpdiag run`` costs a healthy job: its steps per second with and without ``run``, in one run.
 
-Usage: python benchmarks/run_overhead.py [--repeat N] [--steps N] [--device-step-s S]
+Usage: python benchmarks/run_overhead.py [--pairs N] [--steps N] [--device-step-s S]
 
-The job is ``examples/nccl_behaviour/worker.py --healthy``-like (the fixed gate, cp 2, pp 2, 4 ranks under
-torchrun, ``--steps N``), started plainly and under ``mtpdiag run --out <tmp>``, alternately (plain, run, plain,
-run, …), so both see the same machine. Its steps per second are read from rank 0's ``rank 0 step K`` lines as
-they arrive on a pipe (the same pipe for both: ``run`` passes the job's stdout through), from step
-``WARMUP`` to the last one, so start-up (imports, communicators) and ``run``'s arming are left out. Prints each
-pair, the medians and the median of the per-pair ratios (run / plain; 1.0 = no cost).
-No assertions: this measures, it does not judge. The job's ranks share this machine's cores with the watcher
-(and its py-spy), as a GPU node's host cores are not: on 2 loaded cores this is the worst case.
+The job is ``examples/nccl_behaviour/worker.py`` with the fixed gate (cp 2, pp 2, 4 ranks under torchrun,
+``--steps N``), started plainly and under ``mtpdiag run --out <tmp>``. The two alternate in pairs whose order
+flips (plain, run; run, plain; plain, run; ...: A/B/B/A), so both see the same machine and a load that drifts
+during the run favours neither. Steps per second are read from rank 0's ``rank 0 step K`` lines as they arrive
+on a pipe (the same pipe for both: ``run`` passes the job's stdout through), from step ``WARMUP`` to the last
+one, so start-up (imports, communicators) and ``run``'s arming are left out. Both get the Flight Recorder as
+``run`` sets it, so only the watching differs (including the dumps ``run`` asks the job for).
+
+Prints each pair (with the load average when it ended), then the median ratio run / plain (1.0 = no cost; the
+issue's bound is 0.99) with its spread (lowest, highest, and the interquartile range), the CPU the watcher used
+(``mtpdiag run`` and the py-spy processes it started, per second of the measured steps) and how its samples
+read stacks (``events.log``'s ``sampling:`` line). No assertions: this measures, it does not judge. The ranks
+share this machine's cores with the watcher, as a GPU node's host cores mostly are not: on 2 loaded cores this
+is the worst case, and the ratios of single pairs are as noisy as the load.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "examples", "nccl_behaviour", "worker.py")
@@ -31,59 +38,110 @@ FR_VARS = (
     "TORCH_FR_DUMP_TEMP_FILE",
     "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
 )
+TICK = os.sysconf("SC_CLK_TCK")
 
 
-def steps_per_s(under_run: bool, steps: int, device_step_s: float, scratch: str) -> float:
+class Measured(NamedTuple):
+    steps_per_s: float
+    watcher_cpu_s: float | None  # run only: CPU of mtpdiag run and its reaped py-spy processes, in the window
+    window_s: float
+    sampling: str  # run only: events.log's "sampling:" line
+
+
+def _cpu_of_run(pid: int) -> float | None:
+    """``mtpdiag run``'s own CPU plus that of the children it reaped: its py-spy processes (the job, its other
+    child, is reaped only when it ends, after the last reading)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return sum(int(v) for v in fields[11:15]) / TICK
+
+
+def _job(steps: int, device_step_s: float) -> list[str]:
     job = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", WORKER]
     job += ["--gate", "fixed", "--cp", "2", "--pp", "2", "--microbatches", "1"]
-    job += ["--steps", str(steps), "--device-step-s", str(device_step_s)]
-    cmd = job
-    if under_run:
-        out = tempfile.mkdtemp(prefix="run-", dir=scratch)
-        os.rmdir(out)
-        cmd = [sys.executable, "-m", "mtpdiag", "run", "--out", out, "--", *job]
-    # Both variants get the Flight Recorder as run sets it, so only the watching differs.
+    return job + ["--steps", str(steps), "--device-step-s", str(device_step_s)]
+
+
+def measure(under_run: bool, steps: int, device_step_s: float, scratch: str) -> Measured:
+    cmd = _job(steps, device_step_s)
     env = {**os.environ, "OMP_NUM_THREADS": "1", **{k: "" for k in FR_VARS}}
-    if not under_run:
-        fr = tempfile.mkdtemp(prefix="plain-", dir=scratch)
+    out = tempfile.mkdtemp(prefix="run-" if under_run else "plain-", dir=scratch)
+    if under_run:
+        os.rmdir(out)
+        cmd = [sys.executable, "-m", "mtpdiag", "run", "--out", out, "--", *cmd]
+    else:
         env.update(
             TORCH_FR_BUFFER_SIZE="2000",
             TORCH_NCCL_DUMP_ON_TIMEOUT="1",
-            TORCH_FR_DUMP_TEMP_FILE=os.path.join(fr, "rank_"),
-            TORCH_NCCL_DEBUG_INFO_PIPE_FILE=os.path.join(fr, "rank_"),
+            TORCH_FR_DUMP_TEMP_FILE=os.path.join(out, "rank_"),
+            TORCH_NCCL_DEBUG_INFO_PIPE_FILE=os.path.join(out, "rank_"),
         )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
-    seen: dict[int, float] = {}
+    seen: dict[int, tuple[float, float | None]] = {}  # step -> (when, run's CPU then)
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("rank 0 step "):
-            seen[int(line.split()[3])] = time.monotonic()
+            seen[int(line.split()[3])] = (time.monotonic(), _cpu_of_run(proc.pid) if under_run else None)
     code = proc.wait()
     last = max(seen, default=0)
     if code != 0 or last <= WARMUP:
         raise RuntimeError(f"the job ended with {code} after {len(seen)} steps")
-    return (last - WARMUP) / (seen[last] - seen[WARMUP])
+    (t0, c0), (t1, c1) = seen[WARMUP], seen[last]
+    cpu = c1 - c0 if c0 is not None and c1 is not None else None
+    return Measured((last - WARMUP) / (t1 - t0), cpu, t1 - t0, _sampling(out) if under_run else "")
+
+
+def _sampling(out: str) -> str:
+    try:
+        with open(os.path.join(out, "events.log"), encoding="utf-8") as f:
+            lines = [line.split(" ", 1)[1].strip() for line in f if " sampling: " in line]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def _spread(values: list[float]) -> str:
+    if len(values) < 4:
+        return f"lowest {min(values):.3f}, highest {max(values):.3f}"
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return f"lowest {min(values):.3f}, highest {max(values):.3f}, interquartile {q1:.3f}-{q3:.3f}"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--device-step-s", type=float, default=0.1)
     args = parser.parse_args()
-    plain, run, ratios = [], [], []
+    ratios: list[float] = []
+    plain: list[float] = []
+    runs: list[Measured] = []
+    print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     with tempfile.TemporaryDirectory(prefix="mtpdiag-run-bench-") as scratch:
-        for i in range(args.repeat):
-            a = steps_per_s(False, args.steps, args.device_step_s, scratch)
-            b = steps_per_s(True, args.steps, args.device_step_s, scratch)
-            plain.append(a)
-            run.append(b)
-            ratios.append(b / a)
-            print(f"pair {i + 1}: plain {a:.3f} steps/s, under run {b:.3f} steps/s, ratio {b / a:.3f}", flush=True)
+        for i in range(args.pairs):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            got = {kind: measure(kind, args.steps, args.device_step_s, scratch) for kind in order}
+            a, b = got[False], got[True]
+            plain.append(a.steps_per_s)
+            runs.append(b)
+            ratios.append(b.steps_per_s / a.steps_per_s)
+            used = f"{b.watcher_cpu_s / b.window_s:.3f}" if b.watcher_cpu_s is not None else "?"
+            print(
+                f"pair {i + 1} ({'plain, run' if i % 2 == 0 else 'run, plain'}): plain {a.steps_per_s:.3f} steps/s, "
+                f"under run {b.steps_per_s:.3f} steps/s, ratio {ratios[-1]:.3f}; watcher CPU {used} s/s; "
+                f"load average {os.getloadavg()[0]:.1f}; {b.sampling}",
+                flush=True,
+            )
+    cpu = [r.watcher_cpu_s / r.window_s for r in runs if r.watcher_cpu_s is not None]
     print(
-        f"median: plain {statistics.median(plain):.3f} steps/s, under run {statistics.median(run):.3f} steps/s; "
-        f"median ratio (run / plain) {statistics.median(ratios):.3f} over {args.repeat} pairs; "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"median: plain {statistics.median(plain):.3f} steps/s, under run "
+        f"{statistics.median(r.steps_per_s for r in runs):.3f} steps/s; median ratio (run / plain) "
+        f"{statistics.median(ratios):.3f} over {args.pairs} pairs ({_spread(ratios)}); watcher CPU "
+        f"{statistics.median(cpu) if cpu else float('nan'):.3f} s per s (median); load average at the end "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
 
 

@@ -79,6 +79,12 @@ def with_dumps(snapshot: Snapshot, *, request: bool = False, wait_s: float = 10.
     return replace(snapshot, flight_recorder=replace(found.dumps, notes=(*found.dumps.notes, *found.notes))), ()
 
 
+def stale_ranks(captures: tuple[RankCapture, ...], since: float) -> list[int]:
+    """The ranks with a debug-info pipe whose dump is missing or older than ``since`` (time.time()): at a hang's
+    call, a dump from before the last progress shows the job as it was, not as it hangs; ask again."""
+    return [c.rank for c in _targets(captures) if pipe_prefix(c.env) is not None and _dump_of(c, since) is None]
+
+
 class _Target(NamedTuple):
     """A captured rank that can have a dump: its pid and rank are known."""
 
@@ -204,7 +210,7 @@ class LiveProgress:
             last is None and asked is not None and mtime < asked - self.MTIME_SLACK_S
         ):
             return False
-        done = _completed(path, c.rank)
+        done = _completed(path)
         if done is None:  # not a dump we can read (yet): try again at the next poll
             return False
         before = self._completed.get(c.rank)
@@ -215,12 +221,11 @@ class LiveProgress:
         return before is not None and done > before
 
 
-def _completed(path: str, rank: int) -> int | None:
+def _completed(path: str) -> int | None:
     """The collectives a rank's dump says it completed, summed over its groups (pg_status)."""
-    from mtpdiag.inputs.flight_recorder import read_dump_file
+    from mtpdiag.inputs.flight_recorder.dump import read_completed
 
     try:
-        dump = read_dump_file(path, rank)
+        return read_completed(path)
     except InputError:
         return None
-    return sum(max(s.last_completed, 0) for s in dump.status)
