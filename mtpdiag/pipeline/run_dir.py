@@ -29,7 +29,7 @@ from mtpdiag import __version__
 from mtpdiag.atomic import shared_mode, write_atomic
 from mtpdiag.errors import InputError
 from mtpdiag.model import Report, Snapshot
-from mtpdiag.pipeline.run_files import append_bounded
+from mtpdiag.pipeline.run_files import MAX_LOG_BYTES, append_bounded
 
 LOCK = "run.json"
 
@@ -77,6 +77,7 @@ class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.hangs = 0
+        self.max_log_bytes = MAX_LOG_BYTES  # events.log's and mtpdiag-errors.log's bound (pipeline.run_files)
 
     @classmethod
     def claim(cls, path: Path) -> RunDir:
@@ -111,7 +112,7 @@ class RunDir:
     def event(self, text: str) -> None:
         """One line in ``events.log``; never an error of its own."""
         try:
-            append_bounded(self.path / "events.log", f"{utc()} {text}\n")
+            append_bounded(self.path / "events.log", f"{utc()} {text}\n", self.max_log_bytes)
         except OSError:
             pass
 
@@ -120,7 +121,7 @@ class RunDir:
         path = self.path / "mtpdiag-errors.log"
         trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         try:
-            append_bounded(path, f"{utc()} {where}: {type(exc).__name__}: {exc}\n{trace}\n")
+            append_bounded(path, f"{utc()} {where}: {type(exc).__name__}: {exc}\n{trace}\n", self.max_log_bytes)
         except OSError:
             pass
         return path
