@@ -280,7 +280,8 @@ class Supervisor:
         stalled = self.watcher.tracker.stalled_for(now)
         last_progress = time.time() - (time.monotonic() - self.watcher.tracker.quiet_since)
         # The dumps the last samples asked for through the pipe (LiveProgress asks each rank again as soon as it
-        # answered) are fresh and show the hang: a new request would cost its wait (measured: 4.6 s) for nothing.
+        # answered) are used when they are newer than the last progress: a new request would cost its wait
+        # (measured: 4.6 s) for nothing. An older one is asked for again (Watcher.call_hang).
         report = self.watcher.call_hang(now)
         assert self.watcher.last is not None
         timing = {
@@ -290,6 +291,7 @@ class Supervisor:
             "stalled_for_s": round(stalled, 2),
             "seconds_from_last_progress_to_report": round(time.time() - last_progress, 2),
             "hang_after_s": self.hang_after,
+            "flight_recorder_asked_at_call": self.watcher.fr_requested,
         }
         written = self.run_dir.hangs < run_files.MAX_HANG_REPORTS
         path = self.run_dir.write_hang(report, self.watcher.last, timing) if written else None
