@@ -132,14 +132,15 @@ class Watcher:
             assert self.last is not None
             fr_moved = self.fr_progress.poll(tuple(c for c in self.last.captures if c.pid in set(targets)))
         cpu_moved = self.tracker.cpu_moved(cpu)
-        how = stack_read(self.tracker, now, cpu_moved, fr_moved, self.armed, self._stacks_at) if known else None
+        if known:
+            how = stack_read(self.tracker, now, cpu_moved, fr_moved, self.armed, self._stacks_at)
+        else:  # new ranks: their stacks tell who they are (and where the Flight Recorder's pipes are)
+            how = StackRead.RUNNING if cpu_moved else StackRead.PAUSED
+        self.reads[how] = self.reads.get(how, 0) + 1
         if how == StackRead.SKIP:
-            self.reads[how] = self.reads.get(how, 0) + 1
             self.tracker = self.tracker.skipped(now, cpu, fr_moved, now + (time.monotonic() - started))
             return Sample(targets, None)
-        busy = how == StackRead.RUNNING if how is not None else cpu_moved
-        how = StackRead.RUNNING if busy else StackRead.PAUSED
-        self.reads[how] = self.reads.get(how, 0) + 1
+        busy = how == StackRead.RUNNING
         self._stacks_at = now
         snapshot = self._stacks_or_none(targets, busy)
         done = now + (time.monotonic() - started)
