@@ -1,6 +1,6 @@
 """What ``mtpdiag run`` costs a healthy job: its steps per second with and without ``run``, in one run.
 
-Usage: python benchmarks/run_overhead.py [--pairs N] [--steps N] [--device-step-s S]
+Usage: python benchmarks/run_overhead.py [--pairs N] [--steps N] [--device-step-s S] [--sync futex|spin|poll]
 
 The job is ``examples/nccl_behaviour/worker.py`` with the fixed gate (cp 2, pp 2, 4 ranks under torchrun,
 ``--steps N``), started plainly and under ``mtpdiag run --out <tmp>``. The two alternate in pairs whose order
@@ -16,6 +16,12 @@ issue's bound is 0.99) with its spread (lowest, highest, and the interquartile r
 read stacks (``events.log``'s ``sampling:`` line). No assertions: this measures, it does not judge. The ranks
 share this machine's cores with the watcher, as a GPU node's host cores mostly are not: on 2 loaded cores this
 is the worst case, and the ratios of single pairs are as noisy as the load.
+
+A loaded machine makes steps/s noise, so the CPU is measured too: the ranks' CPU per step (their own work, and
+what ``run`` adds to it: the Flight Recorder dumps it asks for), and that plus the watcher's. On a CPU-bound
+machine steps/s goes as the inverse of the CPU a step needs, and CPU time hardly depends on the load. The ranks
+wait at their host syncs blocked (``--sync futex``, the default here), so that waiting is not counted as work:
+spinning ranks (CUDA's default, ``--sync spin``) burn CPU for as long as they wait, which the load decides.
 """
 
 from __future__ import annotations
@@ -46,6 +52,36 @@ class Measured(NamedTuple):
     watcher_cpu_s: float | None  # run only: CPU of mtpdiag run and its reaped py-spy processes, in the window
     window_s: float
     sampling: str  # run only: events.log's "sampling:" line
+    ranks_cpu_per_step: float  # the ranks' CPU (s) per step, in the window
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def _ranks_cpu(root: int) -> dict[int, float]:
+    """CPU (s) of every process below ``root`` that carries RANK (the ranks: not torchrun, not py-spy)."""
+    out, todo = {}, _children(root)
+    while todo:
+        pid = todo.pop()
+        todo += _children(pid)
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                ranked = any(entry.startswith(b"RANK=") for entry in f.read().split(b"\0"))
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if ranked:
+            out[pid] = (int(fields[11]) + int(fields[12])) / TICK
+    return out
 
 
 def _cpu_of_run(pid: int) -> float | None:
@@ -59,14 +95,14 @@ def _cpu_of_run(pid: int) -> float | None:
     return sum(int(v) for v in fields[11:15]) / TICK
 
 
-def _job(steps: int, device_step_s: float) -> list[str]:
+def _job(steps: int, device_step_s: float, sync: str) -> list[str]:
     job = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", WORKER]
-    job += ["--gate", "fixed", "--cp", "2", "--pp", "2", "--microbatches", "1"]
+    job += ["--gate", "fixed", "--cp", "2", "--pp", "2", "--microbatches", "1", "--sync", sync]
     return job + ["--steps", str(steps), "--device-step-s", str(device_step_s)]
 
 
-def measure(under_run: bool, steps: int, device_step_s: float, scratch: str) -> Measured:
-    cmd = _job(steps, device_step_s)
+def measure(under_run: bool, steps: int, device_step_s: float, sync: str, scratch: str) -> Measured:
+    cmd = _job(steps, device_step_s, sync)
     env = {**os.environ, "OMP_NUM_THREADS": "1", **{k: "" for k in FR_VARS}}
     out = tempfile.mkdtemp(prefix="run-" if under_run else "plain-", dir=scratch)
     if under_run:
@@ -80,18 +116,20 @@ def measure(under_run: bool, steps: int, device_step_s: float, scratch: str) -> 
             TORCH_NCCL_DEBUG_INFO_PIPE_FILE=os.path.join(out, "rank_"),
         )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
-    seen: dict[int, tuple[float, float | None]] = {}  # step -> (when, run's CPU then)
+    seen: dict[int, tuple[float, float | None, dict[int, float]]] = {}  # step -> (when, run's CPU, the ranks')
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("rank 0 step "):
-            seen[int(line.split()[3])] = (time.monotonic(), _cpu_of_run(proc.pid) if under_run else None)
+            run_cpu = _cpu_of_run(proc.pid) if under_run else None
+            seen[int(line.split()[3])] = (time.monotonic(), run_cpu, _ranks_cpu(proc.pid))
     code = proc.wait()
     last = max(seen, default=0)
     if code != 0 or last <= WARMUP:
         raise RuntimeError(f"the job ended with {code} after {len(seen)} steps")
-    (t0, c0), (t1, c1) = seen[WARMUP], seen[last]
+    (t0, c0, r0), (t1, c1, r1) = seen[WARMUP], seen[last]
     cpu = c1 - c0 if c0 is not None and c1 is not None else None
-    return Measured((last - WARMUP) / (t1 - t0), cpu, t1 - t0, _sampling(out) if under_run else "")
+    ranks = sum(r1[p] - r0[p] for p in r1 if p in r0) / (last - WARMUP)
+    return Measured((last - WARMUP) / (t1 - t0), cpu, t1 - t0, _sampling(out) if under_run else "", ranks)
 
 
 def _sampling(out: str) -> str:
@@ -115,23 +153,31 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--device-step-s", type=float, default=0.1)
+    parser.add_argument("--sync", default="futex", help="how a rank waits at a host sync (the worker's --sync)")
     args = parser.parse_args()
     ratios: list[float] = []
+    cpu_ratios: list[float] = []  # plain's ranks' CPU per step / run's: 1.0 = run adds nothing to the ranks' work
+    all_ratios: list[float] = []  # the same with the watcher's CPU per step added to run's
     plain: list[float] = []
     runs: list[Measured] = []
     print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     with tempfile.TemporaryDirectory(prefix="mtpdiag-run-bench-") as scratch:
         for i in range(args.pairs):
             order = (False, True) if i % 2 == 0 else (True, False)
-            got = {kind: measure(kind, args.steps, args.device_step_s, scratch) for kind in order}
+            got = {kind: measure(kind, args.steps, args.device_step_s, args.sync, scratch) for kind in order}
             a, b = got[False], got[True]
             plain.append(a.steps_per_s)
             runs.append(b)
             ratios.append(b.steps_per_s / a.steps_per_s)
+            watcher = b.watcher_cpu_s / (b.steps_per_s * b.window_s) if b.watcher_cpu_s is not None else 0.0
+            cpu_ratios.append(a.ranks_cpu_per_step / b.ranks_cpu_per_step)
+            all_ratios.append(a.ranks_cpu_per_step / (b.ranks_cpu_per_step + watcher))
             used = f"{b.watcher_cpu_s / b.window_s:.3f}" if b.watcher_cpu_s is not None else "?"
             print(
                 f"pair {i + 1} ({'plain, run' if i % 2 == 0 else 'run, plain'}): plain {a.steps_per_s:.3f} steps/s, "
-                f"under run {b.steps_per_s:.3f} steps/s, ratio {ratios[-1]:.3f}; watcher CPU {used} s/s; "
+                f"under run {b.steps_per_s:.3f} steps/s, ratio {ratios[-1]:.3f}; ranks' CPU per step plain "
+                f"{a.ranks_cpu_per_step * 1000:.1f} ms, under run {b.ranks_cpu_per_step * 1000:.1f} ms + watcher "
+                f"{watcher * 1000:.1f} ms (ratios {cpu_ratios[-1]:.3f}, {all_ratios[-1]:.3f}); watcher CPU {used} s/s; "
                 f"load average {os.getloadavg()[0]:.1f}; {b.sampling}",
                 flush=True,
             )
@@ -139,7 +185,9 @@ def main() -> None:
     print(
         f"median: plain {statistics.median(plain):.3f} steps/s, under run "
         f"{statistics.median(r.steps_per_s for r in runs):.3f} steps/s; median ratio (run / plain) "
-        f"{statistics.median(ratios):.3f} over {args.pairs} pairs ({_spread(ratios)}); watcher CPU "
+        f"{statistics.median(ratios):.3f} over {args.pairs} pairs ({_spread(ratios)}); CPU per step ratio "
+        f"(plain / run) {statistics.median(cpu_ratios):.3f} ({_spread(cpu_ratios)}), with the watcher's "
+        f"{statistics.median(all_ratios):.3f} ({_spread(all_ratios)}); watcher CPU "
         f"{statistics.median(cpu) if cpu else float('nan'):.3f} s per s (median); load average at the end "
         f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
