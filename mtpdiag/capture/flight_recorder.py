@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from mtpdiag.capture import procfs
-from mtpdiag.capture.fr_locate import dump_prefixes, pipe_prefix, request_live_dump
+from mtpdiag.capture.fr_locate import DUMP_ENV, dump_prefixes, pipe_prefix, request_live_dump
 from mtpdiag.errors import InputError
 from mtpdiag.model import RankCapture, Snapshot, replace
 from mtpdiag.model.flight_recorder import FRDump
@@ -114,7 +114,8 @@ def _wait_for_files(targets: list[_Target], newer_than: float | None, wait_s: fl
 def _dump_of(capture: _Target, newer_than: float | None) -> tuple[str, float] | None:
     """The rank's dump file (seen through /proc/PID/root) and its mtime, when it is of this run."""
     started = procfs.start_time(capture.pid)
-    for prefix in dump_prefixes(capture.env, _home(capture.pid)):
+    named = any((capture.env.get(key) or "").strip() for key in DUMP_ENV)  # then the home is not needed
+    for prefix in dump_prefixes(capture.env, None if named else _home(capture.pid)):
         path = _in_root(capture.pid, f"{prefix}{capture.rank}")
         try:
             mtime = os.stat(path).st_mtime
