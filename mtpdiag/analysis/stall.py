@@ -194,7 +194,9 @@ class StallTracker:
 class StackPolicy(NamedTuple):
     """``run``'s sampling policy (``stack_read``)."""
 
-    fr_grace_s: float = 2.5  # torch's monitor answers the pipe once a second: a moving job answers every 1-2 s
+    # torch's monitor answers the pipe once a second: a moving job answers every 1-2 s (the Watcher keeps this
+    # within a quarter of --hang-after)
+    fr_grace_s: float = 2.5
     unarmed_every_s: float = 5.0  # before the first progress, stacks this often (start-up: imports, compiling)
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtpdiag.analysis.stall import StallTracker, is_pause, stack_read, stack_signatures
+from mtpdiag.analysis.stall import RUN_POLICY, StackPolicy, StallTracker, is_pause, stack_read, stack_signatures
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot
 from mtpdiag.vocabulary.states import StackRead
@@ -82,9 +82,13 @@ class Watcher:
     _quiet_report: tuple[tuple[float, int], Report] | None = field(default=None, init=False)
     _listed: tuple[float, list[Any]] | None = field(default=None, init=False)  # spare: when, and the ranks
     _stacks_at: float | None = field(default=None, init=False)  # spare: when the stacks were last read
+    _policy: StackPolicy = field(default=RUN_POLICY, init=False)
 
     def __post_init__(self) -> None:
         self.tracker = StallTracker.start(self.started)
+        # The grace after a collective is at most a quarter of the window, which leaves room for the two stack
+        # samples a hang needs inside it however short --hang-after is.
+        self._policy = RUN_POLICY._replace(fr_grace_s=min(RUN_POLICY.fr_grace_s, self.stall / 4))
 
     # ------------------------------------------------------------------ step 1: sample
 
@@ -133,7 +137,7 @@ class Watcher:
             fr_moved = self.fr_progress.poll(tuple(c for c in self.last.captures if c.pid in set(targets)))
         cpu_moved = self.tracker.cpu_moved(cpu)
         if known:
-            how = stack_read(self.tracker, now, cpu_moved, fr_moved, self.armed, self._stacks_at)
+            how = stack_read(self.tracker, now, cpu_moved, fr_moved, self.armed, self._stacks_at, self._policy)
         else:  # new ranks: their stacks tell who they are (and where the Flight Recorder's pipes are)
             how = StackRead.RUNNING if cpu_moved else StackRead.PAUSED
         self.reads[how] = self.reads.get(how, 0) + 1

@@ -169,3 +169,18 @@ def test_the_watcher_takes_no_stacks_while_the_flight_recorder_moves_and_lists_t
     summary = sampling_summary(watcher)
     assert summary.startswith(f"sampling: {hang_at + 1} samples, stacks read at {len(dumped)} ")
     print(f"\n{summary}")
+
+
+def test_the_grace_after_a_collective_is_at_most_a_quarter_of_the_window():
+    """A short --hang-after still gets its two stack samples inside the window."""
+
+    def watcher(stall: float) -> Watcher:
+        layout = LayoutOptions()
+        return Watcher(list_targets=list, take_stacks=lambda _t, _b: None, layout=layout, interval=1.0, stall=stall)
+
+    assert watcher(10.0)._policy.fr_grace_s == RUN_POLICY.fr_grace_s == 2.5
+    assert watcher(4.0)._policy.fr_grace_s == 1.0
+    tracker = StallTracker.start(0.0).skipped(0.0, {}, True, 0.0)
+    short = watcher(4.0)._policy
+    assert stack_read(tracker, 1.0, True, False, True, 0.0, short) == StackRead.SKIP
+    assert stack_read(tracker, 1.5, True, False, True, 0.0, short) == StackRead.RUNNING
