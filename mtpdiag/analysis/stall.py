@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from mtpdiag.model import Progress, Report, Snapshot, replace
-from mtpdiag.vocabulary.states import RankState
+from mtpdiag.vocabulary.states import RankState, StackRead
 from mtpdiag.vocabulary.waits import WaitKind
 
 Signature = tuple[
@@ -79,7 +79,9 @@ class StallTracker:
     seen since that progress (empty until the first stack sample of a quiet spell). ``progressed``: progress
     was seen against a baseline at least once (a stack that changed since the last stack sample, a collective
     completed, a main thread that ran during a pause, ranks that changed); main-thread CPU before there is a
-    stack to compare with is not enough, since a hung NCCL rank spins.
+    stack to compare with is not enough, since a hung NCCL rank spins. ``fr_moved_at``: when the Flight Recorder
+    last showed a collective completed; ``skipping``: the samples since the last stack sample took no stacks
+    (``skipped``), so the next stacks are a baseline, not a change.
     """
 
     started: float
@@ -90,6 +92,8 @@ class StallTracker:
     stacks: Mapping[Process, Signature] = field(default_factory=dict)
     min_progress_ns: int = MIN_PROGRESS_NS
     progressed: bool = False
+    fr_moved_at: float | None = None
+    skipping: bool = False
 
     @staticmethod
     def start(now: float, min_progress_ns: int = MIN_PROGRESS_NS) -> StallTracker:
@@ -112,19 +116,24 @@ class StallTracker:
         collective completed since the last sample. Progress starts the quiet window at ``done``."""
         if stacks is not None and self.stacks:
             moved = seen = dict(stacks) != dict(self.stacks)  # a spinning main thread burns CPU at one place
+        elif stacks is not None and self.skipping:
+            moved = seen = False  # the first stacks after samples that took none: the baseline of a quiet spell
         else:
             moved = self.cpu_moved(cpu_ns)
             seen = moved and stacks is None and self.samples > 0  # the ranks changed under the dump
         moved, seen = moved or fr_moved, seen or fr_moved
+        end = now if done is None else max(now, done)
         if moved:
             return replace(
                 self,
-                quiet_since=now if done is None else max(now, done),
+                quiet_since=end,
                 samples=self.samples + 1,
                 stack_samples_while_quiet=0 if stacks is None else 1,
                 cpu_ns=dict(cpu_ns),
                 stacks={} if stacks is None else dict(stacks),
                 progressed=self.progressed or seen,
+                fr_moved_at=end if fr_moved else self.fr_moved_at,
+                skipping=False,
             )
         return replace(
             self,
@@ -132,7 +141,26 @@ class StallTracker:
             stack_samples_while_quiet=self.stack_samples_while_quiet + (stacks is not None),
             cpu_ns=dict(cpu_ns),
             stacks=self.stacks if stacks is None else dict(stacks),
+            skipping=False,
         )
+
+    def skipped(self, now: float, cpu_ns: Mapping[Target, int | None], fr_moved: bool, done: float) -> StallTracker:
+        """Fold in a sample that took no stacks (``stack_read`` said SKIP): a collective completed is progress,
+        from ``done``; main-thread CPU is not (with no stack to compare, a spinning rank would look busy)."""
+        if fr_moved:
+            end = max(now, done)
+            return replace(
+                self,
+                quiet_since=end,
+                samples=self.samples + 1,
+                stack_samples_while_quiet=0,
+                cpu_ns=dict(cpu_ns),
+                stacks={},
+                progressed=True,
+                fr_moved_at=end,
+                skipping=True,
+            )
+        return replace(self, samples=self.samples + 1, cpu_ns=dict(cpu_ns), skipping=True)
 
     def after_pause(self, now: float, cpu_ns: Mapping[Target, int | None]) -> StallTracker:
         """Take the readings made right after the stacks as the new baseline.
@@ -161,6 +189,44 @@ class StallTracker:
             stalled_for_s=round(self.stalled_for(now), 2),
             hang=self.is_hang(now, stall_s),
         )
+
+
+class StackPolicy(NamedTuple):
+    """``run``'s sampling policy (``stack_read``)."""
+
+    # torch's monitor answers the pipe once a second: a moving job answers every 1-2 s (the Watcher keeps this
+    # within a quarter of --hang-after)
+    fr_grace_s: float = 2.5
+    unarmed_every_s: float = 5.0  # before the first progress, stacks this often (start-up: imports, compiling)
+
+
+RUN_POLICY = StackPolicy()
+
+
+def stack_read(
+    tracker: StallTracker,
+    now: float,
+    cpu_moved: bool,
+    fr_moved: bool,
+    armed: bool,
+    stacks_at: float | None,
+    policy: StackPolicy = RUN_POLICY,
+) -> StackRead:
+    """How ``run`` reads the stacks at this sample, so that a healthy job pays for no py-spy at all.
+
+    A collective completed in this sample, or within ``fr_grace_s``, is progress that stacks could add nothing
+    to: SKIP. Before the job was first seen to move no hang can be called, so stacks (last read at
+    ``stacks_at``) are read only every ``unarmed_every_s``, enough to see start-up end. Otherwise the job looks
+    quiet and the stacks decide, as ``watch`` reads them: without pausing the ranks when a main thread ran
+    (RUNNING), with a short pause when none did (PAUSED). The quiet window is counted from the last progress
+    either way, so skipping delays no hang's call: the window leaves room for the two stack samples it needs.
+    """
+    recent = tracker.fr_moved_at is not None and now - tracker.fr_moved_at <= policy.fr_grace_s
+    if fr_moved or recent:
+        return StackRead.SKIP
+    if not armed and stacks_at is not None and now - stacks_at < policy.unarmed_every_s:
+        return StackRead.SKIP
+    return StackRead.RUNNING if cpu_moved else StackRead.PAUSED
 
 
 def is_pause(report: Report) -> bool:

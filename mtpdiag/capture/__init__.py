@@ -43,6 +43,8 @@ def capture(
     exclude: Collection[int] = (),
     require_any: bool = True,
     meanwhile: Callable[[], object] | None = None,
+    hints_cache: dict[int, dict[str, int]] | None = None,
+    expand: bool = True,
 ) -> Snapshot:
     """Capture every worker behind ``pids`` (and, with ``scan_all``, every ranked process here).
 
@@ -51,8 +53,11 @@ def capture(
     ``exclude``: pids that are neither targets nor layout hints (``--ray``: the mtpdiag driver on this node).
     Without ``require_any`` a capture that read no stack is returned (one node of several) instead of raising.
     ``meanwhile`` runs on this thread while py-spy dumps (``inspect`` imports the analysis then).
+    ``hints_cache`` (pid -> layout hints) keeps each worker's hints across captures of one job (``run`` samples
+    for days): they come from command lines, which do not change, and reading them walks every process here.
+    ``expand=False``: ``pids`` are workers already (``find_targets``'s), not launchers to expand again.
     """
-    targets = find_targets(list(pids), scan_all, exclude)
+    targets = find_targets(list(pids), scan_all, exclude) if expand else sorted(set(pids))
     pyspy.find_pyspy()  # fail early, with one line, when py-spy is missing
     label = host or os.uname().nodename  # what socket.gethostname() returns on Linux, without importing socket
     # What describes the moment is read first, all at once, and py-spy is started on each rank right after:
@@ -78,7 +83,7 @@ def capture(
 
     with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(moments))) as pool:
         futures = [pool.submit(one, item) for item in moments]
-        hints = _HintReader(exclude)
+        hints = _CachedHints(_HintReader(exclude), {} if hints_cache is None else hints_cache)
         lasting = [
             (hints.for_process(pid) if moment.stat is not None else {}, procfs.maps_cuda(pid))
             for pid, moment in moments
@@ -247,6 +252,18 @@ def _results(futures: list[Future[_Dumped]], *, show: bool) -> list[_Dumped]:
 
 def _order(c: RankCapture) -> tuple[bool, int, int]:
     return (c.rank is None, c.rank if c.rank is not None else 0, c.pid or 0)
+
+
+class _CachedHints(NamedTuple):
+    """A worker's layout hints, read once per pid into ``cache``."""
+
+    reader: _HintReader
+    cache: dict[int, dict[str, int]]
+
+    def for_process(self, pid: int) -> dict[str, int]:
+        if pid not in self.cache:
+            self.cache[pid] = self.reader.for_process(pid)
+        return self.cache[pid]
 
 
 def raylet_hints(raylet: int, exclude: Collection[int] = ()) -> dict[str, int]:

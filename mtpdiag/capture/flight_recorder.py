@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from mtpdiag.capture import procfs
-from mtpdiag.capture.fr_locate import dump_prefixes, pipe_prefix, request_live_dump
+from mtpdiag.capture.fr_locate import DUMP_ENV, dump_prefixes, pipe_prefix, request_live_dump
 from mtpdiag.errors import InputError
 from mtpdiag.model import RankCapture, Snapshot, replace
 from mtpdiag.model.flight_recorder import FRDump
@@ -79,6 +79,12 @@ def with_dumps(snapshot: Snapshot, *, request: bool = False, wait_s: float = 10.
     return replace(snapshot, flight_recorder=replace(found.dumps, notes=(*found.dumps.notes, *found.notes))), ()
 
 
+def stale_ranks(captures: tuple[RankCapture, ...], since: float) -> list[int]:
+    """The ranks with a debug-info pipe whose dump is missing or older than ``since`` (time.time()): at a hang's
+    call, a dump from before the last progress shows the job as it was, not as it hangs; ask again."""
+    return [c.rank for c in _targets(captures) if pipe_prefix(c.env) is not None and _dump_of(c, since) is None]
+
+
 class _Target(NamedTuple):
     """A captured rank that can have a dump: its pid and rank are known."""
 
@@ -108,7 +114,8 @@ def _wait_for_files(targets: list[_Target], newer_than: float | None, wait_s: fl
 def _dump_of(capture: _Target, newer_than: float | None) -> tuple[str, float] | None:
     """The rank's dump file (seen through /proc/PID/root) and its mtime, when it is of this run."""
     started = procfs.start_time(capture.pid)
-    for prefix in dump_prefixes(capture.env, _home(capture.pid)):
+    named = any((capture.env.get(key) or "").strip() for key in DUMP_ENV)  # then the home is not needed
+    for prefix in dump_prefixes(capture.env, None if named else _home(capture.pid)):
         path = _in_root(capture.pid, f"{prefix}{capture.rank}")
         try:
             mtime = os.stat(path).st_mtime
@@ -204,7 +211,7 @@ class LiveProgress:
             last is None and asked is not None and mtime < asked - self.MTIME_SLACK_S
         ):
             return False
-        done = _completed(path, c.rank)
+        done = _completed(path)
         if done is None:  # not a dump we can read (yet): try again at the next poll
             return False
         before = self._completed.get(c.rank)
@@ -215,12 +222,11 @@ class LiveProgress:
         return before is not None and done > before
 
 
-def _completed(path: str, rank: int) -> int | None:
+def _completed(path: str) -> int | None:
     """The collectives a rank's dump says it completed, summed over its groups (pg_status)."""
-    from mtpdiag.inputs.flight_recorder import read_dump_file
+    from mtpdiag.inputs.flight_recorder.dump import read_completed
 
     try:
-        dump = read_dump_file(path, rank)
+        return read_completed(path)
     except InputError:
         return None
-    return sum(max(s.last_completed, 0) for s in dump.status)

@@ -27,10 +27,10 @@ from mtpdiag import pipeline
 from mtpdiag.commands import options as o
 from mtpdiag.errors import EXIT_PROBLEM, InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot
-from mtpdiag.pipeline import multinode, run_ray
+from mtpdiag.pipeline import multinode, run_files, run_ray
 from mtpdiag.pipeline.run_dir import RunDir, default_dir, flight_recorder_env, utc
 from mtpdiag.pipeline.shared_out import SharedOut
-from mtpdiag.pipeline.watcher import JobEnded, Watcher
+from mtpdiag.pipeline.watcher import JobEnded, Watcher, sampling_summary
 from mtpdiag.vocabulary.states import WatchPhase as Phase
 
 # 10 s: three of the slowest healthy device steps we test (3 s: their host waits at one sync line the whole step),
@@ -199,6 +199,7 @@ class Supervisor:
         self.phase: Phase | None = None
         self.called = False  # a hang was called and the job has not moved since
         self.ranks: dict[int, int | None] = {}  # pid -> rank, of every rank seen
+        self.logs: dict[int, str | None] = {}  # pid -> the directory of its torchrun log files, if any
         self.failures = 0  # samples that failed in a row
         self.shared: SharedOut | None = None  # the --out every node of a multi-node job shares
 
@@ -212,6 +213,8 @@ class Supervisor:
         from mtpdiag.capture import capture, find_targets
         from mtpdiag.capture.flight_recorder import LiveProgress
 
+        hints: dict[int, dict[str, int]] = {}  # each rank's layout hints, read once
+
         def take_stacks(targets: list[Any], busy: bool = False) -> Snapshot:
             options = self.capture_options
             return capture(
@@ -221,6 +224,8 @@ class Supervisor:
                 nonblocking=busy,
                 timeout=float(options["timeout"]),
                 host=self.shared.node if self.shared is not None else None,
+                hints_cache=hints,
+                expand=False,  # the watcher's targets are workers (find_targets'), not launchers
             )
 
         return Watcher(
@@ -232,6 +237,7 @@ class Supervisor:
             fr_progress=LiveProgress(),
             arm_on_progress=True,
             pause_after=self.pause_after,
+            spare=True,
         )
 
     def run(self) -> int:
@@ -246,6 +252,8 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
         code = job_exit_code(self.child.returncode)
+        if self.watcher.tracker.samples:
+            self.run_dir.event(sampling_summary(self.watcher))
         self.run_dir.event(f"job exited with code {code}")
         return code
 
@@ -258,6 +266,7 @@ class Supervisor:
         except JobEnded as ended:
             self._note_exits([])
             self.run_dir.event(f"no ranks left: {ended}")
+            self.run_dir.event(sampling_summary(self.watcher))
             self.watcher = self._new_watcher()  # an elastic restart starts new ranks: watch them afresh
         except (InputError, NothingCaptured) as exc:
             if self.watcher.tracker.samples:  # a capture that failed (a loaded node): said, and tried again
@@ -304,11 +313,13 @@ class Supervisor:
             if pid not in self.ranks:
                 value = (procfs.read_env(pid) or {}).get("RANK", "")
                 self.ranks[pid] = int(value) if value.isdigit() else None
+                self.logs[pid] = run_files.rank_log_dir(pid)
         for pid in [p for p in self.ranks if p not in targets]:
             rank = self.ranks.pop(pid)
             code = procfs.zombie_exit_code(pid)
             how = f"with code {code}" if code is not None else "(its exit code went to its launcher)"
-            self.run_dir.event(f"rank exited: rank {rank} (pid {pid}) {how}")
+            tail = run_files.rank_log_tail(self.logs.pop(pid, None))
+            self.run_dir.event(run_files.exit_text(rank, pid, how, tail))
             if code:  # an unknown code is in the launcher's own summary (torchrun prints each failed rank's)
                 _say(f"rank {rank} (pid {pid}) exited {how}")
 
@@ -317,7 +328,8 @@ class Supervisor:
         stalled = self.watcher.tracker.stalled_for(now)
         last_progress = time.time() - (time.monotonic() - self.watcher.tracker.quiet_since)
         # The dumps the last samples asked for through the pipe (LiveProgress asks each rank again as soon as it
-        # answered) are fresh and show the hang: a new request would cost its wait (measured: 4.6 s) for nothing.
+        # answered) are used when they are newer than the last progress: a new request would cost its wait
+        # (measured: 4.6 s) for nothing. An older one is asked for again (Watcher.call_hang).
         report = self.watcher.call_hang(now)
         assert self.watcher.last is not None
         timing = {
@@ -327,14 +339,19 @@ class Supervisor:
             "stalled_for_s": round(stalled, 2),
             "seconds_from_last_progress_to_report": round(time.time() - last_progress, 2),
             "hang_after_s": self.hang_after,
+            "flight_recorder_asked_at_call": self.watcher.fr_requested,
         }
-        path = self.run_dir.write_hang(report, self.watcher.last, timing)
+        written = self.run_dir.hangs < run_files.MAX_HANG_REPORTS
+        path = self.run_dir.write_hang(report, self.watcher.last, timing) if written else None
         self.called = True
         headline = headline_of(report)
         self.run_dir.event(f"hang called after {stalled:.1f} s without progress: {headline}")
         _say(f"hang after {stalled:.1f} s without progress: {headline}")
-        _say(f"report: {path} (report.json, report.md, report.html, bundle.json beside it)")
-        if self.shared is not None and (where := self.shared.call(report, headline, self.watcher.last, path)):
+        if path is not None:
+            _say(f"report: {path} (report.json, report.md, report.html, bundle.json beside it)")
+        else:
+            self.run_dir.event(f"not written: the run directory keeps the first {run_files.MAX_HANG_REPORTS} hangs")
+        if path is not None and self.shared and (where := self.shared.call(report, headline, self.watcher.last, path)):
             _say(f"every node's ranks: mtpdiag analyze {where}")
         code = pipeline.exit_code(report) or EXIT_PROBLEM
         if self.on_hang == OnHang.KILL:

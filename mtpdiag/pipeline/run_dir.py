@@ -4,6 +4,7 @@
 <out>/run.json            the run: mtpdiag's version, the launcher's pid, the Flight Recorder settings (the lock:
                           a second run in the same directory is refused)
 <out>/events.log          one line per thing the watcher saw: armed, slow, paused, hang, recovered, a rank exited
+                          (``events.log.1`` holds the previous MiB: ``pipeline.run_files``)
 <out>/mtpdiag-errors.log  mtpdiag's own errors, with their tracebacks (the job goes on untouched)
 <out>/fr/rank_<R>         the Flight Recorder dumps (TORCH_FR_DUMP_TEMP_FILE), unless the user set their own
 <out>/fr-pipe/rank_<R>.pipe  the debug-info pipes torch makes (TORCH_NCCL_DEBUG_INFO_PIPE_FILE)
@@ -30,6 +31,7 @@ from mtpdiag import __version__
 from mtpdiag.atomic import shared_mode, write_atomic
 from mtpdiag.errors import InputError
 from mtpdiag.model import Report, Snapshot
+from mtpdiag.pipeline.run_files import MAX_LOG_BYTES, append_bounded
 
 LOCK = "run.json"
 
@@ -77,6 +79,7 @@ class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.hangs = 0
+        self.max_log_bytes = MAX_LOG_BYTES  # events.log's and mtpdiag-errors.log's bound (pipeline.run_files)
 
     @classmethod
     def claim(cls, path: Path) -> RunDir:
@@ -111,18 +114,16 @@ class RunDir:
     def event(self, text: str) -> None:
         """One line in ``events.log``; never an error of its own."""
         try:
-            with open(self.path / "events.log", "a", encoding="utf-8") as f:
-                f.write(f"{utc()} {text}\n")
+            append_bounded(self.path / "events.log", f"{utc()} {text}\n", self.max_log_bytes)
         except OSError:
             pass
 
     def error(self, exc: BaseException, where: str) -> Path:
         """mtpdiag's own error, with its traceback, in ``mtpdiag-errors.log``."""
         path = self.path / "mtpdiag-errors.log"
+        trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         try:
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(f"{utc()} {where}: {type(exc).__name__}: {exc}\n")
-                f.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)) + "\n")
+            append_bounded(path, f"{utc()} {where}: {type(exc).__name__}: {exc}\n{trace}\n", self.max_log_bytes)
         except OSError:
             pass
         return path

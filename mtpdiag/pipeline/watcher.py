@@ -12,6 +12,10 @@ Two choices are ``run``'s and off for ``watch``, whose behaviour they would chan
 * ``pause_after``: a quiet window in which every rank is in a phase of its own (I/O, a sleep, its own code:
   a checkpoint write, an evaluation) is a pause, not a hang, until it has lasted ``pause_after`` seconds
   (``analysis.stall.is_pause``).
+
+``spare`` (``run``'s, for a job watched for days) makes a healthy job pay for almost nothing: the ranks are
+listed again only every ``RELIST_S`` or when one is gone, the Flight Recorder is polled first, and the stacks
+are read only when it showed no collective completed for a while (``analysis.stall.stack_read``).
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtpdiag.analysis.stall import StallTracker, is_pause
+from mtpdiag.analysis.stall import RUN_POLICY, StackPolicy, StallTracker, is_pause, stack_read, stack_signatures
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot
+from mtpdiag.vocabulary.states import StackRead
 from mtpdiag.vocabulary.states import WatchPhase as Phase
 
 from . import LayoutOptions, ProgressSignal, diagnose_snapshot, hang_report, sample_once, with_flight_recorder
 from . import progress_report as _progress_report
+
+RELIST_S = 10.0  # spare: the ranks are listed again this often (and whenever one of them is gone)
 
 
 class JobEnded(Exception):
@@ -66,29 +73,92 @@ class Watcher:
     local_fr: bool = True
     arm_on_progress: bool = False
     pause_after: float | None = None
+    spare: bool = False
     started: float = field(default_factory=time.monotonic)
     tracker: StallTracker = field(init=False)
     last: Snapshot | None = field(default=None, init=False)
+    reads: dict[StackRead, int] = field(default_factory=dict, init=False)  # spare: how each sample read stacks
+    fr_requested: bool = field(default=False, init=False)  # the last call asked the job for fresh dumps
     _quiet_report: tuple[tuple[float, int], Report] | None = field(default=None, init=False)
+    _listed: tuple[float, list[Any]] | None = field(default=None, init=False)  # spare: when, and the ranks
+    _stacks_at: float | None = field(default=None, init=False)  # spare: when the stacks were last read
+    _policy: StackPolicy = field(default=RUN_POLICY, init=False)
 
     def __post_init__(self) -> None:
         self.tracker = StallTracker.start(self.started)
+        # The grace after a collective is at most a quarter of the window, which leaves room for the two stack
+        # samples a hang needs inside it however short --hang-after is.
+        self._policy = RUN_POLICY._replace(fr_grace_s=min(RUN_POLICY.fr_grace_s, self.stall / 4))
 
     # ------------------------------------------------------------------ step 1: sample
 
     def sample(self, now: float) -> Sample:
-        """List the ranks and take one sample (``pipeline.sample_once``). The first listing's InputError is the
-        caller's (a wrong pid); later, no ranks left is ``JobEnded``."""
+        """List the ranks and take one sample (``pipeline.sample_once``, or ``spare``'s). The first listing's
+        InputError is the caller's (a wrong pid); later, no ranks left is ``JobEnded``."""
+        if self.spare and self.local_fr and self.tracker.samples:
+            return self._spare_sample(now)
+        targets = self._list(now)
+        self.tracker, snapshot = sample_once(
+            self.tracker, targets, now, self._stacks_or_none, self.fr_progress, self.read_cpu
+        )
+        self.last = snapshot or self.last
+        return Sample(targets, snapshot)
+
+    def _list(self, now: float) -> list[Any]:
         try:
             targets = self.list_targets()
         except InputError:
             if self.tracker.samples == 0:
                 raise
             raise self.ended(now) from None
-        self.tracker, snapshot = sample_once(
-            self.tracker, targets, now, self._stacks_or_none, self.fr_progress, self.read_cpu
-        )
-        self.last = snapshot or self.last
+        self._listed = (now, targets)
+        return targets
+
+    def _cpu_of_ranks(self, now: float) -> tuple[list[Any], dict[Any, int | None]]:
+        """The ranks (listed again every ``RELIST_S``, before the job armed, or when one is gone) and their
+        main-thread CPU."""
+        read = self.read_cpu or _read_cpu
+        if self._listed is not None and self.armed and now - self._listed[0] < RELIST_S:
+            targets = self._listed[1]
+            cpu = dict(read(targets))
+            if all(v is not None for v in cpu.values()):
+                return targets, cpu
+        targets = self._list(now)
+        return targets, dict(read(targets))
+
+    def _spare_sample(self, now: float) -> Sample:
+        """One sample that reads stacks only when the Flight Recorder showed no recent progress."""
+        started = time.monotonic()
+        targets, cpu = self._cpu_of_ranks(now)
+        known = self.last is not None and {c.pid for c in self.last.captures} >= set(targets)
+        fr_moved = False
+        if known and self.fr_progress is not None:
+            assert self.last is not None
+            fr_moved = self.fr_progress.poll(tuple(c for c in self.last.captures if c.pid in set(targets)))
+        cpu_moved = self.tracker.cpu_moved(cpu)
+        if known:
+            how = stack_read(self.tracker, now, cpu_moved, fr_moved, self.armed, self._stacks_at, self._policy)
+        else:  # new ranks: their stacks tell who they are (and where the Flight Recorder's pipes are)
+            how = StackRead.RUNNING if cpu_moved else StackRead.PAUSED
+        self.reads[how] = self.reads.get(how, 0) + 1
+        if how == StackRead.SKIP:
+            self.tracker = self.tracker.skipped(now, cpu, fr_moved, now + (time.monotonic() - started))
+            return Sample(targets, None)
+        busy = how == StackRead.RUNNING
+        self._stacks_at = now
+        snapshot = self._stacks_or_none(targets, busy)
+        done = now + (time.monotonic() - started)
+        if snapshot is None:
+            self.tracker = self.tracker.observe(now, cpu, None, done=done)
+            return Sample(targets, None)
+        if not known and self.fr_progress is not None:
+            fr_moved = self.fr_progress.poll(snapshot.captures)  # the first request to these ranks
+        self.tracker = self.tracker.observe(now, cpu, stack_signatures(snapshot), fr_moved=fr_moved, done=done)
+        if not busy:
+            self.tracker = self.tracker.after_pause(
+                now + (time.monotonic() - started), (self.read_cpu or _read_cpu)(targets)
+            )
+        self.last = snapshot
         return Sample(targets, snapshot)
 
     def _stacks_or_none(self, targets: list[Any], busy: bool = False) -> Snapshot | None:
@@ -144,12 +214,19 @@ class Watcher:
     # ------------------------------------------------------------------ step 3: capture and diagnose
 
     def call_hang(self, now: float, request_fr: bool = False, fr_wait_s: float = 10.0) -> Report:
-        """The hang's report: the last sample with its Flight Recorder dumps (those the last samples asked for or
-        the watchdog wrote are fresh; ``request_fr`` asks the job again through its pipe), diagnosed. The
-        snapshot it read (with the dumps) becomes ``last``, for the bundle."""
+        """The hang's report: the last sample with its Flight Recorder dumps, diagnosed. The dumps the last samples
+        asked for are used when every rank's is newer than the last progress (``LiveProgress`` asks again as
+        soon as a rank answered); when one is older or missing, or with ``request_fr``, the job is asked through
+        its pipe and the fresh ones are waited for (``fr_requested``). The snapshot read (with the dumps) becomes
+        ``last``, for the bundle."""
         assert self.last is not None
         if self.local_fr:
-            self.last = with_flight_recorder(self.last, request=request_fr, wait_s=fr_wait_s)
+            from mtpdiag.capture.flight_recorder import stale_ranks
+
+            last_progress = time.time() - (time.monotonic() - self.tracker.quiet_since)
+            stale = stale_ranks(self.last.captures, last_progress)
+            self.fr_requested = request_fr or bool(stale)
+            self.last = with_flight_recorder(self.last, request=self.fr_requested, wait_s=fr_wait_s)
         report = diagnose_snapshot(self.last, self.layout, fr=self.last.flight_recorder)
         return hang_report(report, self.tracker, now, self.interval, self.stall)
 
@@ -170,3 +247,21 @@ class Watcher:
     def progress_report(self, snapshot: Snapshot, end: float) -> Report:
         report = diagnose_snapshot(snapshot, self.layout)
         return _progress_report(report, self.tracker, end, self.interval, self.stall)
+
+
+def sampling_summary(watcher: Watcher) -> str:
+    """One line for ``events.log``: how many samples read stacks, and how (what watching cost the job)."""
+    reads = watcher.reads
+    took = reads.get(StackRead.RUNNING, 0) + reads.get(StackRead.PAUSED, 0)
+    return (
+        f"sampling: {watcher.tracker.samples} samples, stacks read at {took} "
+        f"({reads.get(StackRead.RUNNING, 0)} without pausing the ranks, {reads.get(StackRead.PAUSED, 0)} with a "
+        f"short pause), skipped at {reads.get(StackRead.SKIP, 0)}"
+    )
+
+
+def _read_cpu(pids: list[Any]) -> dict[Any, int | None]:
+    """Main-thread CPU of this host's pids (``procfs``), None for one that is gone."""
+    from mtpdiag.capture import procfs
+
+    return {p: procfs.main_thread_cpu_ns(p) for p in pids}

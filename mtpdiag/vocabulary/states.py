@@ -154,3 +154,11 @@ class WatchPhase(StrEnum):
     SLOW = "slow"  # quiet, for less than the window
     PAUSED = "paused"  # quiet past the window, but some rank is in a phase of its own (run's --pause-after)
     HANG = "hang"  # quiet past the window, seen by at least two stack samples
+
+
+class StackRead(StrEnum):
+    """How ``run``'s watcher reads the ranks' stacks at a sample (``analysis.stall.stack_read``)."""
+
+    SKIP = "skip"  # not at all: the Flight Recorder showed a collective completed moments ago
+    PAUSED = "paused"  # a blocking py-spy dump: no main thread ran, so the short pause costs nobody
+    RUNNING = "running"  # py-spy --nonblocking: a main thread ran (working, or spinning at a host sync)

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,12 @@ def _assert_names_the_bug(out: Path) -> dict:
         f"written {timing['seconds_from_last_progress_to_report']} s after it"
     )
     assert timing["stalled_for_s"] > 0  # recorded from the run's own clock; how soon is printed, never asserted
+    # The dumps in the report show the hang: each was written after the last progress (asked for by the last
+    # samples, or at the call when one was older).
+    last_progress = datetime.strptime(timing["last_progress"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    written = {p.name: p.stat().st_mtime for p in (out / "fr").iterdir()}
+    assert all(mtime >= last_progress.timestamp() - 0.05 for mtime in written.values()), (written, timing)
+    print(f"dumps asked for at the call: {timing['flight_recorder_asked_at_call']}")
     return report
 
 
@@ -213,11 +220,11 @@ def test_on_hang_keep_calls_a_frozen_job_and_notes_its_recovery(tmp_path):
 def test_a_rank_that_dies_is_an_event_and_the_launchers_exit_code_comes_back(tmp_path):
     out = tmp_path / "run"
     job = [WORKER, "--gate", "fixed", "--cp", "2", "--pp", "2", "--device-step-s", "0.3", "--microbatches", "1"]
-    proc = _start(out, job=[*job, "--steps", "0"])
+    proc = _start(out, job=["--tee", "3", *job, "--steps", "0"])  # torchrun keeps each rank's log
     try:
         log = tmp_path / "run.job.log"
         deadline = time.monotonic() + 240
-        while "rank 0 step 1 " not in log.read_text(errors="replace"):
+        while "rank 1 step 1 " not in log.read_text(errors="replace"):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
         ranks = {int((procfs.read_env(p) or {}).get("RANK", -1)): p for p in _job_pids(out)}
@@ -227,6 +234,11 @@ def test_a_rank_that_dies_is_an_event_and_the_launchers_exit_code_comes_back(tmp
         assert code != 0  # torchrun's own code for a failed worker, passed through
         events = (out / "events.log").read_text()
         assert f"rank exited: rank 1 (pid {victim})" in events, events
+        (event,) = [e for e in events.split("\n2") if f"rank exited: rank 1 (pid {victim})" in e]
+        head, *tail = event.splitlines()
+        assert head.endswith("lines of its stderr.log:") and tail, event
+        teed = (tmp_path / "run.stderr").read_text(errors="replace")  # torchrun --tee 3 copies it to its stderr
+        assert all(line.strip() in teed for line in tail), (tail, teed[-3000:])  # rank 1's own last lines
         assert f"job exited with code {code}" in events
         assert not (out / "report.json").exists()  # a rank that died is no hang
     finally:

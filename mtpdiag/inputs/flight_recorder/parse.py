@@ -224,6 +224,19 @@ def _status(pg_id: Any, s: Any, group_of_pg: dict[int, str]) -> FRGroupStatus:
     )
 
 
+def completed_of(data: Any) -> int:
+    """The collectives a dump's dict says its rank completed, summed over its groups: what ``rank_dump``'s
+    ``status`` gives, read from ``pg_status`` alone."""
+    if not isinstance(data, dict):
+        raise ValueError("expected a dict")
+    total = 0
+    for pg_id, s in _dict(data.get("pg_status")).items():
+        if not isinstance(s, dict):
+            raise TypeError(f"pg_status[{pg_id!r}] is not a dict")
+        total += max(_counter(s.get("last_completed_collective", -1)), 0)
+    return total
+
+
 def _counter(value: Any) -> int:
     """An integer, or the decimal string the JSON form writes for one ("-1", "12")."""
     if isinstance(value, str):
