@@ -305,6 +305,12 @@ def real_uid(pid: int) -> int | None:
     return None
 
 
+def is_running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has: its parent has yet to reap it)."""
+    stat = read_stat(pid)
+    return stat is not None and stat.state != ProcessState.ZOMBIE
+
+
 def zombie_exit_code(pid: int) -> int | None:
     """The exit code of an exited child its parent has not reaped yet (``/proc/PID/stat``'s exit_code field)."""
     try:

@@ -39,6 +39,7 @@ from mtpdiag.vocabulary.states import WatchPhase as Phase
 HANG_AFTER_S = 10.0
 PAUSE_AFTER_S = 1800.0  # a checkpoint write of minutes is a pause; half an hour of it is a hang
 MAX_FAILURES = 30  # samples that fail in a row (every rank unreadable) before the watching stops
+EXIT_POLL_S = 0.05  # between samples, how often the ranks are checked for one that died
 
 
 class OnHang(str, Enum):
@@ -247,15 +248,27 @@ class Supervisor:
                 code = self._step(began)
                 if code is not None:
                     return code
-            try:
-                self.child.wait(timeout=max(0.0, self.interval - (time.monotonic() - began)))
-            except subprocess.TimeoutExpired:
-                pass
+            self._wait(began + self.interval)
         code = job_exit_code(self.child.returncode)
         if self.watcher.tracker.samples:
             self.run_dir.event(sampling_summary(self.watcher))
         self.run_dir.event(f"job exited with code {code}")
         return code
+
+    def _wait(self, until: float) -> None:
+        """Wait for the next sample, noting at once a rank that dies meanwhile: torchrun ends a dead worker's peers
+        within 0.1 s, and the whole job can be gone before the next sample, which would then not say which rank
+        died (a /proc read per rank every 50 ms)."""
+        from mtpdiag.capture import procfs
+
+        while (left := until - time.monotonic()) > 0:
+            try:
+                self.child.wait(timeout=min(left, EXIT_POLL_S))
+                return
+            except subprocess.TimeoutExpired:
+                pass
+            if self.watching and self.ray is None and self.ranks:
+                self._note_exits([p for p in self.ranks if procfs.is_running(p)])
 
     def _step(self, now: float) -> int | None:
         """One sample and what follows from it; mtpdiag's own error stops the watching, never the job."""
