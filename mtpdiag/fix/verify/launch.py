@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 from mtpdiag.analysis.stall import cpu_moved
 from mtpdiag.capture import procfs
-from mtpdiag.vocabulary.states import ProcessState
 
 # A tick of /proc's CPU times in ns: a main thread whose ticks did not change used no CPU to speak of.
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
@@ -180,7 +179,5 @@ def kill_pids(pids: Iterable[int], wait_s: float = 10.0) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and any(
-        (stat := procfs.read_stat(p)) and stat.state != ProcessState.ZOMBIE for p in pids
-    ):
+    while time.monotonic() < deadline and any(procfs.is_running(p) for p in pids):
         time.sleep(0.05)
