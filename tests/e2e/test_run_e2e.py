@@ -4,9 +4,13 @@ Flight Recorder names the collective), and a healthy job with 3 s device steps a
 
 * ``--on-hang exit``: the report in the run directory names mtp-cp-gated-reduce from the Flight Recorder,
   entered [2], absent [3]; run exits 1 and leaves the job running. The watchdog's timeout stays at NCCL's
-  default (600 s), so the dumps are those run asked for through the pipe.
-* ``--on-hang kill``: the same call, then no process of the job is left.
-* healthy: no call, and the job's own exit code comes back. Issue #21 asks for 3 s steps and a 40 s pause
+  default (600 s), so the dumps are those run asked for through the pipe. Its host syncs spin (CUDA's default:
+  every rank busy, yet stuck).
+* ``--on-hang kill``: the same call on host syncs that poll, then no process of the job is left.
+* ``--on-hang keep``: every rank stopped, with host syncs that wait in a futex (the third way), then continued.
+* healthy: no call, and the job's own exit code comes back. Its host waits in a futex: for a false call the
+  stricter case (no CPU burnt, the stack unchanged, only the Flight Recorder moves); spinning ranks would burn
+  both cores for the whole test and starve the tests beside it. Issue #21 asks for 3 s steps and a 40 s pause
   under the default --hang-after (10 s); this keeps the pause four times the window, at half the size
   (a 20 s pause, --hang-after 5), so the test stays short.
 
@@ -35,7 +39,8 @@ pytestmark = pytest.mark.e2e
 
 WORKER = os.path.join(ROOT, "examples", "nccl_behaviour", "worker.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
-BUGGY = [WORKER, "--gate", "buggy", "--cp", "2", "--pp", "2", "--device-step-s", "0.3", "--sync", "spin"]
+BUGGY = [WORKER, "--gate", "buggy", "--cp", "2", "--pp", "2", "--device-step-s", "0.3"]
+FIXED = [WORKER, "--gate", "fixed", "--cp", "2", "--pp", "2", "--device-step-s", "0.3", "--microbatches", "1"]
 FR_VARS = (
     "TORCH_FR_BUFFER_SIZE",
     "TORCH_NCCL_DUMP_ON_TIMEOUT",
@@ -122,7 +127,7 @@ def _assert_names_the_bug(out: Path) -> dict:
 def test_on_hang_exit_names_the_bug_from_the_flight_recorder_and_leaves_the_job(tmp_path):
     out = tmp_path / "run"
     try:
-        result = _run(out, "--on-hang", "exit", job=BUGGY)
+        result = _run(out, "--on-hang", "exit", job=[*BUGGY, "--sync", "spin"])
         assert result.returncode == 1, result.stderr[-3000:]
         assert "Traceback" not in result.stderr
         _assert_names_the_bug(out)
@@ -142,7 +147,7 @@ def test_on_hang_kill_leaves_no_process_of_the_job(tmp_path):
     out = tmp_path / "run"
     seen: set[int] = set()
     try:
-        result = _run(out, "--on-hang", "kill", job=BUGGY)
+        result = _run(out, "--on-hang", "kill", job=[*BUGGY, "--sync", "poll"])
         assert result.returncode == 1, result.stderr[-3000:]
         _assert_names_the_bug(out)
         bundle = json.loads((out / "bundle.json").read_text())
@@ -162,7 +167,7 @@ def test_on_hang_kill_leaves_no_process_of_the_job(tmp_path):
 
 def test_a_healthy_job_with_a_checkpoint_pause_gets_no_call_and_its_exit_code(tmp_path):
     out = tmp_path / "run"
-    job = [WORKER, "--gate", "fixed", "--cp", "2", "--pp", "2", "--device-step-s", "3", "--sync", "spin"]
+    job = [WORKER, "--gate", "fixed", "--cp", "2", "--pp", "2", "--device-step-s", "3", "--sync", "futex"]
     job += ["--microbatches", "1", "--steps", "3", "--pause-at-step", "0", "--pause-s", "20"]
     started = time.monotonic()
     try:
@@ -184,8 +189,7 @@ def test_on_hang_keep_calls_a_frozen_job_and_notes_its_recovery(tmp_path):
     """Every rank stopped (SIGSTOP) for longer than the window: a hang is called and written; the job is kept;
     once continued it moves again, which is noted beside the report (nothing rewritten), and it ends by itself."""
     out = tmp_path / "run"
-    job = [WORKER, "--gate", "fixed", "--cp", "2", "--pp", "2", "--device-step-s", "0.3", "--microbatches", "1"]
-    proc = _start(out, "--hang-after", "3", job=[*job, "--steps", "14"])
+    proc = _start(out, "--hang-after", "3", job=[*FIXED, "--sync", "futex", "--steps", "8"])
     try:
         log = tmp_path / "run.job.log"
         deadline = time.monotonic() + 240
@@ -219,8 +223,7 @@ def test_on_hang_keep_calls_a_frozen_job_and_notes_its_recovery(tmp_path):
 
 def test_a_rank_that_dies_is_an_event_and_the_launchers_exit_code_comes_back(tmp_path):
     out = tmp_path / "run"
-    job = [WORKER, "--gate", "fixed", "--cp", "2", "--pp", "2", "--device-step-s", "0.3", "--microbatches", "1"]
-    proc = _start(out, job=["--tee", "3", *job, "--steps", "0"])  # torchrun keeps each rank's log
+    proc = _start(out, job=["--tee", "3", *FIXED, "--sync", "futex", "--steps", "0"])  # torchrun keeps each rank's log
     try:
         log = tmp_path / "run.job.log"
         deadline = time.monotonic() + 240
