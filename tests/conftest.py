@@ -13,9 +13,8 @@
   canonical hung job (``canonical_hang``, ``support/canonical_hang.py``), two ``timing-*`` groups for the tests
   whose result depends on how fast a job or the machine runs (watch, spinning host syncs, a starved py-spy: one
   at a time in each),
-  and ``ray`` for the tests marked ``ray``. ``scripts/test.sh`` runs those last and alone (``-m "e2e and ray"``,
-  no workers): ``inspect --all`` must find only the Ray job's ranks on the host, and a Ray head starts its many
-  processes within timeouts that a machine running three other jobs beside it does not keep.
+  and ``ray`` for the tests marked ``ray``. ``scripts/test.sh`` runs those in a run of their own (``-m "e2e and
+  ray"``, no workers) in a PID namespace of their own: ``inspect --all`` must find only the Ray job's ranks.
 """
 
 from __future__ import annotations

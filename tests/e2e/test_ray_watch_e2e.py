@@ -144,7 +144,7 @@ def test_watch_ray_makes_no_false_call_on_a_healthy_job_with_3s_device_steps(clu
         "--ray",
         address,
         "--duration",
-        "60",
+        "30",  # ten device steps, six of watch's 5 s stall windows (as the healthy watch of test_gpu_hang_e2e)
         "--ray-timeout",
         "240",
         "--out",
