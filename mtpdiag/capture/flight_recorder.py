@@ -20,12 +20,12 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from mtpdiag.analysis.group_marks import GroupCompleted, Marks, advance
 from mtpdiag.capture import procfs
 from mtpdiag.capture.fr_locate import DUMP_ENV, dump_prefixes, pipe_prefix, request_live_dump
 from mtpdiag.errors import InputError
 from mtpdiag.model import RankCapture, Snapshot, replace
 from mtpdiag.model.flight_recorder import FRDump
+from mtpdiag.model.group_marks import GroupCompleted, Marks, advance
 
 
 class FoundDumps(msgspec.Struct, frozen=True):
@@ -158,7 +158,7 @@ class LiveProgress:
     on request through its debug-info pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``). A healthy job whose host waits
     at one sync line for seconds at a time still completes collectives meanwhile.
 
-    Progress is counted per process group across ranks (``analysis.group_marks``), so one rank's dump a sample
+    Progress is counted per process group across ranks (``model.group_marks``), so one rank's dump a sample
     is enough while the job moves: the ranks are asked in turn, one per sample (the one read longest ago), and
     a rank's first dump after a hang is no progress when its groups' other members already showed where they
     stopped. When a sample's dumps show no group past its mark, every rank is asked again, so that a quiet spell
@@ -230,7 +230,7 @@ class LiveProgress:
 
 
 def _groups_completed(path: str, rank: int, mtime: float) -> tuple[GroupCompleted, ...] | None:
-    """Each group's last completed collective in a rank's dump, dated (``pg_status``, ``analysis.group_marks``)."""
+    """Each group's last completed collective in a rank's dump, dated (``pg_status``, ``model.group_marks``)."""
     from mtpdiag.inputs.flight_recorder.dump import read_groups_completed
 
     try:

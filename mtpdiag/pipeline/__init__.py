@@ -37,7 +37,7 @@ class ProgressSignal(Protocol):
     """``watch``'s Flight Recorder signal: when the newest collective seen completed since the last sample
     completed (time.time(), the wall clock), None when none was. Read from the ranks' dumps on this host
     (``capture.flight_recorder.LiveProgress``), or by each node's capture task while it took ``captures``
-    (``capture.ray_cluster.ClusterProgress``)."""
+    (``capture.cluster_progress.ClusterProgress``)."""
 
     def poll(self, captures: tuple[RankCapture, ...]) -> float | None: ...
 

@@ -1,4 +1,4 @@
-"""``watch --ray``'s Flight Recorder state, kept on the driver between samples (``ray_cluster.ClusterProgress``).
+"""``watch --ray``'s Flight Recorder state, kept on the driver between samples (``ClusterProgress``).
 
 Each node's capture task polls its own ranks and hands back their new state; the driver must take it for those
 ranks only, keep the state of ranks on nodes that did not answer, keep the highest mark of every group (groups
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from mtpdiag.capture.ray_cluster import ClusterProgress
+from mtpdiag.capture.cluster_progress import ClusterProgress
 
 
 def test_a_node_s_reply_replaces_the_state_of_the_ranks_it_polled_and_only_those():

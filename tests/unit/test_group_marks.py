@@ -1,4 +1,4 @@
-"""Progress per process group across ranks (``analysis.group_marks``, ``parse.groups_completed``), on dumps recorded
+"""Progress per process group across ranks (``model.group_marks``, ``parse.groups_completed``), on dumps recorded
 from the NCCL-behaviour reproducer (tests/fixtures/captures/nccl_mtp_cp_pp_spin/fr_live: the four ranks' dumps after
 the hang, asked for through the pipe) and on earlier dumps of the same job derived from them (``as_of``: what each
 rank would have written at an earlier moment while the job moved).
@@ -10,9 +10,9 @@ import pickle
 
 import pytest
 
-from mtpdiag.analysis.group_marks import GroupCompleted, advance
 from mtpdiag.inputs.flight_recorder.dump import read_groups_completed
 from mtpdiag.inputs.flight_recorder.parse import groups_completed
+from mtpdiag.model.group_marks import GroupCompleted, advance
 from support.fr_fixtures import FR_FIXTURES, as_of, nccl_dump, nccl_scenarios
 
 HANG = "nccl_mtp_cp_pp_spin"

@@ -18,11 +18,11 @@ import stat
 from collections.abc import Sequence
 from typing import Any
 
-from mtpdiag.analysis.group_marks import GroupCompleted
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder.parse import StackCache, groups_completed, rank_dump
 from mtpdiag.inputs.flight_recorder.sites import SourceIndex, plain
 from mtpdiag.model.flight_recorder import FRDump, FRRankDump, expected_ranks
+from mtpdiag.model.group_marks import GroupCompleted
 
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 _RANK_SUFFIX = re.compile(r"^(.*?)(\d{1,9})(\.json)?$")

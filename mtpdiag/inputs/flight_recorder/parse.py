@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mtpdiag.analysis.group_marks import GroupCompleted, group_key
 from mtpdiag.errors import InputError
 from mtpdiag.inputs.flight_recorder.sites import Qualify, call_site, plain, stack_of
 from mtpdiag.model import Site, replace
 from mtpdiag.model.flight_recorder import FREntry, FRGroup, FRGroupStatus, FRRankDump, as_bool, as_int
 from mtpdiag.model.fr_batches import batches
+from mtpdiag.model.group_marks import GroupCompleted, group_key
 from mtpdiag.vocabulary.profiling_names import parse_profiling_name
 
 KNOWN_MAJOR = 2
@@ -227,7 +227,7 @@ def _status(pg_id: Any, s: Any, group_of_pg: dict[int, str]) -> FRGroupStatus:
 
 def groups_completed(data: Any, rank: int, dump_time: float) -> tuple[GroupCompleted, ...]:
     """Each group's last completed op in a dump's dict (``pg_status``), keyed by the group's name and ranks
-    (``analysis.group_marks``) and dated by when it completed: its entry's ``time_discovered_completed_ns``, or
+    (``model.group_marks``) and dated by when it completed: its entry's ``time_discovered_completed_ns``, or
     ``dump_time`` (the file's mtime) where the dump has no such entry (gloo records none; an entry can be
     overwritten). Only ``pg_status``, ``pg_config`` and the entries' ids and times are read."""
     if not isinstance(data, dict):
