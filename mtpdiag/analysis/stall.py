@@ -186,6 +186,7 @@ class StallTracker:
         return min(fr_at, end)
 
     def _fr_latest(self, fr_at: float | None, end: float) -> float | None:
+        """The newest collective completed seen so far (``stack_read``'s grace runs from it)."""
         if fr_at is None:
             return self.fr_moved_at
         at = min(fr_at, end)
