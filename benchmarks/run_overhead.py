@@ -124,12 +124,14 @@ def measure(under_run: bool, steps: int, device_step_s: float, sync: str, scratc
             seen[int(line.split()[3])] = (time.monotonic(), run_cpu, _ranks_cpu(proc.pid))
     code = proc.wait()
     last = max(seen, default=0)
-    if code != 0 or last <= WARMUP:
+    # The first step line at or after the warm-up (a line the ranks' interleaved output garbled is missing).
+    first = min((s for s in seen if s >= WARMUP), default=last)
+    if code != 0 or last <= first:
         raise RuntimeError(f"the job ended with {code} after {len(seen)} steps")
-    (t0, c0, r0), (t1, c1, r1) = seen[WARMUP], seen[last]
+    (t0, c0, r0), (t1, c1, r1) = seen[first], seen[last]
     cpu = c1 - c0 if c0 is not None and c1 is not None else None
-    ranks = sum(r1[p] - r0[p] for p in r1 if p in r0) / (last - WARMUP)
-    return Measured((last - WARMUP) / (t1 - t0), cpu, t1 - t0, _sampling(out) if under_run else "", ranks)
+    ranks = sum(r1[p] - r0[p] for p in r1 if p in r0) / (last - first)
+    return Measured((last - first) / (t1 - t0), cpu, t1 - t0, _sampling(out) if under_run else "", ranks)
 
 
 def _sampling(out: str) -> str:

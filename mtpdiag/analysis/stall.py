@@ -79,9 +79,10 @@ class StallTracker:
     seen since that progress (empty until the first stack sample of a quiet spell). ``progressed``: progress
     was seen against a baseline at least once (a stack that changed since the last stack sample, a collective
     completed, a main thread that ran during a pause, ranks that changed); main-thread CPU before there is a
-    stack to compare with is not enough, since a hung NCCL rank spins. ``fr_moved_at``: when the Flight Recorder
-    last showed a collective completed; ``skipping``: the samples since the last stack sample took no stacks
-    (``skipped``), so the next stacks are a baseline, not a change.
+    stack to compare with is not enough, since a hung NCCL rank spins. ``fr_moved_at``: when the newest
+    collective the Flight Recorder showed completed (when it completed, not when its dump was read);
+    ``skipping``: the samples since the last stack sample took no stacks (``skipped``), so the next stacks are a
+    baseline, not a change.
     """
 
     started: float
@@ -108,12 +109,13 @@ class StallTracker:
         now: float,
         cpu_ns: Mapping[Target, int | None],
         stacks: Mapping[Process, Signature] | None,
-        fr_moved: bool = False,
+        fr_at: float | None = None,
         done: float | None = None,
     ) -> StallTracker:
         """Fold in one sample, taken from ``now`` until ``done`` (the same moment when not given). ``stacks``
-        is None when the stacks were not captured this time; ``fr_moved``: the Flight Recorder shows a
-        collective completed since the last sample. Progress starts the quiet window at ``done``."""
+        is None when the stacks were not captured this time; ``fr_at``: when the newest collective the Flight
+        Recorder showed completed since the last sample completed (on this clock). A changed stack starts the
+        quiet window at ``done``; a collective, when it completed (never before the window's start)."""
         if stacks is not None and self.stacks:
             moved = seen = dict(stacks) != dict(self.stacks)  # a spinning main thread burns CPU at one place
         elif stacks is not None and self.skipping:
@@ -121,18 +123,19 @@ class StallTracker:
         else:
             moved = self.cpu_moved(cpu_ns)
             seen = moved and stacks is None and self.samples > 0  # the ranks changed under the dump
-        moved, seen = moved or fr_moved, seen or fr_moved
         end = now if done is None else max(now, done)
-        if moved:
+        since = end if moved else self._fr_since(fr_at, end)
+        progressed = self.progressed or seen or fr_at is not None
+        if since is not None:
             return replace(
                 self,
-                quiet_since=end,
+                quiet_since=since,
                 samples=self.samples + 1,
                 stack_samples_while_quiet=0 if stacks is None else 1,
                 cpu_ns=dict(cpu_ns),
                 stacks={} if stacks is None else dict(stacks),
-                progressed=self.progressed or seen,
-                fr_moved_at=end if fr_moved else self.fr_moved_at,
+                progressed=progressed,
+                fr_moved_at=self._fr_latest(fr_at, end),
                 skipping=False,
             )
         return replace(
@@ -141,26 +144,53 @@ class StallTracker:
             stack_samples_while_quiet=self.stack_samples_while_quiet + (stacks is not None),
             cpu_ns=dict(cpu_ns),
             stacks=self.stacks if stacks is None else dict(stacks),
+            progressed=progressed,
+            fr_moved_at=self._fr_latest(fr_at, end),
             skipping=False,
         )
 
-    def skipped(self, now: float, cpu_ns: Mapping[Target, int | None], fr_moved: bool, done: float) -> StallTracker:
+    def skipped(
+        self, now: float, cpu_ns: Mapping[Target, int | None], fr_at: float | None, done: float
+    ) -> StallTracker:
         """Fold in a sample that took no stacks (``stack_read`` said SKIP): a collective completed is progress,
-        from ``done``; main-thread CPU is not (with no stack to compare, a spinning rank would look busy)."""
-        if fr_moved:
-            end = max(now, done)
+        from when it completed; main-thread CPU is not (with no stack to compare, a spinning rank would look
+        busy)."""
+        end = max(now, done)
+        since = self._fr_since(fr_at, end)
+        if since is not None:
             return replace(
                 self,
-                quiet_since=end,
+                quiet_since=since,
                 samples=self.samples + 1,
                 stack_samples_while_quiet=0,
                 cpu_ns=dict(cpu_ns),
                 stacks={},
                 progressed=True,
-                fr_moved_at=end,
+                fr_moved_at=self._fr_latest(fr_at, end),
                 skipping=True,
             )
-        return replace(self, samples=self.samples + 1, cpu_ns=dict(cpu_ns), skipping=True)
+        return replace(
+            self,
+            samples=self.samples + 1,
+            cpu_ns=dict(cpu_ns),
+            progressed=self.progressed or fr_at is not None,
+            fr_moved_at=self._fr_latest(fr_at, end),
+            skipping=True,
+        )
+
+    def _fr_since(self, fr_at: float | None, end: float) -> float | None:
+        """Where a collective completed at ``fr_at`` starts the quiet window: then (never after ``end``), or
+        None when the window already started later (a dump read late, of a collective before the last progress)."""
+        if fr_at is None or min(fr_at, end) <= self.quiet_since:
+            return None
+        return min(fr_at, end)
+
+    def _fr_latest(self, fr_at: float | None, end: float) -> float | None:
+        """The newest collective completed seen so far (``stack_read``'s grace runs from it)."""
+        if fr_at is None:
+            return self.fr_moved_at
+        at = min(fr_at, end)
+        return at if self.fr_moved_at is None else max(at, self.fr_moved_at)
 
     def after_pause(self, now: float, cpu_ns: Mapping[Target, int | None]) -> StallTracker:
         """Take the readings made right after the stacks as the new baseline.
@@ -207,22 +237,23 @@ def stack_read(
     tracker: StallTracker,
     now: float,
     cpu_moved: bool,
-    fr_moved: bool,
+    fr_at: float | None,
     armed: bool,
     stacks_at: float | None,
     policy: StackPolicy = RUN_POLICY,
 ) -> StackRead:
     """How ``run`` reads the stacks at this sample, so that a healthy job pays for no py-spy at all.
 
-    A collective completed in this sample, or within ``fr_grace_s``, is progress that stacks could add nothing
-    to: SKIP. Before the job was first seen to move no hang can be called, so stacks (last read at
-    ``stacks_at``) are read only every ``unarmed_every_s``, enough to see start-up end. Otherwise the job looks
-    quiet and the stacks decide, as ``watch`` reads them: without pausing the ranks when a main thread ran
-    (RUNNING), with a short pause when none did (PAUSED). The quiet window is counted from the last progress
-    either way, so skipping delays no hang's call: the window leaves room for the two stack samples it needs.
+    A collective seen completed in this sample (``fr_at``: when), or one that completed within ``fr_grace_s``,
+    is progress that stacks could add nothing to: SKIP. Before the job was first seen to move no hang can be
+    called, so stacks (last read at ``stacks_at``) are read only every ``unarmed_every_s``, enough to see
+    start-up end. Otherwise the job looks quiet and the stacks decide, as ``watch`` reads them: without pausing
+    the ranks when a main thread ran (RUNNING), with a short pause when none did (PAUSED). The quiet window is
+    counted from the last progress either way, so skipping delays no hang's call: the window leaves room for
+    the two stack samples it needs.
     """
     recent = tracker.fr_moved_at is not None and now - tracker.fr_moved_at <= policy.fr_grace_s
-    if fr_moved or recent:
+    if fr_at is not None or recent:
         return StackRead.SKIP
     if not armed and stacks_at is not None and now - stacks_at < policy.unarmed_every_s:
         return StackRead.SKIP

@@ -15,6 +15,7 @@ import os
 import pwd
 import re
 import time
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import msgspec
@@ -24,6 +25,7 @@ from mtpdiag.capture.fr_locate import DUMP_ENV, dump_prefixes, pipe_prefix, requ
 from mtpdiag.errors import InputError
 from mtpdiag.model import RankCapture, Snapshot, replace
 from mtpdiag.model.flight_recorder import FRDump
+from mtpdiag.model.group_marks import GroupCompleted, Marks, advance
 
 
 class FoundDumps(msgspec.Struct, frozen=True):
@@ -152,81 +154,86 @@ def _common_prefix(paths: list[str]) -> str:
 
 
 class LiveProgress:
-    """``watch``'s Flight Recorder signal: how many collectives each rank has completed, from dumps the job
-    writes on request through its debug-info pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``). A healthy job whose
-    host waits at one sync line for seconds at a time still completes collectives meanwhile.
+    """``watch``'s Flight Recorder signal: when a collective was last seen completed, from dumps the job writes
+    on request through its debug-info pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``). A healthy job whose host waits
+    at one sync line for seconds at a time still completes collectives meanwhile.
 
-    torch answers a request from its monitor thread, which looks at the pipe about once a second, so an
-    answer often comes after the next sample: every dump newer than the last one read for a rank is read,
-    whenever it was written, and a rank is asked again only once it answered (or ``REASK_S`` went by).
+    Progress is counted per process group across ranks (``model.group_marks``), so one rank's dump a sample
+    is enough while the job moves: the ranks are asked in turn, one per sample (the one read longest ago), and
+    a rank's first dump after a hang is no progress when its groups' other members already showed where they
+    stopped. When a sample's dumps show no group past its mark, every rank is asked again, so that a quiet spell
+    is confirmed by all of them with fresh dumps. torch answers a request from its monitor thread, which looks
+    at the pipe about once a second, so an answer often comes after the next sample: every dump newer than the
+    last one read for a rank is read, whenever it was written, and a rank with a request open is asked again
+    only once ``REASK_S`` went by.
     """
 
     REASK_S = 5.0  # a request not answered by then is taken as lost, and made again
     MTIME_SLACK_S = 0.05  # file times come from the kernel's coarse clock, a tick behind time.time()
 
-    def __init__(self, state: dict[str, dict[int, Any]] | None = None) -> None:
+    def __init__(self, state: Mapping[str, Mapping[Any, Any]] | None = None) -> None:
         state = state or {}
-        self._asked: dict[int, float] = dict(state.get("asked") or {})  # rank -> when its open request was made
-        self._read_mtime: dict[int, float] = dict(state.get("read_mtime") or {})  # rank -> its last dump read
-        self._completed: dict[int, int] = dict(state.get("completed") or {})
+        self._asked = {int(r): float(t) for r, t in (state.get("asked") or {}).items()}  # open requests: when
+        self._read_mtime = {int(r): float(t) for r, t in (state.get("read_mtime") or {}).items()}  # last read
+        self._marks: Marks = {str(k): [float(v[0]), float(v[1])] for k, v in (state.get("marks") or {}).items()}
 
-    def state(self, ranks: set[int] | None = None) -> dict[str, dict[int, Any]]:
-        """What the next poll needs, as plain data (of ``ranks`` only, if given): ``--ray`` keeps it on the
-        driver between samples and hands each node's capture task the state of its ranks."""
+    def state(self, ranks: set[int] | None = None) -> dict[str, dict[Any, Any]]:
+        """What the next poll needs, as plain data (the requests and reads of ``ranks`` only, if given; the
+        groups' marks whole): ``--ray`` keeps it on the driver between samples and hands each node's capture
+        task the state of its ranks."""
 
-        def keep(table: dict[int, Any]) -> dict[int, Any]:
+        def keep(table: dict[int, float]) -> dict[Any, Any]:
             return {r: v for r, v in table.items() if ranks is None or r in ranks}
 
-        return {"asked": keep(self._asked), "read_mtime": keep(self._read_mtime), "completed": keep(self._completed)}
+        marks = {k: list(v) for k, v in self._marks.items()}
+        return {"asked": keep(self._asked), "read_mtime": keep(self._read_mtime), "marks": marks}
 
-    def poll(self, captures: tuple[RankCapture, ...]) -> bool:
-        """Whether a rank completed a collective since its dump last read (read the new dumps, then ask the
-        ranks that answered again; never waits)."""
+    def poll(self, captures: tuple[RankCapture, ...]) -> float | None:
+        """When the newest collective past its group's mark completed (time.time()), None when the dumps read
+        show none. Reads the new dumps, then asks: the next rank in turn, or every rank after a quiet read.
+        Never waits."""
         now = time.time()
-        moved = False
-        for c in _targets(captures):
-            prefix = pipe_prefix(c.env)
-            if prefix is None:
-                continue
-            moved |= self._read_new_dump(c)
-            asked = self._asked.get(c.rank)
-            if asked is None or now - asked >= self.REASK_S:
-                if request_live_dump(_in_root(c.pid, prefix), c.rank).sent:
-                    self._asked[c.rank] = now
-                else:
-                    self._asked.pop(c.rank, None)
-        return moved
+        ranks = [(c, prefix) for c in _targets(captures) if (prefix := pipe_prefix(c.env)) is not None]
+        read = [groups for c, _ in ranks if (groups := self._read_new_dump(c)) is not None]
+        self._marks, newest = advance(self._marks, (g for groups in read for g in groups))
+        due = [(c, prefix) for c, prefix in ranks if now - self._asked.get(c.rank, -self.REASK_S) >= self.REASK_S]
+        if not read or newest is not None:  # moving (or waiting for answers): one rank, the one read longest ago
+            due = sorted(due, key=lambda cp: (self._read_mtime.get(cp[0].rank, 0.0), cp[0].rank))[:1]
+        for c, prefix in due:
+            if request_live_dump(_in_root(c.pid, prefix), c.rank).sent:
+                self._asked[c.rank] = now
+            else:
+                self._asked.pop(c.rank, None)
+        return newest
 
-    def _read_new_dump(self, c: _Target) -> bool:
-        """Read the rank's dump if it is newer than the last one read (the first one must answer a request of
-        ours: an older dump is no baseline for "since the last sample"). Whether it shows more completed."""
+    def _read_new_dump(self, c: _Target) -> tuple[GroupCompleted, ...] | None:
+        """The groups of the rank's dump if it is newer than the last one read (the first one must answer a
+        request of ours: an older dump is no baseline for "since the last sample"); None when there is none."""
         asked, last = self._asked.get(c.rank), self._read_mtime.get(c.rank)
         if asked is None and last is None:
-            return False
+            return None
         found = _dump_of(c, None)
         if found is None:
-            return False
+            return None
         path, mtime = found
         if (last is not None and mtime <= last) or (
             last is None and asked is not None and mtime < asked - self.MTIME_SLACK_S
         ):
-            return False
-        done = _completed(path)
-        if done is None:  # not a dump we can read (yet): try again at the next poll
-            return False
-        before = self._completed.get(c.rank)
-        self._completed[c.rank] = done if before is None else max(done, before)
+            return None
+        groups = _groups_completed(path, c.rank, mtime)
+        if groups is None:  # not a dump we can read (yet): try again at the next poll
+            return None
         self._read_mtime[c.rank] = mtime
         if asked is not None and mtime >= asked - self.MTIME_SLACK_S:
             del self._asked[c.rank]  # answered
-        return before is not None and done > before
+        return groups
 
 
-def _completed(path: str) -> int | None:
-    """The collectives a rank's dump says it completed, summed over its groups (pg_status)."""
-    from mtpdiag.inputs.flight_recorder.dump import read_completed
+def _groups_completed(path: str, rank: int, mtime: float) -> tuple[GroupCompleted, ...] | None:
+    """Each group's last completed collective in a rank's dump, dated (``pg_status``, ``model.group_marks``)."""
+    from mtpdiag.inputs.flight_recorder.dump import read_groups_completed
 
     try:
-        return read_completed(path)
+        return read_groups_completed(path, rank, mtime)
     except InputError:
         return None

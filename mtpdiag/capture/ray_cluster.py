@@ -18,12 +18,13 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import mtpdiag
 from mtpdiag.capture import own_lineage
+from mtpdiag.capture.cluster_progress import ClusterProgress
 from mtpdiag.capture.ray_address import answers, keep_loopback
 from mtpdiag.capture.ray_jobs import drivers_by_ip, job_drivers, merged_entrypoint_hints
 from mtpdiag.capture.ray_node import capture_node, identify
@@ -32,7 +33,7 @@ from mtpdiag.inputs.base import FileCaptures
 from mtpdiag.inputs.bundle import snapshot_from_data
 from mtpdiag.inputs.merge import check_world_sizes, merge
 from mtpdiag.layout import cmdline
-from mtpdiag.model import RankCapture, Snapshot, printable, replace
+from mtpdiag.model import Snapshot, printable, replace
 
 INSTALL_RAY = "pip install 'mtpdiag[ray]'"
 CLIENT_ATTEMPTS = 3  # ray:// connections, see RayCluster._init
@@ -66,35 +67,6 @@ class ClusterCapture:
     nodes: tuple[Node, ...]
     failed: tuple[str, ...] = ()  # "node X (ip, node id): why", one per node not captured (and dead nodes)
     notes: tuple[str, ...] = ()
-
-
-class ClusterProgress:
-    """``watch --ray``'s Flight Recorder signal. ``LiveProgress`` polls a rank's dumps and debug-info pipe, which
-    are on the rank's node, so each node's capture task polls its own ranks; the state between samples is kept
-    here, on the driver, and handed to every task with its request."""
-
-    def __init__(self) -> None:
-        self.state: dict[str, dict[int, Any]] = {"asked": {}, "read_mtime": {}, "completed": {}}
-        self.moved = False
-
-    def update(self, replies: Iterable[Mapping[str, Any]]) -> None:
-        """Take each node's new state for the ranks it polled, and whether one of them completed a collective."""
-        for reply in replies:
-            answer = reply.get("fr_progress")
-            if not isinstance(answer, Mapping):
-                continue
-            self.moved |= bool(answer.get("moved"))
-            polled = {int(r) for r in answer.get("ranks") or ()}
-            new = answer.get("state") or {}
-            for key, table in self.state.items():
-                self.state[key] = {r: v for r, v in table.items() if r not in polled}
-                self.state[key].update({int(r): v for r, v in (new.get(key) or {}).items()})
-
-    def poll(self, captures: tuple[RankCapture, ...]) -> bool:  # noqa: ARG002 - pipeline.ProgressSignal's signature
-        """Whether a rank completed a collective in the capture just taken (``pipeline.ProgressSignal``). The
-        nodes polled their own ranks while they took ``captures`` (``update``): nothing is read from them here."""
-        moved, self.moved = self.moved, False
-        return moved
 
 
 class RayCluster:

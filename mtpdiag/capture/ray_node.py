@@ -15,6 +15,7 @@ pickled mtpdiag classes.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,8 +43,8 @@ def capture_node(request: dict[str, Any]) -> dict[str, Any]:
     holds ``bundle`` (None when the node runs no rank), ``cpu`` (pid -> ns), ``hints`` (the sizes on the command
     lines of the job drivers this node's raylet leads to), ``driver_hints`` (those of ``drivers``), ``notes``,
     ``unreadable`` (processes below the raylet whose environment could not be read), ``fr_progress`` (``moved``,
-    and the new state of this node's ranks), or ``failure``: one line saying why nothing could be captured (py-spy
-    missing, permission denied).
+    ``age_s``: how long ago the newest collective seen completed, and the new state of this node's ranks), or
+    ``failure``: one line saying why nothing could be captured (py-spy missing, permission denied).
     """
     reply: dict[str, Any] = {"schema": REPLY_SCHEMA, "version": mtpdiag.__version__, "pid": os.getpid()}
     try:
@@ -75,9 +76,14 @@ def capture_node(request: dict[str, Any]) -> dict[str, Any]:
         )
         if request.get("fr_progress") is not None:  # watch: the Flight Recorder's progress signal, kept by the driver
             progress = LiveProgress(request["fr_progress"])
-            moved = progress.poll(snapshot.captures)
+            at = progress.poll(snapshot.captures)
             ranks = {c.rank for c in snapshot.captures if c.rank is not None}
-            reply["fr_progress"] = {"moved": moved, "ranks": sorted(ranks), "state": progress.state(ranks)}
+            reply["fr_progress"] = {
+                "moved": at is not None,
+                "age_s": None if at is None else max(0.0, time.time() - at),  # the node's clock stays here
+                "ranks": sorted(ranks),
+                "state": progress.state(ranks),
+            }
     except MtpdiagError as exc:
         return {**reply, "failure": str(exc)}
     return {**reply, "bundle": msgspec.to_builtins(snapshot.stored()), "notes": list(notes)}

@@ -34,11 +34,21 @@ MAX_WORLD_SIZE = 1 << 18
 
 
 class ProgressSignal(Protocol):
-    """``watch``'s Flight Recorder signal: whether a rank completed a collective since the last sample. Read
-    from the ranks' dumps on this host (``capture.flight_recorder.LiveProgress``), or by each node's capture task
-    while it took ``captures`` (``capture.ray_cluster.ClusterProgress``)."""
+    """``watch``'s Flight Recorder signal: when the newest collective seen completed since the last sample
+    completed (time.time(), the wall clock), None when none was. Read from the ranks' dumps on this host
+    (``capture.flight_recorder.LiveProgress``), or by each node's capture task while it took ``captures``
+    (``capture.cluster_progress.ClusterProgress``)."""
 
-    def poll(self, captures: tuple[RankCapture, ...]) -> bool: ...
+    def poll(self, captures: tuple[RankCapture, ...]) -> float | None: ...
+
+
+def on_clock(wall: float | None, clock_now: float) -> float | None:
+    """A wall-clock time (``ProgressSignal.poll``'s) on the watcher's own clock, whose reading now is
+    ``clock_now`` (monotonic, or a test's): the edge where a collective's completion time meets the tracker.
+    Never later than now."""
+    if wall is None:
+        return None
+    return clock_now - max(0.0, time.time() - wall)
 
 
 class LayoutOptions(msgspec.Struct, frozen=True):
@@ -253,8 +263,9 @@ def sample_once(
     a rank that burns CPU may be working, or spinning at a host sync; only its stack can tell.
     Returns the updated tracker and the snapshot (None at the first sample, which is the CPU baseline).
     With ``fr_progress`` (the job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE), a collective completed since the last
-    sample is progress too (``--ray``: polled on the nodes during ``take_stacks``). Progress seen in this sample
-    starts the quiet window when the sample ends (``now`` plus the time it took), not when it began.
+    sample is progress too (``--ray``: polled on the nodes during ``take_stacks``), and starts the quiet window
+    when it completed. Other progress seen in this sample starts it when the sample ends (``now`` plus the time
+    it took), not when it began.
     ``read_cpu(targets)`` reads the CPU elsewhere (``--ray``: on every node); by default the targets are pids of
     this host.
     """
@@ -279,8 +290,8 @@ def sample_once(
     snapshot = take_stacks(targets, busy)
     if snapshot is None:  # the ranks changed under the dump: that is progress of a kind (a job ending)
         return tracker.observe(now, cpu, None, done=done()), None
-    fr_moved = fr_progress.poll(snapshot.captures) if fr_progress is not None else False
-    tracker = tracker.observe(now, cpu, stack_signatures(snapshot), fr_moved=fr_moved, done=done())
+    fr_at = on_clock(fr_progress.poll(snapshot.captures), done()) if fr_progress is not None else None
+    tracker = tracker.observe(now, cpu, stack_signatures(snapshot), fr_at=fr_at, done=done())
     if busy:
         return tracker, snapshot
     after = read_cpu(targets)

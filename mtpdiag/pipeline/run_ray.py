@@ -324,6 +324,8 @@ class _ProgressOnceJoined:
     def __init__(self, watch: RayWatch) -> None:
         self.watch = watch
 
-    def poll(self, captures: tuple[Any, ...]) -> bool:
+    def poll(self, captures: tuple[Any, ...]) -> float | None:
         cluster = self.watch.cluster
-        return cluster is not None and cluster.progress is not None and cluster.progress.poll(captures)
+        if cluster is None or cluster.progress is None:
+            return None
+        return cluster.progress.poll(captures)

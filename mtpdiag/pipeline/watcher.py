@@ -31,7 +31,7 @@ from mtpdiag.model import Report, Snapshot
 from mtpdiag.vocabulary.states import StackRead
 from mtpdiag.vocabulary.states import WatchPhase as Phase
 
-from . import LayoutOptions, ProgressSignal, diagnose_snapshot, hang_report, sample_once, with_flight_recorder
+from . import LayoutOptions, ProgressSignal, diagnose_snapshot, hang_report, on_clock, sample_once, with_flight_recorder
 from . import progress_report as _progress_report
 
 RELIST_S = 10.0  # spare: the ranks are listed again this often (and whenever one of them is gone)
@@ -131,33 +131,38 @@ class Watcher:
         started = time.monotonic()
         targets, cpu = self._cpu_of_ranks(now)
         known = self.last is not None and {c.pid for c in self.last.captures} >= set(targets)
-        fr_moved = False
+
+        def clock() -> float:
+            """Now, on the caller's clock (``now`` is when this sample began)."""
+            return now + (time.monotonic() - started)
+
+        fr_at = None
         if known and self.fr_progress is not None:
             assert self.last is not None
-            fr_moved = self.fr_progress.poll(tuple(c for c in self.last.captures if c.pid in set(targets)))
+            fr_at = on_clock(
+                self.fr_progress.poll(tuple(c for c in self.last.captures if c.pid in set(targets))), clock()
+            )
         cpu_moved = self.tracker.cpu_moved(cpu)
         if known:
-            how = stack_read(self.tracker, now, cpu_moved, fr_moved, self.armed, self._stacks_at, self._policy)
+            how = stack_read(self.tracker, now, cpu_moved, fr_at, self.armed, self._stacks_at, self._policy)
         else:  # new ranks: their stacks tell who they are (and where the Flight Recorder's pipes are)
             how = StackRead.RUNNING if cpu_moved else StackRead.PAUSED
         self.reads[how] = self.reads.get(how, 0) + 1
         if how == StackRead.SKIP:
-            self.tracker = self.tracker.skipped(now, cpu, fr_moved, now + (time.monotonic() - started))
+            self.tracker = self.tracker.skipped(now, cpu, fr_at, clock())
             return Sample(targets, None)
         busy = how == StackRead.RUNNING
         self._stacks_at = now
         snapshot = self._stacks_or_none(targets, busy)
-        done = now + (time.monotonic() - started)
+        done = clock()
         if snapshot is None:
             self.tracker = self.tracker.observe(now, cpu, None, done=done)
             return Sample(targets, None)
         if not known and self.fr_progress is not None:
-            fr_moved = self.fr_progress.poll(snapshot.captures)  # the first request to these ranks
-        self.tracker = self.tracker.observe(now, cpu, stack_signatures(snapshot), fr_moved=fr_moved, done=done)
+            fr_at = on_clock(self.fr_progress.poll(snapshot.captures), done)  # the first request to these ranks
+        self.tracker = self.tracker.observe(now, cpu, stack_signatures(snapshot), fr_at=fr_at, done=done)
         if not busy:
-            self.tracker = self.tracker.after_pause(
-                now + (time.monotonic() - started), (self.read_cpu or _read_cpu)(targets)
-            )
+            self.tracker = self.tracker.after_pause(clock(), (self.read_cpu or _read_cpu)(targets))
         self.last = snapshot
         return Sample(targets, snapshot)
 

@@ -57,3 +57,40 @@ def entries_of(data: dict, desc: str) -> list[dict]:
 
 def group_name(data: dict, desc: str) -> str:
     return next(name for name, cfg in data["pg_config"].items() if cfg["desc"] == desc)
+
+
+def as_of(data: dict, t_ns: int) -> dict:
+    """A recorded NCCL-format dump as its rank would have written it at ``t_ns`` (time.time_ns()), while the job
+    still moved: the entries created by then, completed only when their completion was discovered by then, and
+    ``pg_status`` counted from them as torch counts it (a send/recv by its p2p sequence number, anything else by
+    its collective one). The recorded dump is what the rank wrote at the end; ``as_of`` at a time after its last
+    entry gives back its ``pg_status`` exactly (tests/unit/test_group_marks.py checks it), so an earlier dump of
+    a real job is derived, not invented."""
+    out = copy.deepcopy(data)
+    kept = []
+    for e in out["entries"]:
+        if e["time_created_ns"] > t_ns:
+            continue
+        done_ns = e.get("time_discovered_completed_ns")
+        if e["state"] == "completed" and (done_ns is None or done_ns > t_ns):
+            e.update(state="scheduled", time_discovered_started_ns=None, time_discovered_completed_ns=None)
+        kept.append(e)
+    status: dict[str, dict[str, int]] = {}
+    for e in kept:
+        seq = e["p2p_seq_id"] if e["is_p2p"] else e["collective_seq_id"]
+        s = status.setdefault(
+            str(e["pg_id"]),
+            {"last_enqueued_collective": -1, "last_started_collective": -1, "last_completed_collective": -1},
+        )
+        s["last_enqueued_collective"] = max(s["last_enqueued_collective"], seq)
+        if e["state"] == "completed":
+            s["last_completed_collective"] = max(s["last_completed_collective"], seq)
+    out["entries"], out["pg_status"] = kept, status
+    return out
+
+
+def nccl_dump(scenario: str, rank: int, live: bool = True) -> dict:
+    """A fresh copy of a dump recorded from the NCCL-behaviour reproducer (``fr_live``: asked for through the
+    debug-info pipe after the hang; ``fr``: written at the timeout)."""
+    path = CAPTURES / scenario / ("fr_live" if live else "fr") / f"rank_{rank}"
+    return copy.deepcopy(pickle.loads(path.read_bytes()))

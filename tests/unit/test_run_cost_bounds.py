@@ -32,9 +32,9 @@ class _Bursts:
     def __init__(self) -> None:
         self.polls = 0
 
-    def poll(self, captures) -> bool:  # noqa: ARG002 - ProgressSignal's signature
+    def poll(self, captures) -> float | None:  # noqa: ARG002 - ProgressSignal's signature
         self.polls += 1
-        return self.polls % 25 < 20
+        return time.time() if self.polls % 25 < 20 else None  # completed as it was read
 
 
 def _supervisor(tmp_path, child) -> Supervisor:

@@ -67,7 +67,7 @@ def test_new_locals_at_the_same_line_are_progress():
     next_step = dict(stacks) | {ranks[2]: (stacks[ranks[2]][0], 12345)}
     tracker = tracker.observe(2.0, cpu, next_step)
     assert tracker.quiet_since == 2.0
-    tracker = tracker.observe(3.0, cpu, next_step, fr_moved=True)
+    tracker = tracker.observe(3.0, cpu, next_step, fr_at=3.0)
     assert tracker.quiet_since == 3.0  # the Flight Recorder saw a collective complete
 
 
@@ -175,7 +175,7 @@ def test_cpu_before_a_stack_baseline_is_not_progress_seen():
     tracker = StallTracker.start(0.0).observe(0.0, cpu, None).observe(1.0, spun, stacks)
     assert tracker.quiet_since == 1.0 and not tracker.progressed
     assert not tracker.observe(2.0, spun, stacks).progressed  # the same stacks again
-    assert tracker.observe(2.0, spun, stacks, fr_moved=True).progressed
+    assert tracker.observe(2.0, spun, stacks, fr_at=2.0).progressed
     moved_on = {**stacks, ranks[0]: (stacks[ranks[1]][0], None)}
     assert tracker.observe(2.0, spun, moved_on).progressed
     ran = {pid: ns + (5 * MIN_PROGRESS_NS if pid == ranks[3] else 0) for pid, ns in spun.items()}
@@ -199,5 +199,5 @@ def test_a_watch_that_never_saw_the_job_move_is_not_ok():
     assert "watch longer" in kept.notes[-1] and kept.progress is not None and kept.progress.hang is False
     calm = replace(diagnosis, verdict=Verdict.OK, findings=(), mismatches=())
     assert exit_code(progress_report(calm, quiet, 3.0, 1.0, 5.0)) == EXIT_INCOMPLETE
-    moved = quiet.observe(3.0, cpu, {}, fr_moved=True)
+    moved = quiet.observe(3.0, cpu, {}, fr_at=3.0)
     assert moved.progressed and exit_code(progress_report(diagnosis, moved, 4.0, 1.0, 5.0)) == EXIT_OK

@@ -2,7 +2,7 @@
 real hung jobs (tests/fixtures/captures/*/bundle.json): a healthy job whose Flight Recorder keeps moving pays
 for no py-spy at all, and a hang is still called one window after the last collective completed.
 
-The Flight Recorder's answers are a ``ProgressSignal`` that says "a collective completed" for the samples a
+The Flight Recorder's answers are a ``ProgressSignal`` that says "a collective completed (now)" for the samples a
 test chooses (``LiveProgress`` against the job's side of the pipe is tests/unit/test_live_progress.py's).
 """
 
@@ -37,13 +37,13 @@ def _run_policy(tracker, times, fr_answers, stacks, cpu_at):
     reads = []
     for now in times:
         cpu = cpu_at(now)
-        fr = now in fr_answers
+        fr = now if now in fr_answers else None  # the collective completed when its answer was read
         how = stack_read(tracker, now, tracker.cpu_moved(cpu), fr, tracker.progressed, None)
         reads.append(how)
         if how == StackRead.SKIP:
             tracker = tracker.skipped(now, cpu, fr, now)
         else:
-            tracker = tracker.observe(now, cpu, stacks, fr_moved=fr, done=now)
+            tracker = tracker.observe(now, cpu, stacks, fr_at=fr, done=now)
     return tracker, reads
 
 
@@ -85,9 +85,9 @@ def test_a_spinning_hang_after_the_last_collective_is_called_one_window_after_it
 def test_blocked_ranks_are_read_with_a_pause_and_spinning_ones_without():
     bundle = _bundle("mtp_cp_pp")
     tracker = StallTracker.start(0.0).observe(0.0, _spinning(bundle, 0), None)
-    assert stack_read(tracker, 1.0, cpu_moved=False, fr_moved=False, armed=True, stacks_at=0.0) == StackRead.PAUSED
-    assert stack_read(tracker, 1.0, cpu_moved=True, fr_moved=False, armed=True, stacks_at=0.0) == StackRead.RUNNING
-    assert stack_read(tracker, 1.0, cpu_moved=True, fr_moved=True, armed=True, stacks_at=0.0) == StackRead.SKIP
+    assert stack_read(tracker, 1.0, cpu_moved=False, fr_at=None, armed=True, stacks_at=0.0) == StackRead.PAUSED
+    assert stack_read(tracker, 1.0, cpu_moved=True, fr_at=None, armed=True, stacks_at=0.0) == StackRead.RUNNING
+    assert stack_read(tracker, 1.0, cpu_moved=True, fr_at=1.0, armed=True, stacks_at=0.0) == StackRead.SKIP
 
 
 def test_before_the_first_progress_stacks_are_read_every_few_seconds_and_a_change_arms():
@@ -101,24 +101,25 @@ def test_before_the_first_progress_stacks_are_read_every_few_seconds_and_a_chang
     cpu = {key: 0 for key in first}
     tracker = StallTracker.start(0.0).observe(0.0, cpu, None).observe(1.0, cpu, first)
     every = RUN_POLICY.unarmed_every_s
-    reads = [stack_read(tracker, 1.0 + dt, False, False, tracker.progressed, 1.0) for dt in (1.0, every - 0.5, every)]
+    reads = [stack_read(tracker, 1.0 + dt, False, None, tracker.progressed, 1.0) for dt in (1.0, every - 0.5, every)]
     assert reads == [StackRead.SKIP, StackRead.SKIP, StackRead.PAUSED]
-    tracker = tracker.skipped(2.0, cpu, False, 2.0)
+    tracker = tracker.skipped(2.0, cpu, None, 2.0)
     assert not tracker.progressed and tracker.stacks == first  # a skip keeps the stacks to compare with
     tracker = tracker.observe(1.0 + every, cpu, moved)
     assert tracker.progressed and tracker.quiet_since == 1.0 + every
 
 
 class _Answers:
-    """The Flight Recorder's signal: a collective completed at the polls numbered in ``moving`` (from 1)."""
+    """The Flight Recorder's signal: a collective completed at the polls numbered in ``moving`` (from 1),
+    ``age_s`` before the poll read it (0: as it was read)."""
 
-    def __init__(self, moving: range) -> None:
-        self.moving, self.polls = moving, 0
+    def __init__(self, moving: range, age_s: float = 0.0) -> None:
+        self.moving, self.polls, self.age_s = moving, 0, age_s
 
-    def poll(self, captures) -> bool:
+    def poll(self, captures) -> float | None:
         assert captures  # the ranks it asks are those last captured
         self.polls += 1
-        return self.polls in self.moving
+        return time.time() - self.age_s if self.polls in self.moving else None
 
 
 def test_the_watcher_takes_no_stacks_while_the_flight_recorder_moves_and_lists_the_ranks_rarely():
@@ -180,7 +181,40 @@ def test_the_grace_after_a_collective_is_at_most_a_quarter_of_the_window():
 
     assert watcher(10.0)._policy.fr_grace_s == RUN_POLICY.fr_grace_s == 2.5
     assert watcher(4.0)._policy.fr_grace_s == 1.0
-    tracker = StallTracker.start(0.0).skipped(0.0, {}, True, 0.0)
+    tracker = StallTracker.start(0.0).skipped(0.0, {}, 0.0, 0.0)
     short = watcher(4.0)._policy
-    assert stack_read(tracker, 1.0, True, False, True, 0.0, short) == StackRead.SKIP
-    assert stack_read(tracker, 1.5, True, False, True, 0.0, short) == StackRead.RUNNING
+    assert stack_read(tracker, 1.0, True, None, True, 0.0, short) == StackRead.SKIP
+    assert stack_read(tracker, 1.5, True, None, True, 0.0, short) == StackRead.RUNNING
+
+
+def test_the_window_runs_from_when_the_last_collective_completed_not_from_the_read_that_showed_it():
+    """The dump that shows the last collective was read 3 s after it completed (a rank asked in turn, a monitor
+    that answered late): the hang is called one window after the collective, 3 s before the old call."""
+    bundle = _bundle("nccl_mtp_cp_pp_spin")
+    targets = [c.pid for c in bundle.captures]
+    spun = [0]
+    base = time.monotonic()
+
+    def read_cpu(pids):
+        spun[0] += 1_000_000_000
+        return {p: spun[0] for p in pids}
+
+    watcher = Watcher(
+        list_targets=lambda: list(targets),
+        take_stacks=lambda _pids, _busy: bundle,
+        layout=LayoutOptions(cp=2, pp=2),
+        interval=1.0,
+        stall=WINDOW,
+        fr_progress=_Answers(range(1, 31), age_s=3.0),
+        read_cpu=read_cpu,
+        arm_on_progress=True,
+        spare=True,
+        started=base,
+    )
+    for second in range(0, 60):
+        watcher.sample(base + second)
+        if watcher.decide(base + second) == Phase.HANG:
+            break
+    last_read = 30  # the poll that read the last collective, made at second 30
+    assert base + last_read - 3.0 <= watcher.tracker.quiet_since < base + last_read - 2.0
+    assert second == last_read - 3 + WINDOW + 1  # the first sample a window after it (the sample's own time)

@@ -19,14 +19,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from mtpdiag.errors import InputError
-from mtpdiag.inputs.flight_recorder.parse import StackCache, completed_of, rank_dump
+from mtpdiag.inputs.flight_recorder.parse import StackCache, groups_completed, rank_dump
 from mtpdiag.inputs.flight_recorder.sites import SourceIndex, plain
 from mtpdiag.model.flight_recorder import FRDump, FRRankDump, expected_ranks
+from mtpdiag.model.group_marks import GroupCompleted
 
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 _RANK_SUFFIX = re.compile(r"^(.*?)(\d{1,9})(\.json)?$")
 
-__all__ = ["load_fr_dumps", "read_completed", "read_dump_file"]
+__all__ = ["load_fr_dumps", "read_dump_file", "read_groups_completed"]
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -89,16 +90,16 @@ def read_dump_file(
         raise InputError(f"{path}: not a Flight Recorder dump ({_one_line(exc)})") from None
 
 
-def read_completed(path: str) -> int:
-    """The collectives one rank's dump says it completed, summed over its groups (``pg_status``), without
-    reading its entries: ``run`` reads every rank's dump about once a second to see a healthy job move."""
+def read_groups_completed(path: str, rank: int, dump_time: float) -> tuple[GroupCompleted, ...]:
+    """Each group's last completed op in one rank's dump, dated (``parse.groups_completed``), without reading
+    the entries' stacks: ``run`` reads a dump about once a second to see a healthy job move."""
     data = _read(path)
     try:
         if data.lstrip()[:1] == b"{":
             content = json.loads(data.decode("utf-8"))
         else:
             content = _PlainUnpickler(io.BytesIO(data)).load()
-        return completed_of(content)
+        return groups_completed(content, rank, dump_time)
     except Exception as exc:  # malformed or half-written: the same one-line refusal as read_dump_file's
         raise InputError(f"{path}: not a readable Flight Recorder dump ({_one_line(exc)})") from None
 

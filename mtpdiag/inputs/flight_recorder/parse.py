@@ -17,6 +17,7 @@ from mtpdiag.inputs.flight_recorder.sites import Qualify, call_site, plain, stac
 from mtpdiag.model import Site, replace
 from mtpdiag.model.flight_recorder import FREntry, FRGroup, FRGroupStatus, FRRankDump, as_bool, as_int
 from mtpdiag.model.fr_batches import batches
+from mtpdiag.model.group_marks import GroupCompleted, group_key
 from mtpdiag.vocabulary.profiling_names import parse_profiling_name
 
 KNOWN_MAJOR = 2
@@ -224,17 +225,59 @@ def _status(pg_id: Any, s: Any, group_of_pg: dict[int, str]) -> FRGroupStatus:
     )
 
 
-def completed_of(data: Any) -> int:
-    """The collectives a dump's dict says its rank completed, summed over its groups: what ``rank_dump``'s
-    ``status`` gives, read from ``pg_status`` alone."""
+def groups_completed(data: Any, rank: int, dump_time: float) -> tuple[GroupCompleted, ...]:
+    """Each group's last completed op in a dump's dict (``pg_status``), keyed by the group's name and ranks
+    (``model.group_marks``) and dated by when it completed: its entry's ``time_discovered_completed_ns``, or
+    ``dump_time`` (the file's mtime) where the dump has no such entry (gloo records none; an entry can be
+    overwritten). Only ``pg_status``, ``pg_config`` and the entries' ids and times are read."""
     if not isinstance(data, dict):
         raise ValueError("expected a dict")
-    total = 0
+    config = _dict(data.get("pg_config"))
+    last: dict[int, dict[Any, Any]] = {}  # pg id -> its newest entry (the name), and its newest completed one
+    done: dict[int, dict[Any, Any]] = {}
+    for e in data.get("entries") or ():
+        pid = _pg_id_of(e)
+        if pid is not None:
+            last[pid] = e
+            if e.get("state") == "completed":
+                done[pid] = e
+    out = []
     for pg_id, s in _dict(data.get("pg_status")).items():
         if not isinstance(s, dict):
             raise TypeError(f"pg_status[{pg_id!r}] is not a dict")
-        total += max(_counter(s.get("last_completed_collective", -1)), 0)
-    return total
+        pid, seq = _counter(pg_id), _counter(s.get("last_completed_collective", -1))
+        entry = done.get(pid)
+        if entry is not None and _seq_of(entry) != seq:
+            entry = None  # not the op the counter names
+        named = last.get(pid)
+        pg = named.get("process_group") if named is not None else None
+        name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else ""
+        cfg = config.get(name)
+        ranks = _group(name, cfg).ranks if isinstance(cfg, dict) else ()
+        p2p = entry is not None and entry.get("is_p2p") is True
+        out.append(GroupCompleted(group_key(name, ranks, rank, pid, p2p), seq, _completed_at(entry, dump_time)))
+    return tuple(out)
+
+
+def _pg_id_of(entry: Any) -> int | None:
+    """An entry's pg id (an integer in the pickle, a string in the JSON form), None when it has none."""
+    try:
+        return _counter(entry.get("pg_id")) if isinstance(entry, dict) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _seq_of(entry: dict[Any, Any]) -> int:
+    """The number ``pg_status`` gives an entry's op: its p2p sequence number for a send/recv, else its
+    collective sequence number."""
+    return _counter(entry.get("p2p_seq_id" if entry.get("is_p2p") is True else "collective_seq_id", -2))
+
+
+def _completed_at(entry: dict[Any, Any] | None, dump_time: float) -> float:
+    """When the entry's op completed (s), never after the dump was written; the dump's time without one."""
+    raw = entry.get("time_discovered_completed_ns") if entry is not None else None
+    ns = _counter(raw) if isinstance(raw, (int, str)) and not isinstance(raw, bool) else 0
+    return min(ns / 1e9, dump_time) if ns > 0 else dump_time
 
 
 def _counter(value: Any) -> int:
