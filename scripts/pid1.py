@@ -1,6 +1,6 @@
 """PID 1 of a PID namespace of its own: ``scripts/test.sh`` runs the Ray tests in one
-(``unshare --pid --fork --mount-proc``), so their ``inspect --all`` sees their own Ray job and no rank of the e2e
-tier running beside them, and whatever a Ray cluster leaves behind ends with the namespace.
+(``unshare --pid --fork --mount-proc``), so their ``inspect --all`` sees their own Ray job and no other job's
+ranks on the host, and whatever a Ray cluster leaves behind ends with the namespace.
 
 It starts the command, passes SIGTERM and SIGINT on to it, reaps every orphan the namespace hands to it (a
 namespace's PID 1 must, or they stay zombies), and exits with the command's code once the command ends; the

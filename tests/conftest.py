@@ -14,7 +14,8 @@
   whose result depends on how fast a job or the machine runs (watch, spinning host syncs, a starved py-spy: one
   at a time in each),
   and ``ray`` for the tests marked ``ray``. ``scripts/test.sh`` runs those in a run of their own (``-m "e2e and
-  ray"``, no workers) in a PID namespace of their own: ``inspect --all`` must find only the Ray job's ranks.
+  ray"``, no workers) beside the unit tier, in a PID namespace of their own: ``inspect --all`` must find only the
+  Ray job's ranks, and a Ray head's job server misses its fixed start-up time beside the e2e tier's load.
 """
 
 from __future__ import annotations

@@ -139,6 +139,7 @@ def run(
     supervisor.shared = shared
     if launch:
         supervisor.use_ray(run_ray.RayWatch(launch.address, ray_timeout, run_dir.event, command))
+        supervisor.submitted = launch if launch.submission_id else None
     try:
         code = supervisor.run()
     finally:
@@ -203,6 +204,7 @@ class Supervisor:
         self.logs: dict[int, str | None] = {}  # pid -> the directory of its torchrun log files, if any
         self.failures = 0  # samples that failed in a row
         self.shared: SharedOut | None = None  # the --out every node of a multi-node job shares
+        self.submitted: run_ray.RayLaunch | None = None  # ray job submit: stopped through its job server on kill
 
     def use_ray(self, ray: run_ray.RayWatch) -> None:
         self.ray = ray
@@ -370,6 +372,9 @@ class Supervisor:
         if self.on_hang == OnHang.KILL:
             self._kill_tree()
             _say(f"--on-hang kill: ended the job (pid {self.child.pid} and its processes)")
+            if self.submitted is not None:  # the client is gone, the job is not: stopped through its job server
+                self.run_dir.event(stopped := run_ray.stop_submitted_job(self.submitted))
+                _say(f"--on-hang kill: {stopped}")
             return code
         if self.on_hang == OnHang.EXIT:
             _say(f"--on-hang exit: the job (pid {self.child.pid}) is left running")

@@ -43,6 +43,8 @@ JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # ray._private.runtime_env.const
 OVERRIDE_ENV = "RAY_OVERRIDE_JOB_RUNTIME_ENV"
 RUNTIME_ENV_JSON = "--runtime-env-json"
 RUNTIME_ENV_FILE = "--runtime-env"
+SUBMISSION_ID = "--submission-id"
+STOP_S = 120.0  # how long ``ray job stop`` may take to end a submitted job (--on-hang kill)
 # verl's drivers that call ray.init (verl 0.8.0); any other Ray driver is a Ray job with ``run --ray``
 VERL_DRIVERS = (
     "verl.trainer.main_ppo",
@@ -68,6 +70,8 @@ class RayLaunch(msgspec.Struct, frozen=True, kw_only=True):
     address: str  # the cluster run watches (--ray's value, or auto)
     why_not: str = ""  # RayEnvRoute.NOT_APPLIED: why, and what to do
     note: str = ""  # something about the command that run cannot change, said once
+    submission_id: str = ""  # ray job submit: the job's id (the user's, or one run added), for --on-hang kill
+    job_server: str = ""  # ray job submit: its --address, when given
 
     def lines(self) -> list[str]:
         """What run says about it, one line each."""
@@ -77,6 +81,8 @@ class RayLaunch(msgspec.Struct, frozen=True, kw_only=True):
             return [head + self.why_not, f"watching the Ray cluster at {self.address} (--ray)"]
         out = [f"a Ray job ({self.detected}): its actors get {names} through {self.route}"]
         out += [f"keeping the job's own runtime_env value of {name}" for name in self.kept]
+        if self.submission_id:
+            out.append(f"submission id {self.submission_id}: --on-hang kill stops the job through its job server")
         return [*out, *([self.note] if self.note else []), f"watching the Ray cluster at {self.address} (--ray)"]
 
     def record(self) -> dict[str, Any]:
@@ -88,6 +94,7 @@ class RayLaunch(msgspec.Struct, frozen=True, kw_only=True):
             "driver_env": sorted(self.env),
             "kept": self.kept,
             "address": self.address,
+            **({"submission_id": self.submission_id} if self.submission_id else {}),
             **({"not_applied": self.why_not} if self.why_not else {}),
         }
 
@@ -115,7 +122,43 @@ def launch(
 ) -> RayLaunch | None:
     """``plan`` with the Flight Recorder's variables as the job runs with them: mtpdiag's, and the user's own
     where they set one (``run_dir.flight_recorder_env``'s ``added`` and ``kept``)."""
-    return plan(command, environ, {**added, **{name: theirs for name, (theirs, _) in kept.items()}}, address)
+    found = plan(command, environ, {**added, **{name: theirs for name, (theirs, _) in kept.items()}}, address)
+    return with_submission_id(found, f"mtpdiag-run-{os.urandom(6).hex()}") if found is not None else None
+
+
+def with_submission_id(found: RayLaunch, fresh: str) -> RayLaunch:
+    """A submitted job with its id, so that ``--on-hang kill`` can stop it: the ``ray job submit`` client only
+    reads the job's log, and killing it leaves the job running on the cluster. The user's own id, else ``fresh``
+    added to the command."""
+    at = submit_at(found.command)
+    if at is None:
+        return found
+    options = found.command[at : found.command.index("--", at)] if "--" in found.command[at:] else found.command[at:]
+    given, _ = _option_value(options, SUBMISSION_ID)
+    server = _option_value(options, "--address")[0] or ""
+    if given is not None:
+        return msgspec.structs.replace(found, submission_id=given, job_server=server)
+    command = [*found.command[:at], SUBMISSION_ID, fresh, *found.command[at:]]
+    return msgspec.structs.replace(found, command=command, submission_id=fresh, job_server=server)
+
+
+def stop_submitted_job(found: RayLaunch) -> str:
+    """``ray job stop`` of the submitted job (``--on-hang kill``, after the client was killed); what happened, in
+    one line. The job server's address is the one the job was submitted to (its ``--address``, else
+    ``RAY_ADDRESS`` as the client found it)."""
+    import subprocess
+    import sys
+
+    server = ["--address", found.job_server] if found.job_server else []
+    stop = [sys.executable, "-m", "ray.scripts.scripts", "job", "stop", *server, found.submission_id]
+    try:
+        done = subprocess.run(stop, capture_output=True, text=True, timeout=STOP_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"could not stop the Ray job {found.submission_id}: {exc}"
+    if done.returncode == 0:
+        return f"stopped the Ray job {found.submission_id} through its job server (ray job stop)"
+    last = ((done.stderr or "") + (done.stdout or "")).strip().splitlines()[-1:] or [""]
+    return f"could not stop the Ray job {found.submission_id}: ray job stop exited {done.returncode}: {last[0]}"
 
 
 def plan(

@@ -5,9 +5,9 @@ Flight Recorder names the collective), and a healthy job with 3 s device steps a
 * ``--on-hang exit``: the report in the run directory names mtp-cp-gated-reduce from the Flight Recorder,
   entered [2], absent [3]; run exits 1 and leaves the job running. The watchdog's timeout stays at NCCL's
   default (600 s), so the dumps are those run asked for through the pipe. Its host syncs spin (CUDA's default:
-  every rank busy, yet stuck).
-* ``--on-hang kill``: the same call on host syncs that poll, then no process of the job is left.
-* ``--on-hang keep``: every rank stopped, with host syncs that wait in a futex (the third way), then continued.
+  every rank busy, yet stuck), or wait in a futex (every rank asleep at one line).
+* ``--on-hang kill``: the same call on host syncs that poll (the third way), then no process of the job is left.
+* ``--on-hang keep``: every rank stopped (host syncs in a futex), then continued.
 * healthy: no call, and the job's own exit code comes back. Its host waits in a futex: for a false call the
   stricter case (no CPU burnt, the stack unchanged, only the Flight Recorder moves); spinning ranks would burn
   both cores for the whole test and starve the tests beside it. Issue #21 asks for 3 s steps and a 40 s pause
@@ -124,10 +124,11 @@ def _assert_names_the_bug(out: Path) -> dict:
     return report
 
 
-def test_on_hang_exit_names_the_bug_from_the_flight_recorder_and_leaves_the_job(tmp_path):
+@pytest.mark.parametrize("sync", ["spin", "futex"])
+def test_on_hang_exit_names_the_bug_from_the_flight_recorder_and_leaves_the_job(tmp_path, sync):
     out = tmp_path / "run"
     try:
-        result = _run(out, "--on-hang", "exit", job=[*BUGGY, "--sync", "spin"])
+        result = _run(out, "--on-hang", "exit", job=[*BUGGY, "--sync", sync])
         assert result.returncode == 1, result.stderr[-3000:]
         assert "Traceback" not in result.stderr
         _assert_names_the_bug(out)

@@ -22,11 +22,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import unavailable
+from mtpdiag.capture import procfs
 from support.jobs_e2e import RAY_TEST_ENV, ROOT, end_sessions, free_port, submit_ray_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
@@ -221,3 +223,37 @@ def test_ray_job_submit_is_found_and_its_runtime_env_json_carries_them_merged_in
     assert "keeping the job's own runtime_env value of TORCH_FR_BUFFER_SIZE" in done.stderr
     assert "Traceback" not in done.stderr
     print("\n" + (out / "events.log").read_text())
+
+
+def test_on_hang_kill_of_a_submitted_job_stops_it_through_its_job_server(cluster, tmp_path):
+    """``ray job submit`` only reads the job's log: killing it leaves the job and its actors running. run gives
+    the job a submission id and, after the call, stops it through the job server: no actor is left."""
+    gcs, jobs = cluster
+    assert jobs is not None, "the head's job server did not start in 3 tries (Ray gives it a fixed 20 s)"
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "mtpdiag", "run", "--on-hang", "kill", "--out", str(out),
+            "--ray", gcs, "--ray-timeout", "240", "--",
+            *RAY, "job", "submit", "--address", jobs, "--",
+            sys.executable, DRIVER, *OVERRIDES, "--gate", "buggy", "--address", gcs,
+        ],
+        env=_job_env(), capture_output=True, text=True, timeout=1500, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-3000:]
+    assert json.loads((out / "report.json").read_text())["findings"][0]["id"] == "mtp-cp-gated-reduce"
+    submission = json.loads((out / "run.json").read_text())["ray"]["submission_id"]
+    assert submission.startswith("mtpdiag-run-")
+    events = (out / "events.log").read_text()
+    assert f"stopped the Ray job {submission} through its job server" in events, events
+    status = subprocess.run(
+        [*RAY, "job", "status", "--address", jobs, submission],
+        env=_job_env(), capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert f"Job '{submission}' was stopped" in status.stdout + status.stderr, status.stdout + status.stderr
+    actors = {c["pid"] for c in json.loads((out / "bundle.json").read_text())["captures"]}
+    assert len(actors) == 4
+    deadline = time.monotonic() + 60  # Ray ends a stopped job's actors by itself, within seconds
+    while (left := {p for p in actors if procfs.is_running(p)}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"actors of the stopped job still run: {left}"

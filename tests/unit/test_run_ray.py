@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from mtpdiag.pipeline.run_ray import JOB_CONFIG_ENV, OVERRIDE_ENV, plan, submit_at, verl_driver
+from mtpdiag.pipeline.run_ray import JOB_CONFIG_ENV, OVERRIDE_ENV, plan, submit_at, verl_driver, with_submission_id
 from mtpdiag.vocabulary.ray_launch import RayEnvRoute
 from support.jobs_e2e import run_cli
 
@@ -81,6 +81,22 @@ def test_ray_job_submit_gets_them_in_runtime_env_json_merged_into_the_users():
             "env_vars": {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": "/shared/fr/rank_", "A": "1"},
         }
         assert launch.command[-3:] == ["--", "python", "d.py"]
+
+
+def test_a_submitted_job_gets_an_id_that_kill_can_stop_unless_it_has_one():
+    submitted = plan(["ray", "job", "submit", "--address", "http://h:8265", "--", "python", "d.py"], {}, FR, None)
+    assert submitted is not None
+    launch = with_submission_id(submitted, "mtpdiag-run-1")
+    assert (launch.submission_id, launch.job_server) == ("mtpdiag-run-1", "http://h:8265")
+    assert launch.command[3:5] == ["--submission-id", "mtpdiag-run-1"]
+    assert launch.command[-3:] == ["--", "python", "d.py"] and launch.record()["submission_id"] == "mtpdiag-run-1"
+    for spelled in (["--submission-id", "theirs"], ["--submission-id=theirs"]):
+        own = plan(["ray", "job", "submit", *spelled, "--", "python", "d.py", "--submission-id", "x"], {}, FR, None)
+        assert own is not None
+        kept = with_submission_id(own, "mtpdiag-run-2")
+        assert (kept.submission_id, kept.job_server, kept.command) == ("theirs", "", own.command)
+    driver = plan(["python", "-m", "verl.trainer.main_ppo"], {}, FR, None)
+    assert driver is not None and with_submission_id(driver, "mtpdiag-run-3") == driver  # its end ends its actors
 
 
 def test_what_cannot_be_merged_is_left_alone_and_said():
