@@ -72,6 +72,7 @@ class RayLaunch(msgspec.Struct, frozen=True, kw_only=True):
     note: str = ""  # something about the command that run cannot change, said once
     submission_id: str = ""  # ray job submit: the job's id (the user's, or one run added), for --on-hang kill
     job_server: str = ""  # ray job submit: its --address, when given
+    ray_cli: list[str] = msgspec.field(default_factory=list)  # ray job submit: the user's own Ray CLI (``ray``)
 
     def lines(self) -> list[str]:
         """What run says about it, one line each."""
@@ -136,21 +137,22 @@ def with_submission_id(found: RayLaunch, fresh: str) -> RayLaunch:
     options = found.command[at : found.command.index("--", at)] if "--" in found.command[at:] else found.command[at:]
     given, _ = _option_value(options, SUBMISSION_ID)
     server = _option_value(options, "--address")[0] or ""
+    cli = found.command[: at - 2]  # `ray`, or `python -m ray.scripts.scripts`: the Ray the job was given to
     if given is not None:
-        return msgspec.structs.replace(found, submission_id=given, job_server=server)
+        return msgspec.structs.replace(found, submission_id=given, job_server=server, ray_cli=cli)
     command = [*found.command[:at], SUBMISSION_ID, fresh, *found.command[at:]]
-    return msgspec.structs.replace(found, command=command, submission_id=fresh, job_server=server)
+    return msgspec.structs.replace(found, command=command, submission_id=fresh, job_server=server, ray_cli=cli)
 
 
 def stop_submitted_job(found: RayLaunch) -> str:
-    """``ray job stop`` of the submitted job (``--on-hang kill``, after the client was killed); what happened, in
-    one line. The job server's address is the one the job was submitted to (its ``--address``, else
-    ``RAY_ADDRESS`` as the client found it)."""
+    """``ray job stop`` of the submitted job (``--on-hang kill``, after the client was killed), with the Ray CLI it
+    was submitted with (which may be another Python's than mtpdiag's); what happened, in one line. The job
+    server's address is the one the job was submitted to (its ``--address``, else ``RAY_ADDRESS`` as the client
+    found it)."""
     import subprocess
-    import sys
 
     server = ["--address", found.job_server] if found.job_server else []
-    stop = [sys.executable, "-m", "ray.scripts.scripts", "job", "stop", *server, found.submission_id]
+    stop = [*found.ray_cli, "job", "stop", *server, found.submission_id]
     try:
         done = subprocess.run(stop, capture_output=True, text=True, timeout=STOP_S, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:

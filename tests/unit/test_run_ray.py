@@ -87,7 +87,7 @@ def test_a_submitted_job_gets_an_id_that_kill_can_stop_unless_it_has_one():
     submitted = plan(["ray", "job", "submit", "--address", "http://h:8265", "--", "python", "d.py"], {}, FR, None)
     assert submitted is not None
     launch = with_submission_id(submitted, "mtpdiag-run-1")
-    assert (launch.submission_id, launch.job_server) == ("mtpdiag-run-1", "http://h:8265")
+    assert (launch.submission_id, launch.job_server, launch.ray_cli) == ("mtpdiag-run-1", "http://h:8265", ["ray"])
     assert launch.command[3:5] == ["--submission-id", "mtpdiag-run-1"]
     assert launch.command[-3:] == ["--", "python", "d.py"] and launch.record()["submission_id"] == "mtpdiag-run-1"
     for spelled in (["--submission-id", "theirs"], ["--submission-id=theirs"]):
@@ -95,6 +95,9 @@ def test_a_submitted_job_gets_an_id_that_kill_can_stop_unless_it_has_one():
         assert own is not None
         kept = with_submission_id(own, "mtpdiag-run-2")
         assert (kept.submission_id, kept.job_server, kept.command) == ("theirs", "", own.command)
+    module = plan(["python3", "-m", "ray.scripts.scripts", "job", "submit", "--", "python", "d.py"], {}, FR, None)
+    assert module is not None
+    assert with_submission_id(module, "i").ray_cli == ["python3", "-m", "ray.scripts.scripts"]
     driver = plan(["python", "-m", "verl.trainer.main_ppo"], {}, FR, None)
     assert driver is not None and with_submission_id(driver, "mtpdiag-run-3") == driver  # its end ends its actors
 
