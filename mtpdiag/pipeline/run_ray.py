@@ -134,7 +134,7 @@ def with_submission_id(found: RayLaunch, fresh: str) -> RayLaunch:
     at = submit_at(found.command)
     if at is None:
         return found
-    options = found.command[at : found.command.index("--", at)] if "--" in found.command[at:] else found.command[at:]
+    options = _submit_options(found.command, at)
     given, _ = _option_value(options, SUBMISSION_ID)
     server = _option_value(options, "--address")[0] or ""
     cli = found.command[: at - 2]  # `ray`, or `python -m ray.scripts.scripts`: the Ray the job was given to
@@ -210,7 +210,7 @@ def verl_driver(command: list[str]) -> str | None:
 
 def _submit_launch(command: list[str], at: int, ours: dict[str, str], detected: str, address: str) -> RayLaunch:
     """``ray job submit``: the variables in ``--runtime-env-json``, the user's own keys kept."""
-    options = command[at : command.index("--")] if "--" in command[at:] else command[at:]
+    options = _submit_options(command, at)
     given, value_at = _option_value(options, RUNTIME_ENV_JSON)
     base = RayLaunch(
         command=command, env={}, route=RayEnvRoute.SUBMIT_RUNTIME_ENV, actor_env=ours, kept=[], detected=detected,
@@ -264,6 +264,11 @@ def _driver_launch(
     if not existing and OVERRIDE_ENV not in environ:
         env[OVERRIDE_ENV] = "1"  # a key the driver's own ray.init sets wins, instead of failing ray.init
     return msgspec.structs.replace(base, env=env, actor_env=given, kept=kept)
+
+
+def _submit_options(command: list[str], at: int) -> list[str]:
+    """The options of ``ray job submit`` (from ``at``, ``submit_at``'s) up to the ``--`` before its entrypoint."""
+    return command[at : command.index("--", at)] if "--" in command[at:] else command[at:]
 
 
 def _option_value(options: list[str], name: str) -> tuple[str | None, int]:
