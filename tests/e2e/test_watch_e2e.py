@@ -1,11 +1,11 @@
-"""``mtpdiag watch`` on real torchrun/gloo jobs (4 ranks each), and ``StallTracker`` fed real samples.
+"""``mtpdiag watch`` on real torchrun/gloo jobs, and ``StallTracker`` fed real samples.
 
 Three jobs, one per test class, each killed when its class is done:
 
 * ``TestHang``: the MTP-CP reproducer (``--gate buggy --cp 2 --pp 2``), started fresh, so that watch
   sees it run and then go quiet.
 * ``TestHealthy``: the gated_collectives healthy loop with a few ms of matmul per step plus the
-  gradient all_reduce, forever.
+  gradient all_reduce, forever, on two ranks (as ``TestSlowJob``'s).
 * ``TestSlowJob``: the same loop with a 2 s data-loader wait per step (the main thread sleeps, its CPU
   is flat) and a fixed number of steps, so that the job ends while watch is still watching.
 
@@ -57,12 +57,17 @@ sys.exit(worker["main"](sys.argv[1:]))
 '''
 
 
+STEP_JOB_RANKS = 2
+
+
 def _start_step_job(tmp, load_sleep: float, steps: int):
     launcher = tmp / "step_launcher.py"
     launcher.write_text(STEP_LAUNCHER)
     args = ["--scenario", "healthy", "--steps", str(steps), "--log-every", "1"]
     env = {"WATCH_TEST_LOAD_SLEEP": str(load_sleep), "WATCH_TEST_ROWS": "2048"}
-    return start_torchrun(str(launcher), args, nproc=4, env=env, log_path=str(tmp / "job.log"))
+    # Two ranks: the healthy scenario is pure data parallelism at any size, and each rank of a busy step job
+    # costs a core while it runs (CI's e2e tier is bound by CPU, docs/design.md).
+    return start_torchrun(str(launcher), args, nproc=STEP_JOB_RANKS, env=env, log_path=str(tmp / "job.log"))
 
 
 def _watch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -302,7 +307,7 @@ class TestSlowJob:
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "the job ended" in lines[0] and "without a hang" in lines[0]
         assert job.wait(timeout=60) == 0
-        assert log.read_text().count(" done") == 4  # every rank ran all 12 slow steps
+        assert log.read_text().count(" done") == STEP_JOB_RANKS  # every rank ran all 12 slow steps
 
 
 # ------------------------------------------------------------------------------------ bad input
