@@ -24,6 +24,11 @@ class InputError(MtpdiagError):
 
 
 class NothingCaptured(MtpdiagError):
-    """Every target was unreadable (exit 3)."""
+    """Every target was unreadable (exit 3). ``timed_out``: every one because py-spy ran out of time (a node too
+    busy to give it a CPU), which a later try may not."""
 
     exit_code = EXIT_NOTHING_CAPTURED
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out

@@ -14,8 +14,9 @@
   whose result depends on how fast a job or the machine runs (watch, spinning host syncs, a starved py-spy: one
   at a time in each),
   and ``ray`` for the tests marked ``ray``. ``scripts/test.sh`` runs those in a run of their own (``-m "e2e and
-  ray"``, no workers) beside the unit tier, in a PID namespace of their own: ``inspect --all`` must find only the
-  Ray job's ranks, and a Ray head's job server misses its fixed start-up time beside the e2e tier's load.
+  ray"``, no workers) beside the unit tier and then the e2e tier, in a PID namespace of their own (``inspect
+  --all`` must find only the Ray job's ranks) and in a CPU group of eight times the e2e tier's weight (a Ray
+  head's job server must start within a fixed 20 s, which it missed beside the e2e tier without one).
 """
 
 from __future__ import annotations

@@ -110,7 +110,9 @@ def capture(
     ]
     if require_any and not any(c.threads for c in captures):
         reasons = "; ".join(f"pid {c.pid}: {c.error or c.state}" for c in captures[:3])
-        raise NothingCaptured(f"could not capture any of {len(captures)} target(s) ({reasons})")
+        raise NothingCaptured(
+            f"could not capture any of {len(captures)} target(s) ({reasons})", timed_out=all(d.timed_out for d in dumps)
+        )
     return Snapshot(
         captures=tuple(sorted(captures, key=_order)),
         host=label,
@@ -152,6 +154,7 @@ class _Dumped(NamedTuple):
     threads: tuple[ThreadStack, ...] = ()
     error: str | None = None
     nonblocking: bool = False
+    timed_out: bool = False  # unread because py-spy ran out of time
 
 
 def _start_first(pid: int, stat: procfs.ProcStat | None, *, native: bool, nonblocking: bool) -> pyspy.Running | None:
@@ -209,19 +212,19 @@ def _dump_again(pid: int, exc: CaptureFailed, *, paused: bool, timeout: float, n
         try:
             threads = _read_running(pid, timeout)
         except CaptureFailed as exc2:
-            return _Dumped(STATE_UNREADABLE, error=f"{exc}; without pausing: {exc2}")
+            return _Dumped(STATE_UNREADABLE, error=f"{exc}; without pausing: {exc2}", timed_out=exc2.timed_out)
         return _Dumped(
             now.state, threads, nonblocking=True, error=f"{exc}: read without pausing it (py-spy --nonblocking)"
         )
     torn = exc.torn and not paused
     stopped_meanwhile = paused and now.state in _STOPPED
     if not (torn or stopped_meanwhile):
-        return _Dumped(STATE_UNREADABLE, error=str(exc))
+        return _Dumped(STATE_UNREADABLE, error=str(exc), timed_out=exc.timed_out)
     # A torn read of a running rank, or a rank stopped during its blocking dump: read it (again) without pausing.
     try:
         threads = _read_running(pid, timeout)
     except CaptureFailed as exc2:
-        return _Dumped(STATE_UNREADABLE, error=str(exc2))
+        return _Dumped(STATE_UNREADABLE, error=str(exc2), timed_out=exc2.timed_out)
     return _Dumped(now.state, threads, nonblocking=True, error=note)
 
 

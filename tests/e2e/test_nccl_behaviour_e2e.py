@@ -179,8 +179,8 @@ def test_healthy_job_moves_its_flight_recorder_while_the_host_waits_at_one_line(
     log = tmp_path / "job.log"
     with start_torchrun(
         str(WORKER),
-        ["--healthy", "--cp", "2", "--pp", "1", "--device-step-s", "3", "--sync", "futex"],
-        2,  # rank 0's host syncs and its recorder are what is read; two ranks are enough to move them
+        ["--healthy", "--cp", "1", "--pp", "2", "--device-step-s", "3", "--sync", "futex"],
+        2,  # rank 0 (the first stage, which writes no metric) and its recorder are what is read
         env=env,
         log_path=str(log),
     ) as job:
