@@ -74,6 +74,24 @@ def main_thread_cpu_ns(pid: int) -> int | None:
         return None if ticks is None else ticks * (1_000_000_000 // os.sysconf("SC_CLK_TCK"))
 
 
+def threads_cpu(pid: int) -> dict[int, tuple[str, int]]:
+    """Each thread of ``pid``: its state and CPU time in ns (schedstat); empty when the process is gone."""
+    try:
+        tids = os.listdir(f"{PROC}/{pid}/task")
+    except OSError:
+        return {}
+    threads = {}
+    for tid in tids:
+        try:
+            with open(f"{PROC}/{pid}/task/{tid}/stat") as f:
+                state = _parse_stat(f.read()).state
+            with open(f"{PROC}/{pid}/task/{tid}/schedstat") as f:
+                threads[int(tid)] = (state, int(f.read().split()[0]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return threads
+
+
 def read_cmdline(pid: int) -> list[str] | None:
     """argv of a process. Callers must not store it: it may hold secrets. Extract what you need."""
     try:

@@ -139,7 +139,7 @@ def wait(running: Running, timeout: float) -> tuple[bytes, bytes]:
     """What py-spy printed, once it exits within ``timeout`` seconds of its own time (``_OwnClock``): the time it
     was runnable but waiting for a CPU (a busy node) does not count, up to ``STARVED_WAIT_FACTOR`` timeouts of
     wall time (at least ``STARVED_WAIT_MIN_S``). Raises subprocess.TimeoutExpired."""
-    proc, clock = running.proc, _OwnClock(running.proc.pid)
+    proc, clock = running.proc, _OwnClock(running.proc.pid, None if running.nonblocking else running.pid)
     while True:
         left = min(timeout - clock.own_s, max(STARVED_WAIT_FACTOR * timeout, STARVED_WAIT_MIN_S) - clock.wall_s)
         if left <= 0:
@@ -156,17 +156,21 @@ def wait(running: Running, timeout: float) -> tuple[bytes, bytes]:
 
 class _OwnClock:
     """The time a process has had since it started: its CPU time, plus the time it was seen sleeping or blocked
-    (on its target, on the kernel), but not the time it was seen runnable without running: waiting for a CPU.
+    (on its target, on the kernel), but not the time it was seen runnable without running: waiting for a CPU. A
+    py-spy blocked on its target (pausing it) waits for a CPU too when the target cannot run to stop: while one
+    of the target's threads is runnable and got less than half the interval's CPU, only the CPU that thread got
+    counts (a loaded CI run: 1 s of "own" time in 28 s of a starved rank's pause).
 
     Read from /proc at each ``tick``. schedstat's run delay would say the waiting directly, but the kernel adds
     to it only when the process gets a CPU again: a py-spy still waiting shows none of its wait. Where /proc
     cannot be read, every second counts, as a plain timeout would.
     """
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
+    def __init__(self, pid: int, target: int | None = None) -> None:
+        self.pid, self.target = pid, target
         self.started = self._last = time.monotonic()
         self._cpu_ns = procfs.main_thread_cpu_ns(pid)
+        self._target_threads = procfs.threads_cpu(target) if target is not None else {}
         self.own_s = 0.0
 
     @property
@@ -177,11 +181,24 @@ class _OwnClock:
         now = time.monotonic()
         interval, self._last = now - self._last, now
         stat, cpu_ns = procfs.read_stat(self.pid), procfs.main_thread_cpu_ns(self.pid)
+        threads = procfs.threads_cpu(self.target) if self.target is not None else {}
         if stat is not None and stat.state == ProcessState.RUNNING and cpu_ns is not None and self._cpu_ns is not None:
             self.own_s += min(interval, (cpu_ns - self._cpu_ns) / 1e9)  # runnable: only the CPU it got
         else:
-            self.own_s += interval
-        self._cpu_ns = cpu_ns
+            self.own_s += min(interval, starved_target_s(self._target_threads, threads, interval))
+        self._cpu_ns, self._target_threads = cpu_ns, threads
+
+
+def starved_target_s(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]], interval: float) -> float:
+    """How much of ``interval`` a py-spy waiting on its target counts as its own: all of it, unless a thread of the
+    target is runnable now and got less than half the interval's CPU since ``before`` (it waits for a CPU); then
+    the least CPU such a thread got (a spinning target that runs counts in full)."""
+    starved = [
+        (cpu - before[tid][1]) / 1e9
+        for tid, (state, cpu) in after.items()
+        if state == ProcessState.RUNNING and tid in before and (cpu - before[tid][1]) / 1e9 < interval / 2
+    ]
+    return min(starved) if starved else interval
 
 
 def dump(

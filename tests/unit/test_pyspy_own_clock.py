@@ -1,0 +1,47 @@
+"""py-spy's timeout counts its own time, not the time it waited for a CPU, and a blocking py-spy waits for a CPU
+too when the rank it pauses cannot run to stop (issue #22: in a loaded CI run, 1 s of "own" time in 28 s of a
+starved rank's pause timed the dump out and fell back to reading it without pausing)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from mtpdiag.capture import procfs
+from mtpdiag.capture.pyspy import starved_target_s
+
+MS = 1_000_000  # ns
+
+
+def test_a_target_thread_runnable_without_running_counts_only_the_cpu_it_got():
+    before = {1: ("S", 0), 2: ("R", 100 * MS)}
+    after = {1: ("S", 0), 2: ("R", 110 * MS)}  # runnable, 10 ms of CPU in 250 ms: waiting for a CPU
+    assert starved_target_s(before, after, 0.25) == 0.01
+
+
+def test_a_spinning_target_that_runs_and_a_sleeping_one_count_in_full():
+    spinning = ({1: ("R", 0)}, {1: ("R", 240 * MS)})  # runnable and running: py-spy waits on it, not on a CPU
+    sleeping = ({1: ("S", 0), 2: ("t", 5 * MS)}, {1: ("S", 0), 2: ("t", 5 * MS)})  # asleep or stopped already
+    gone = ({1: ("R", 0)}, {})  # the target exited, or /proc could not be read
+    for before, after in (spinning, sleeping, gone):
+        assert starved_target_s(before, after, 0.25) == 0.25
+
+
+def test_the_most_starved_thread_and_only_threads_seen_twice_count():
+    before = {1: ("R", 0), 2: ("R", 0)}
+    after = {1: ("R", 30 * MS), 2: ("R", 2 * MS), 3: ("R", 0)}  # 3 is new: nothing to compare it with
+    assert starved_target_s(before, after, 0.25) == 0.002
+
+
+def test_threads_cpu_reads_every_thread_of_a_live_process():
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        threads = procfs.threads_cpu(os.getpid())
+        assert {os.getpid(), worker.native_id} <= set(threads)
+        assert threads[worker.native_id][0] == "S" and all(cpu >= 0 for _, cpu in threads.values())
+    finally:
+        stop.set()
+        worker.join()
+    assert procfs.threads_cpu(999_999_999) == {}
