@@ -110,9 +110,8 @@ def capture(
     ]
     if require_any and not any(c.threads for c in captures):
         reasons = "; ".join(f"pid {c.pid}: {c.error or c.state}" for c in captures[:3])
-        raise NothingCaptured(
-            f"could not capture any of {len(captures)} target(s) ({reasons})", timed_out=all(d.timed_out for d in dumps)
-        )
+        timed_out = bool(dumps) and all(d.timed_out for d in dumps)
+        raise NothingCaptured(f"could not capture any of {len(captures)} target(s) ({reasons})", timed_out=timed_out)
     return Snapshot(
         captures=tuple(sorted(captures, key=_order)),
         host=label,
