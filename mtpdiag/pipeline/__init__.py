@@ -287,7 +287,12 @@ def sample_once(
     if not tracker.samples:
         return tracker.observe(now, cpu, None, done=done()), None
     busy = tracker.cpu_moved(cpu)
-    snapshot = take_stacks(targets, busy)
+    try:
+        snapshot = take_stacks(targets, busy)
+    except NothingCaptured as exc:  # py-spy got no CPU in time on any rank: a sample without stacks, in which a
+        if not exc.timed_out:  # spinning rank's CPU is no progress; the next sample tries again
+            raise
+        return tracker.skipped(now, cpu, None, done()), None
     if snapshot is None:  # the ranks changed under the dump: that is progress of a kind (a job ending)
         return tracker.observe(now, cpu, None, done=done()), None
     fr_at = on_clock(fr_progress.poll(snapshot.captures), done()) if fr_progress is not None else None

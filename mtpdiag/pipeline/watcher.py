@@ -83,8 +83,6 @@ class Watcher:
     _listed: tuple[float, list[Any]] | None = field(default=None, init=False)  # spare: when, and the ranks
     _stacks_at: float | None = field(default=None, init=False)  # spare: when the stacks were last read
     _policy: StackPolicy = field(default=RUN_POLICY, init=False)
-    # py-spy ran out of time on every rank at the last try (a node too busy to give it a CPU), or None
-    _starved: NothingCaptured | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.tracker = StallTracker.start(self.started)
@@ -155,7 +153,13 @@ class Watcher:
             return Sample(targets, None)
         busy = how == StackRead.RUNNING
         self._stacks_at = now
-        snapshot = self._stacks_or_none(targets, busy)
+        try:
+            snapshot = self._stacks_or_none(targets, busy)
+        except NothingCaptured as exc:
+            if not exc.timed_out:
+                raise
+            self.tracker = self.tracker.skipped(now, cpu, fr_at, clock())  # starved: no stacks, CPU is no progress
+            return Sample(targets, None)
         done = clock()
         if snapshot is None:
             self.tracker = self.tracker.observe(now, cpu, None, done=done)
@@ -169,23 +173,18 @@ class Watcher:
         return Sample(targets, snapshot)
 
     def _stacks_or_none(self, targets: list[Any], busy: bool = False) -> Snapshot | None:
-        """The stacks; None when the ranks changed under the dump (a job that is ending), or when py-spy ran out of
-        time on every rank (a loaded node): a sample without stacks, and the next sample tries again."""
+        """The stacks, or None when the ranks changed under the dump (a job that is ending). A NothingCaptured
+        with ``timed_out`` (py-spy got no CPU in time on any rank) goes to the caller: a sample without stacks."""
         try:
-            snapshot = self.take_stacks(targets, busy)
-        except (NothingCaptured, InputError) as exc:  # e.g. a worker that exited between discovery and its dump
+            return self.take_stacks(targets, busy)
+        except (NothingCaptured, InputError):  # e.g. a worker that exited between discovery and its dump
             try:
                 now_targets = self.list_targets()
             except InputError:
                 raise self.ended(time.monotonic()) from None
             if set(now_targets) != set(targets):
                 return None
-            if isinstance(exc, NothingCaptured) and exc.timed_out:
-                self._starved = exc
-                return None
             raise
-        self._starved = None
-        return snapshot
 
     def ended(self, now: float) -> JobEnded:
         return JobEnded(now - self.started, self.tracker.samples)
@@ -252,10 +251,11 @@ class Watcher:
             targets = self.list_targets()
         except InputError:
             raise self.ended(end) from None
-        snapshot = self._stacks_or_none(targets)
-        if snapshot is None and self._starved is not None:  # the ranks are there, py-spy got no CPU in time
-            if self.last is None:
-                raise self._starved
+        try:
+            snapshot = self._stacks_or_none(targets)
+        except NothingCaptured as exc:  # the ranks are there; py-spy got no CPU in time on any of them
+            if not exc.timed_out or self.last is None:
+                raise
             return self.last, end  # where they were at the last sample that read them
         if snapshot is None:
             raise self.ended(end)

@@ -1,12 +1,17 @@
 """A sample in which py-spy ran out of time on every rank (a node too busy to give it a CPU) is a sample without
 stacks, and watch goes on; it is not the end of the watch (exit 3), as it was in a loaded CI run (issue #22:
-"could not capture any of 2 target(s) (... py-spy timed out after 1s (3s in all, waiting for a CPU))").
+"could not capture any of 2 target(s) (... py-spy timed out after 1s (3s in all, waiting for a CPU))"). Nor is it
+progress: with no stacks to compare, a spinning rank's CPU says nothing, so a hung job is never seen to move.
 
 The Watcher takes its capture as a parameter: here one that times out as ``capture`` does under starvation,
 then returns the recorded capture of a real hung job (tests/fixtures/captures/mtp_cp_pp).
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -24,7 +29,21 @@ def _watcher(take_stacks, targets=(1, 2, 3, 4)) -> Watcher:
     )
 
 
-def test_a_sample_that_timed_out_on_every_rank_has_no_stacks_and_the_next_reads_them():
+@pytest.fixture
+def spinning():
+    """A process whose main thread burns CPU without end, as a rank spinning at a host sync does."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("spare", [False, True], ids=["watch", "run"])
+def test_starved_samples_of_a_busy_rank_are_no_progress_and_the_next_sample_reads_the_stacks(spinning, spare):
+    """A starved sample has no stacks to compare, so a rank's moving CPU is no progress (a spinning rank would
+    look busy); it neither ends the watch nor restarts the quiet window."""
     snapshot, _, _ = load_scenario("mtp_cp_pp")
     tries = []
 
@@ -34,13 +53,23 @@ def test_a_sample_that_timed_out_on_every_rank_has_no_stacks_and_the_next_reads_
             raise NothingCaptured(STARVED, timed_out=True)
         return snapshot
 
-    watcher = _watcher(take_stacks)
-    assert watcher._stacks_or_none([1, 2, 3, 4]) is None
-    assert watcher._stacks_or_none([1, 2, 3, 4]) is None
-    assert watcher._stacks_or_none([1, 2, 3, 4]) is snapshot
-    watcher.last = snapshot
-    assert watcher.last_look()[0] is snapshot
-    assert len(tries) == 4
+    watcher = Watcher(
+        list_targets=lambda: [spinning],
+        take_stacks=take_stacks,
+        layout=LayoutOptions(),
+        interval=1.0,
+        stall=5.0,
+        spare=spare,
+    )
+    watcher.sample(0.0)  # the CPU baseline (spare: the first stacks)
+    quiet_since = watcher.tracker.quiet_since
+    for now in (1.0, 2.0):
+        time.sleep(0.2)  # the rank burns CPU meanwhile
+        assert watcher.sample(now).snapshot is None
+        assert watcher.tracker.quiet_since == quiet_since
+    assert watcher.sample(3.0).snapshot is snapshot and watcher.last is snapshot
+    assert len(tries) == 3  # every sample after the baseline asked for stacks
+    assert watcher.reads if spare else not watcher.reads  # run's sparing path was the one taken
 
 
 def test_unreadable_for_another_reason_still_ends_the_watch():
