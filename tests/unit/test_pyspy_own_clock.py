@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from mtpdiag.capture import procfs
 from mtpdiag.capture.pyspy import starved_target_s
@@ -38,9 +39,11 @@ def test_threads_cpu_reads_every_thread_of_a_live_process():
     worker = threading.Thread(target=stop.wait)
     worker.start()
     try:
-        threads = procfs.threads_cpu(os.getpid())
-        assert {os.getpid(), worker.native_id} <= set(threads)
-        assert threads[worker.native_id][0] == "S" and all(cpu >= 0 for _, cpu in threads.values())
+        deadline = time.monotonic() + 30  # until the new thread blocks in its wait (it may still be starting)
+        while (threads := procfs.threads_cpu(os.getpid())).get(worker.native_id, ("R", 0))[0] != "S":
+            assert time.monotonic() < deadline, threads
+            time.sleep(0.05)
+        assert os.getpid() in threads and all(cpu >= 0 for _, cpu in threads.values())
     finally:
         stop.set()
         worker.join()
