@@ -25,10 +25,12 @@ class InputError(MtpdiagError):
 
 class NothingCaptured(MtpdiagError):
     """Every target was unreadable (exit 3). ``timed_out``: every one because py-spy ran out of time (a node too
-    busy to give it a CPU), which a later try may not."""
+    busy to give it a CPU), which a later try may not. ``exiting``: every one had no Python interpreter left to
+    read (or was gone): ranks that finalized Python and are exiting, when they were read before."""
 
     exit_code = EXIT_NOTHING_CAPTURED
 
-    def __init__(self, message: str, timed_out: bool = False) -> None:
+    def __init__(self, message: str, timed_out: bool = False, exiting: bool = False) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+        self.exiting = exiting

@@ -25,6 +25,7 @@ from mtpdiag.model import STATE_GONE, STATE_STOPPED, STATE_UNREADABLE, Env, Rank
 from mtpdiag.vocabulary.states import ProcessState
 
 _STOPPED = (STATE_STOPPED, "t")  # job-control stop, tracing stop
+_NO_THREAD = "py-spy found no Python thread in it (its interpreter is starting or shutting down)"
 _MAX_PARALLEL = 32
 
 __all__ = ["capture", "find_targets", "own_lineage", "raylet_hints", "CaptureFailed", "STATE_GONE", "STATE_UNREADABLE"]
@@ -111,7 +112,10 @@ def capture(
     if require_any and not any(c.threads for c in captures):
         reasons = "; ".join(f"pid {c.pid}: {c.error or c.state}" for c in captures[:3])
         timed_out = bool(dumps) and all(d.timed_out for d in dumps)
-        raise NothingCaptured(f"could not capture any of {len(captures)} target(s) ({reasons})", timed_out=timed_out)
+        exiting = bool(dumps) and all(d.no_interpreter or d.state == STATE_GONE for d in dumps)
+        raise NothingCaptured(
+            f"could not capture any of {len(captures)} target(s) ({reasons})", timed_out=timed_out, exiting=exiting
+        )
     return Snapshot(
         captures=tuple(sorted(captures, key=_order)),
         host=label,
@@ -154,6 +158,7 @@ class _Dumped(NamedTuple):
     error: str | None = None
     nonblocking: bool = False
     timed_out: bool = False  # unread because py-spy ran out of time
+    no_interpreter: bool = False  # no Python to read: its interpreter is not there (exiting, or not started)
 
 
 def _start_first(pid: int, stat: procfs.ProcStat | None, *, native: bool, nonblocking: bool) -> pyspy.Running | None:
@@ -196,6 +201,8 @@ def _dump_one(
         threads = pyspy.finish(running, timeout)
     except CaptureFailed as exc:
         return _dump_again(pid, exc, paused=not use_nonblocking, timeout=timeout, note=note)
+    if not threads:  # an interpreter without a thread: one finalizing (a rank's teardown), or starting
+        return _Dumped(stat.state, error=_NO_THREAD, nonblocking=use_nonblocking, no_interpreter=True)
     return _Dumped(stat.state, threads, nonblocking=use_nonblocking, error=note)
 
 
@@ -218,7 +225,7 @@ def _dump_again(pid: int, exc: CaptureFailed, *, paused: bool, timeout: float, n
     torn = exc.torn and not paused
     stopped_meanwhile = paused and now.state in _STOPPED
     if not (torn or stopped_meanwhile):
-        return _Dumped(STATE_UNREADABLE, error=str(exc), timed_out=exc.timed_out)
+        return _Dumped(STATE_UNREADABLE, error=str(exc), timed_out=exc.timed_out, no_interpreter=exc.no_interpreter)
     # A torn read of a running rank, or a rank stopped during its blocking dump: read it (again) without pausing.
     try:
         threads = _read_running(pid, timeout)

@@ -30,6 +30,10 @@ _DENIED = re.compile(r"Permission denied \(os error 13\)|Operation not permitted
 # py-spy's cause lines when, reading a running process (--nonblocking), it followed a pointer the process was
 # changing: a torn read, which the next dump is unlikely to repeat.
 _TORN = re.compile(r"Failed to get stack trace|Failed to copy|Bad address \(os error 14\)")
+# py-spy's error when the process has no Python interpreter to read: one that finalized it and is exiting (a
+# rank's teardown: C atexit handlers, library destructors), or one not yet started. A Python build py-spy does
+# not support says it too, for good; only a process read before can be taken for one that is exiting.
+_NO_INTERPRETER = re.compile(r"Failed to find a python interpreter|Failed to find python version")
 
 # The timeout counts py-spy's own time, not the time it waited for a CPU: on a node whose ranks spin at a host
 # sync on every core, or beside other jobs, a dump that needs 20 ms of CPU was measured taking 20-45 s of wall
@@ -52,6 +56,11 @@ class CaptureFailed(Exception):
     def torn(self) -> bool:
         """Whether py-spy failed in the middle of reading a process that kept running (worth another try)."""
         return not self.timed_out and _TORN.search(str(self)) is not None
+
+    @property
+    def no_interpreter(self) -> bool:
+        """Whether py-spy found no Python interpreter in the process (see ``_NO_INTERPRETER``)."""
+        return _NO_INTERPRETER.search(str(self)) is not None
 
 
 def find_pyspy() -> str:

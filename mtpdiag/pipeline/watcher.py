@@ -173,18 +173,27 @@ class Watcher:
         return Sample(targets, snapshot)
 
     def _stacks_or_none(self, targets: list[Any], busy: bool = False) -> Snapshot | None:
-        """The stacks, or None when the ranks changed under the dump (a job that is ending). A NothingCaptured
-        with ``timed_out`` (py-spy got no CPU in time on any rank) goes to the caller: a sample without stacks."""
+        """The stacks, or None when the ranks changed under the dump (a job that is ending: a worker exited, or
+        the ranks read before have no Python left, finalized on their way out). A NothingCaptured with
+        ``timed_out`` (py-spy got no CPU in time on any rank) goes to the caller: a sample without stacks."""
         try:
             return self.take_stacks(targets, busy)
-        except (NothingCaptured, InputError):  # e.g. a worker that exited between discovery and its dump
+        except (NothingCaptured, InputError) as exc:  # e.g. a worker that exited between discovery and its dump
             try:
                 now_targets = self.list_targets()
             except InputError:
                 raise self.ended(time.monotonic()) from None
             if set(now_targets) != set(targets):
                 return None
+            if isinstance(exc, NothingCaptured) and exc.exiting and self._read_before(targets):
+                return None
             raise
+
+    def _read_before(self, targets: list[Any]) -> bool:
+        """Whether the last snapshot read the stacks of every one of ``targets`` (so py-spy can read them: one
+        it now finds no interpreter in has finalized Python, not run a Python py-spy cannot read)."""
+        read = {c.pid for c in self.last.captures if c.threads} if self.last is not None else set()
+        return read >= set(targets)
 
     def ended(self, now: float) -> JobEnded:
         return JobEnded(now - self.started, self.tracker.samples)
