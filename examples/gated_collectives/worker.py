@@ -25,7 +25,12 @@ import time
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state as mpu
+
+from mtpdiag.fix.verify.lazy_compile import defer_torch_compile
+
+defer_torch_compile()  # before megatron-core, whose kernels' torch.compile then waits for their first call
+
+from megatron.core import parallel_state as mpu  # noqa: E402
 
 SCENARIOS = ("tp-broadcast", "p2p-count", "straggler", "healthy", "tracker-loop")
 # Parallel sizes each scenario needs when none are given; dp is what remains of the world.

@@ -47,15 +47,20 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state as mpu
-from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexerLossLoggingHelper
-from megatron.core.transformer.moe import moe_utils
-from megatron.core.transformer.moe.moe_utils import (
+
+from mtpdiag.fix.verify.lazy_compile import defer_torch_compile
+
+defer_torch_compile()  # before megatron-core, whose kernels' torch.compile then waits for their first call
+
+from megatron.core import parallel_state as mpu  # noqa: E402
+from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexerLossLoggingHelper  # noqa: E402
+from megatron.core.transformer.moe import moe_utils  # noqa: E402
+from megatron.core.transformer.moe.moe_utils import (  # noqa: E402
     get_moe_layer_wise_logging_tracker,
     save_to_aux_losses_tracker,
     track_moe_metrics,
 )
-from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 NCCL_BEHAVIOUR = HERE.parent / "nccl_behaviour"

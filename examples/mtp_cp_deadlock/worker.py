@@ -17,8 +17,13 @@ import sys
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state as mpu
-from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+from mtpdiag.fix.verify.lazy_compile import defer_torch_compile
+
+defer_torch_compile()  # before megatron-core, whose kernels' torch.compile then waits for their first call
+
+from megatron.core import parallel_state as mpu  # noqa: E402
+from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
