@@ -92,10 +92,22 @@ def check_gloo_rank(scenario: str, rank: int, threads: list[dict]) -> None:
         assert (site["name"], site["filename"].endswith(path)) == (function, True), (rank, site)
 
 
-def check_nccl_rank(rank: int, threads: list[dict], native: list[dict] | None = None) -> None:
-    """Every host at iteration 2's found_inf.item(), outside torch.distributed; in C under --native."""
+def check_nccl_rank(
+    rank: int, threads: list[dict], native: list[dict] | None = None, recorded: dict | None = None
+) -> None:
+    """Every host at iteration 2's found_inf.item(), outside torch.distributed; in C under --native. The line's
+    code is read from the source a live rank runs, or for a fixture from what its ``scenario.json`` recorded
+    (``recorded``: the rank's ``main_thread``; the source has moved on since, and may be elsewhere)."""
     frames = _main(threads)
-    assert linecache.getline(frames[0]["filename"], frames[0]["line"]).strip() == FOUND_INF, (rank, frames[0])
+    if recorded is None:
+        code = linecache.getline(frames[0]["filename"], frames[0]["line"]).strip()
+    else:
+        assert (frames[0]["name"].rsplit(".", 1)[-1], frames[0]["line"]) == (
+            recorded["function"].rsplit(".", 1)[-1],
+            recorded["line"],
+        ), (rank, frames[0], recorded)
+        code = recorded["code"]
+    assert code == FOUND_INF, (rank, frames[0])
     assert "train_step" in _names(frames) and "training_log" not in _names(frames), rank
     assert not any("torch/distributed/" in f["filename"] for f in frames), rank
     if native is not None:
@@ -185,8 +197,8 @@ def test_recorded_fixture_shows_each_rank_where_the_readme_says(scenario):
         if scenario in GLOO:
             check_gloo_rank(scenario, rank, threads)
         else:
-            check_nccl_rank(rank, threads, json.loads((folder / f"rank{rank}.native.json").read_text()))
-            assert meta["where"][str(rank)]["main_thread"]["code"] == FOUND_INF
+            native = json.loads((folder / f"rank{rank}.native.json").read_text())
+            check_nccl_rank(rank, threads, native, recorded=meta["where"][str(rank)]["main_thread"])
 
 
 @pytest.mark.parametrize("scenario", NCCL)

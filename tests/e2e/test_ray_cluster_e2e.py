@@ -330,7 +330,7 @@ def test_inspect_ray_auto_finds_the_cluster_from_ray_address_and_prints_the_cons
 def test_collect_ray_writes_one_bundle_that_analyze_reads(cluster, tmp_path):
     out = tmp_path / "bundles"
     out.mkdir()
-    done = _cli(cluster, "collect", "--ray", cluster.address, "--out", str(out))
+    done = _cli(cluster, "collect", "--ray", cluster.address, "--out", str(out), "--ray-timeout", "240")
     assert done.returncode == 0, done.stderr[-3000:]
     (bundle,) = list(out.iterdir())
     assert bundle.name == f"ray-{socket.gethostname()}.mtpdiag.json"  # named for the node it joined through
@@ -376,7 +376,10 @@ def test_inspect_and_collect_through_the_job_server_open_no_port(cluster, tmp_pa
     assert "warning" not in done.stderr, done.stderr
     _check_full_diagnosis(json.loads(done.stdout), cluster)
     assert ports == set(), ports
-    collected, ports = _cli_watching_ports(cluster, "collect", "--ray", cluster.jobs, "--out", str(tmp_path))
+    # as inspect's: each capture job starts new Ray workers, which import mtpdiag cold (CI-18: over 60 s on a node)
+    collected, ports = _cli_watching_ports(
+        cluster, "collect", "--ray", cluster.jobs, "--out", str(tmp_path), "--ray-timeout", "240"
+    )
     assert collected.returncode == 0 and ports == set(), (collected.stderr[-3000:], ports)
     (bundle,) = tmp_path.iterdir()
     assert sorted(c["rank"] for c in json.loads(bundle.read_text())["captures"]) == list(range(WORLD))
