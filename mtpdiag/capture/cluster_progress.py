@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mtpdiag.model import RankCapture
+from mtpdiag.model.group_marks import every_rank_read_at
 
 __all__ = ["ClusterProgress"]
 
@@ -22,8 +23,9 @@ class ClusterProgress:
     the groups' marks, which span nodes (the highest of each group's, from any node)."""
 
     def __init__(self) -> None:
-        self.state: dict[str, dict[Any, Any]] = {"asked": {}, "read_mtime": {}, "marks": {}}
+        self.state: dict[str, dict[Any, Any]] = {"asked": {}, "read_mtime": {}, "first_read": {}, "marks": {}}
         self.moved_at: float | None = None  # time.time() on this host
+        self.piped: set[int] = set()  # the ranks with a debug-info pipe, as their nodes last said
 
     def update(self, replies: Iterable[Mapping[str, Any]]) -> None:
         """Take each node's new state for the ranks it polled, its groups' marks, and when the newest collective
@@ -37,13 +39,19 @@ class ClusterProgress:
                 self.moved_at = at if self.moved_at is None else max(at, self.moved_at)
             polled = {int(r) for r in answer.get("ranks") or ()}
             new = answer.get("state") or {}
-            for key in ("asked", "read_mtime"):
+            self.piped = (self.piped - polled) | {int(r) for r in answer.get("piped") or ()}
+            for key in ("asked", "read_mtime", "first_read"):
                 self.state[key] = {r: v for r, v in self.state[key].items() if r not in polled}
                 self.state[key].update({int(r): v for r, v in (new.get(key) or {}).items()})
             marks = self.state["marks"]
             for group, mark in (new.get("marks") or {}).items():
                 if group not in marks or float(mark[0]) > float(marks[group][0]):
                     marks[group] = list(mark)
+
+    def established_at(self) -> float | None:
+        """When the signal could first see every rank's groups move (``group_marks.every_rank_read_at``). The
+        dumps' times are the nodes' clocks; a node whose mtpdiag names no piped ranks is not waited for."""
+        return every_rank_read_at(self.piped, {int(r): float(t) for r, t in self.state["first_read"].items()})
 
     def poll(self, captures: tuple[RankCapture, ...]) -> float | None:  # noqa: ARG002 - ProgressSignal's
         """When the newest collective the nodes saw completed in the capture just taken completed (time.time()

@@ -25,7 +25,7 @@ from mtpdiag.capture.fr_locate import DUMP_ENV, dump_prefixes, pipe_prefix, requ
 from mtpdiag.errors import InputError
 from mtpdiag.model import RankCapture, Snapshot, replace
 from mtpdiag.model.flight_recorder import FRDump
-from mtpdiag.model.group_marks import GroupCompleted, Marks, advance
+from mtpdiag.model.group_marks import GroupCompleted, Marks, advance, every_rank_read_at
 
 
 class FoundDumps(msgspec.Struct, frozen=True):
@@ -176,6 +176,8 @@ class LiveProgress:
         self._asked = {int(r): float(t) for r, t in (state.get("asked") or {}).items()}  # open requests: when
         self._read_mtime = {int(r): float(t) for r, t in (state.get("read_mtime") or {}).items()}  # last read
         self._marks: Marks = {str(k): [float(v[0]), float(v[1])] for k, v in (state.get("marks") or {}).items()}
+        self._first_read = {int(r): float(t) for r, t in (state.get("first_read") or {}).items()}  # first dump read
+        self.piped: set[int] = set()  # the ranks with a debug-info pipe at the last poll
 
     def state(self, ranks: set[int] | None = None) -> dict[str, dict[Any, Any]]:
         """What the next poll needs, as plain data (the requests and reads of ``ranks`` only, if given; the
@@ -186,7 +188,16 @@ class LiveProgress:
             return {r: v for r, v in table.items() if ranks is None or r in ranks}
 
         marks = {k: list(v) for k, v in self._marks.items()}
-        return {"asked": keep(self._asked), "read_mtime": keep(self._read_mtime), "marks": marks}
+        return {
+            "asked": keep(self._asked),
+            "read_mtime": keep(self._read_mtime),
+            "first_read": keep(self._first_read),
+            "marks": marks,
+        }
+
+    def established_at(self) -> float | None:
+        """When this signal could first see every rank's groups move (``group_marks.every_rank_read_at``)."""
+        return every_rank_read_at(self.piped, self._first_read)
 
     def poll(self, captures: tuple[RankCapture, ...]) -> float | None:
         """When the newest collective past its group's mark completed (time.time()), None when the dumps read
@@ -194,6 +205,7 @@ class LiveProgress:
         Never waits."""
         now = time.time()
         ranks = [(c, prefix) for c in _targets(captures) if (prefix := pipe_prefix(c.env)) is not None]
+        self.piped = {c.rank for c, _ in ranks}
         read = [groups for c, _ in ranks if (groups := self._read_new_dump(c)) is not None]
         self._marks, newest = advance(self._marks, (g for groups in read for g in groups))
         due = [(c, prefix) for c, prefix in ranks if now - self._asked.get(c.rank, -self.REASK_S) >= self.REASK_S]
@@ -224,6 +236,7 @@ class LiveProgress:
         if groups is None:  # not a dump we can read (yet): try again at the next poll
             return None
         self._read_mtime[c.rank] = mtime
+        self._first_read.setdefault(c.rank, mtime)
         if asked is not None and mtime >= asked - self.MTIME_SLACK_S:
             del self._asked[c.rank]  # answered
         return groups

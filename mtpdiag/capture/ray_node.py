@@ -43,7 +43,8 @@ def capture_node(request: dict[str, Any]) -> dict[str, Any]:
     holds ``bundle`` (None when the node runs no rank), ``cpu`` (pid -> ns), ``hints`` (the sizes on the command
     lines of the job drivers this node's raylet leads to), ``driver_hints`` (those of ``drivers``), ``notes``,
     ``unreadable`` (processes below the raylet whose environment could not be read), ``fr_progress`` (``moved``,
-    ``age_s``: how long ago the newest collective seen completed, and the new state of this node's ranks), or
+    ``age_s``: how long ago the newest collective seen completed, the new state of this node's ranks, and ``piped``:
+    those with a debug-info pipe), or
     ``failure``: one line saying why nothing could be captured (py-spy missing, permission denied).
     """
     reply: dict[str, Any] = {"schema": REPLY_SCHEMA, "version": mtpdiag.__version__, "pid": os.getpid()}
@@ -82,6 +83,7 @@ def capture_node(request: dict[str, Any]) -> dict[str, Any]:
                 "moved": at is not None,
                 "age_s": None if at is None else max(0.0, time.time() - at),  # the node's clock stays here
                 "ranks": sorted(ranks),
+                "piped": sorted(progress.piped),
                 "state": progress.state(ranks),
             }
     except MtpdiagError as exc:

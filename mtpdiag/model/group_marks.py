@@ -55,3 +55,13 @@ def advance(marks: Mapping[str, Sequence[float]], groups: Iterable[GroupComplete
             out[g.key] = [float(g.seq), g.at]
             newest = g.at if newest is None else max(newest, g.at)
     return out, newest
+
+
+def every_rank_read_at(piped: Iterable[int], first_read: Mapping[int, float]) -> float | None:
+    """When the signal could first see every rank's groups move (time.time()): the latest of the first dumps read
+    of the ranks with a debug-info pipe (each of their groups has a mark from then on). None while one of them
+    has not answered yet; -inf when no rank has a pipe (there is nothing to wait for)."""
+    firsts = [first_read.get(rank) for rank in piped]
+    if not firsts:
+        return float("-inf")
+    return None if any(f is None for f in firsts) else max(f for f in firsts if f is not None)

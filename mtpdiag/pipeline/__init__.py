@@ -37,7 +37,9 @@ class ProgressSignal(Protocol):
     """``watch``'s Flight Recorder signal: when the newest collective seen completed since the last sample
     completed (time.time(), the wall clock), None when none was. Read from the ranks' dumps on this host
     (``capture.flight_recorder.LiveProgress``), or by each node's capture task while it took ``captures``
-    (``capture.cluster_progress.ClusterProgress``)."""
+    (``capture.cluster_progress.ClusterProgress``). Both also say ``established_at()``: when the signal could
+    first see every rank's groups move (``model.group_marks.every_rank_read_at``), which ``Watcher`` waits for
+    before it calls a hang; a signal without it is not waited for."""
 
     def poll(self, captures: tuple[RankCapture, ...]) -> float | None: ...
 

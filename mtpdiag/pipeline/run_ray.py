@@ -379,3 +379,9 @@ class _ProgressOnceJoined:
         if cluster is None or cluster.progress is None:
             return None
         return cluster.progress.poll(captures)
+
+    def established_at(self) -> float | None:
+        cluster = self.watch.cluster
+        if cluster is None or cluster.progress is None:
+            return float("-inf")  # no signal yet: nothing to wait for
+        return cluster.progress.established_at()

@@ -35,6 +35,9 @@ from . import LayoutOptions, ProgressSignal, diagnose_snapshot, hang_report, on_
 from . import progress_report as _progress_report
 
 RELIST_S = 10.0  # spare: the ranks are listed again this often (and whenever one of them is gone)
+# How much longer than the window a hang waits for the ranks with a debug-info pipe to answer a first time (two of
+# LiveProgress's REASK_S): ranks that never answer leave the call to the stacks, this much later.
+FR_ANSWER_S = 10.0
 
 
 class JobEnded(Exception):
@@ -213,10 +216,25 @@ class Watcher:
             return (
                 Phase.SLOW if quiet >= 2 * self.interval and self.tracker.stack_samples_while_quiet else Phase.PROGRESS
             )
+        if not self._fr_saw_the_window(now):
+            return Phase.SLOW
         if self.pause_after is not None and self.tracker.stalled_for(now) < self.pause_after:
             if is_pause(self._quiet_diagnosis()):
                 return Phase.PAUSED
         return Phase.HANG
+
+    def _fr_saw_the_window(self, now: float) -> bool:
+        """Whether the Flight Recorder signal, where the job has one, had a whole window to see progress in. It
+        sees a group move only after a first dump of each rank was read (the group's mark), which takes a few
+        samples, and longer when they are slow: a loaded node, a Ray round per sample. A CI run's ``watch --ray``
+        called a healthy job hung after 6 s, before its dumps could show the steps it made."""
+        established_at = getattr(self.fr_progress, "established_at", None)
+        if established_at is None:
+            return True
+        at: float | None = established_at()
+        if at is None:  # a rank with a pipe has not answered yet
+            return self.tracker.stalled_for(now) >= self.stall + FR_ANSWER_S
+        return time.time() - at >= self.stall
 
     def _quiet_diagnosis(self) -> Report:
         """The diagnosis of the last sample (made once per quiet spell's sample, for the pause test)."""

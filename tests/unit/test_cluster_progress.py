@@ -52,6 +52,7 @@ def test_a_node_s_reply_replaces_the_state_of_the_ranks_it_polled_and_only_those
     assert progress.state == {
         "asked": {2: 10.5, 3: 10.5},
         "read_mtime": {0: 11.0, 1: 11.0},
+        "first_read": {},  # an older node's mtpdiag sends none
         "marks": {"0[0, 1, 2, 3]": [7, 10.9], "13[0, 1]": [3, 10.8]},
     }
     before = time.time()
@@ -83,3 +84,21 @@ def test_a_node_that_gives_no_age_dates_its_move_now():
     progress.update([{"fr_progress": {"moved": True, "ranks": [0], "state": {}}}])
     moved = progress.poll(())
     assert moved is not None and before <= moved <= time.time()
+
+
+def test_established_once_every_node_s_piped_ranks_were_read_a_first_time():
+    """Each node says which of its ranks have a debug-info pipe and when each was first read; the signal can see
+    every group move from the latest of those first reads (``Watcher`` waits a window past it)."""
+
+    def reply(ranks, first_read):
+        state = {"asked": {}, "read_mtime": dict(first_read), "first_read": dict(first_read), "marks": {}}
+        return {"fr_progress": {"moved": False, "ranks": ranks, "piped": ranks, "state": state}}
+
+    progress = ClusterProgress()
+    assert progress.established_at() == float("-inf")  # no node said it has a piped rank
+    progress.update([reply([0, 1], {0: 11.0, 1: 12.0}), reply([2, 3], {2: 11.5})])
+    assert progress.established_at() is None  # rank 3 has not answered
+    progress.update([reply([2, 3], {2: 11.5, 3: 13.0})])
+    assert progress.established_at() == 13.0
+    progress.update([{"node": "a"}])  # a node whose task failed this time: its ranks' reads are kept
+    assert progress.established_at() == 13.0

@@ -16,7 +16,10 @@ import time
 import pytest
 
 from mtpdiag.capture.flight_recorder import LiveProgress
-from mtpdiag.model import Env, RankCapture
+from mtpdiag.model import Env, RankCapture, Snapshot
+from mtpdiag.pipeline import LayoutOptions
+from mtpdiag.pipeline.watcher import FR_ANSWER_S, Watcher
+from mtpdiag.vocabulary.states import WatchPhase
 from support.fr_fixtures import as_of, nccl_dump
 
 HANG = "nccl_mtp_cp_pp_spin"
@@ -160,7 +163,73 @@ def test_the_state_round_trips_through_plain_data(job):
     job.answer(0, dump_at(0, 1.0))
     progress.poll(world.captures)
     state = progress.state()
-    assert set(state) == {"asked", "read_mtime", "marks"} and state["marks"]
+    assert set(state) == {"asked", "read_mtime", "first_read", "marks"} and state["marks"]
     assert LiveProgress(pickle.loads(pickle.dumps(state))).state() == state
     assert set(LiveProgress(state).state({1})["asked"]) == {1}
     assert LiveProgress(state).state({1})["marks"] == state["marks"]  # the groups span the nodes: kept whole
+
+
+def test_established_once_every_rank_with_a_pipe_answered_a_first_time(job):
+    world = job(RANKS)
+    progress = LiveProgress()
+    assert progress.established_at() == float("-inf")  # no rank with a pipe seen yet: nothing to wait for
+    progress.poll(world.captures)
+    job.answer(0, dump_at(0, 1.0))
+    progress.poll(world.captures)
+    assert progress.established_at() is None  # ranks 1-3 have not answered
+    for rank in RANKS:
+        job.answer(rank, dump_at(rank, 1.0))
+    progress.poll(world.captures)
+    first = progress.established_at()
+    assert first is not None and first <= time.time()
+    for rank in RANKS:
+        job.answer(rank, dump_at(rank, 1.3))
+    progress.poll(world.captures)
+    assert progress.established_at() == first  # the first reads, not the latest
+    restored = LiveProgress(progress.state())  # as --ray hands it to a node's capture task
+    assert restored.established_at() == float("-inf")  # the pipes are seen at a poll...
+    restored.poll(world.captures)
+    assert restored.established_at() == first  # ...and the first reads are kept
+
+
+def _watcher(world, progress: LiveProgress, stall: float) -> Watcher:
+    """A watch of the ranks of ``world`` (this process), whose stacks and CPU never change."""
+    snapshot = Snapshot(captures=world.captures, host="job", created="", tool_version="")
+    return Watcher(
+        list_targets=lambda: [os.getpid()],
+        take_stacks=lambda _targets, _busy: snapshot,
+        layout=LayoutOptions(),
+        interval=1.0,
+        stall=stall,
+        fr_progress=progress,
+        read_cpu=lambda targets: dict.fromkeys(targets, 0),
+    )
+
+
+def test_no_hang_is_called_before_the_flight_recorder_could_see_a_whole_window(job):
+    """A CI run's ``watch --ray`` called a healthy job hung after 6 s: its samples were slow, and the Flight
+    Recorder had read a first dump of only some ranks, so no group could yet be seen to move."""
+    world = job(RANKS)
+    watcher = _watcher(world, LiveProgress(), stall=0.5)
+    for now in (0.0, 1.0, 2.0):
+        watcher.sample(now)  # the CPU baseline, then stacks that never change: asks rank 0, which does not answer
+    assert watcher.tracker.is_hang(3.0, 0.5)  # the stacks alone would call a hang
+    assert watcher.decide(3.0) == WatchPhase.SLOW
+    job.answer(0, dump_at(0, 1.0))
+    watcher.sample(3.0)  # rank 0's first dump, then every rank asked
+    for rank in RANKS:
+        job.answer(rank, dump_at(rank, 1.0))
+    watcher.sample(4.0)
+    assert watcher.decide(4.0) == WatchPhase.SLOW  # every rank read, but not a window ago
+    time.sleep(0.6)
+    assert watcher.decide(4.0) == WatchPhase.HANG
+
+
+def test_ranks_that_never_answer_leave_the_call_to_the_stacks_later(job):
+    world = job(RANKS)
+    watcher = _watcher(world, LiveProgress(), stall=0.5)
+    for now in (0.0, 1.0, 2.0):
+        watcher.sample(now)
+    quiet_since = watcher.tracker.quiet_since
+    assert watcher.decide(quiet_since + 0.5 + FR_ANSWER_S - 0.1) == WatchPhase.SLOW
+    assert watcher.decide(quiet_since + 0.5 + FR_ANSWER_S) == WatchPhase.HANG
