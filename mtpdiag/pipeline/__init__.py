@@ -320,21 +320,35 @@ def progress_report(report: Report, tracker: StallTracker, now: float, interval:
     """The time is up without a hang. When the job was seen to move, a momentary stack sample is not a
     diagnosis, so no findings are claimed: ok. When it was never seen to move (a watch shorter than the stall
     window, or samples that took that long), it is not called ok: the last sample's diagnosis stands, at least
-    incomplete, with what to do."""
+    incomplete, with what to do. Nor is it ok when the time ran out in a window without progress that was not
+    called a hang yet (``Watcher`` waits for the Flight Recorder to have watched a whole window too)."""
     progress = tracker.progress(now, interval, stall)
-    if not tracker.progressed:
-        note = (
-            f"no progress seen in {tracker.samples} samples over {now - tracker.started:.1f} s, and no "
-            f"{stall:g} s window watched to its end either: run watch longer (--duration) to tell a hang "
-            f"from slow progress"
-        )
+    not_ok = _why_not_ok(tracker, now, stall)
+    if not_ok is not None:
         verdict = Verdict.INCOMPLETE if report.verdict == Verdict.OK else report.verdict
-        return replace(report, verdict=verdict, notes=(*report.notes, note), progress=progress)
+        return replace(report, verdict=verdict, notes=(*report.notes, not_ok), progress=progress)
     note = (
         f"the job made progress: in {tracker.samples} samples over {now - tracker.started:.1f} s, "
         f"no {stall:g} s window passed without a stack changing or a collective completing"
     )
     return replace(report, verdict=Verdict.OK, findings=(), mismatches=(), notes=(note,), progress=progress)
+
+
+def _why_not_ok(tracker: StallTracker, now: float, stall: float) -> str | None:
+    """Why a watch whose time ran out cannot say the job made progress, with what to do; None when it can."""
+    if not tracker.progressed:
+        return (
+            f"no progress seen in {tracker.samples} samples over {now - tracker.started:.1f} s, and no "
+            f"{stall:g} s window watched to its end either: run watch longer (--duration) to tell a hang "
+            f"from slow progress"
+        )
+    if tracker.is_hang(now, stall):
+        return (
+            f"no rank's stack changed and no collective completed for the last {tracker.stalled_for(now):.1f} s "
+            f"({tracker.stack_samples_while_quiet} stack samples), and the time ran out before the Flight Recorder "
+            f"had watched a whole {stall:g} s window: run watch longer (--duration) to tell a hang from slow progress"
+        )
+    return None
 
 
 def hang_bundle_path(out: Path | None, snapshot: Snapshot) -> str:

@@ -201,3 +201,10 @@ def test_a_watch_that_never_saw_the_job_move_is_not_ok():
     assert exit_code(progress_report(calm, quiet, 3.0, 1.0, 5.0)) == EXIT_INCOMPLETE
     moved = quiet.observe(3.0, cpu, {}, fr_at=3.0)
     assert moved.progressed and exit_code(progress_report(diagnosis, moved, 4.0, 1.0, 5.0)) == EXIT_OK
+    # Moved, then a whole window without progress that the watcher had not called yet (it waits for the Flight
+    # Recorder to have watched a window too) when the time ran out: never ok.
+    stuck = moved.observe(4.0, cpu, stacks).observe(5.0, cpu, stacks).observe(9.0, cpu, stacks)
+    assert stuck.progressed and stuck.is_hang(9.0, 5.0)
+    late = progress_report(calm, stuck, 9.0, 1.0, 5.0)
+    assert exit_code(late) == EXIT_INCOMPLETE and "run watch longer" in late.notes[-1]
+    assert exit_code(progress_report(diagnosis, stuck, 9.0, 1.0, 5.0)) == EXIT_PROBLEM
