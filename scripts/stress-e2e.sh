@@ -26,7 +26,7 @@ status=0
 for run in $(seq 1 "$runs"); do
   started=$SECONDS
   code=0
-  python -m pytest -q -p no:cacheprovider -m "e2e and not ray" -n "${MTPDIAG_TEST_WORKERS:-3}" --dist loadgroup -rfE \
+  python -m pytest -q -p no:cacheprovider -m "e2e and not ray" -n "${MTPDIAG_TEST_WORKERS:-3}" --dist loadgroup --no-loadscope-reorder -rfE \
     --durations=30 tests/e2e "$@" >"$logs/run-$run.log" 2>&1 || code=$?
   [ "$code" -eq 0 ] || status=1
   echo "stress run $run/$runs: exit $code in $((SECONDS - started)) s, load $(cut -d' ' -f1-3 /proc/loadavg):" \

@@ -100,7 +100,7 @@ e2e_started=$SECONDS
 # tests/e2e alone: each worker then collects (imports) only the e2e modules
 (
   if [ -n "$e2e_group" ]; then echo "$BASHPID" >"$e2e_group/tasks"; fi
-  exec python -m pytest -q -p no:cacheprovider -m "e2e and not ray" -n "$workers" --dist loadgroup --durations=30 \
+  exec python -m pytest -q -p no:cacheprovider -m "e2e and not ray" -n "$workers" --dist loadgroup --no-loadscope-reorder --durations=30 \
     tests/e2e
 ) || status=$?
 echo "test: e2e tier took $((SECONDS - e2e_started)) s" >&2

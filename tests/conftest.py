@@ -47,6 +47,24 @@ TIMING_GROUPS = {
     "timing-run": frozenset({"test_capture_under_load_e2e", "test_run_e2e", "test_run_multinode_e2e"}),
 }
 
+# The e2e groups that take longest, longest first (CI-22 and the stress runs at f9ed6c1, the group's summed test
+# time: timing-watch 755 s under stress, timing-run 500, test_reproducers_e2e 409, test_lookalikes_e2e 376,
+# test_playbooks 135, test_hang_reproducers_e2e 93, test_release 91, canonical-hang 76, test_verify_e2e 51). xdist
+# hands each worker the next group in the order the items come (``--no-loadscope-reorder``; its default order is
+# by the number of tests, which started timing-run fifth, after 300 s, and left it alone at the tier's end): the
+# longest first, so that no long group starts last. The groups not named here follow, in collection order.
+LONGEST_GROUPS_FIRST = (
+    "timing-watch",
+    "timing-run",
+    "test_reproducers_e2e",
+    "test_lookalikes_e2e",
+    "test_playbooks",
+    "test_hang_reproducers_e2e",
+    "test_release",
+    "canonical-hang",
+    "test_verify_e2e",
+)
+
 # What starts or attaches to a job: programs, and ``python -m`` modules.
 JOB_PROGRAMS = frozenset({"torchrun", "py-spy", "ray", "unshare", "nsenter"})
 JOB_MODULES = frozenset({"torch.distributed.run", "ray"})
@@ -71,10 +89,21 @@ def pytest_configure() -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook applies -m, and before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    groups: dict[str, str] = {}
     for item in items:
         if E2E in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.e2e)
-            item.add_marker(pytest.mark.xdist_group(name=xdist_group(item)))
+            groups[item.nodeid] = xdist_group(item)
+            item.add_marker(pytest.mark.xdist_group(name=groups[item.nodeid]))
+    if groups:
+        items.sort(key=lambda item: _group_rank(groups.get(item.nodeid)))  # stable: each group keeps its order
+
+
+def _group_rank(group: str | None) -> int:
+    """Where a test's group comes in the run: the unit tests, then LONGEST_GROUPS_FIRST, then the other groups."""
+    if group is None:
+        return -1
+    return LONGEST_GROUPS_FIRST.index(group) if group in LONGEST_GROUPS_FIRST else len(LONGEST_GROUPS_FIRST)
 
 
 def xdist_group(item: pytest.Item) -> str:
