@@ -81,8 +81,8 @@ class RayCluster:
         # they go to stderr, so that stdout holds the report alone (--json) once this connection is closed.
         self._stdout, sys.stdout = sys.stdout, sys.stderr
         try:
-            if not address.startswith("ray://"):
-                answers(gcs_address(address))  # ray.init retries an address nothing answers at for ever
+            # ray.init retries a GCS address nothing answers at for ever, and a ray:// one for 30 s a try
+            answers(client_server(address) if address.startswith("ray://") else gcs_address(address))
             self._init()
         except Exception as exc:  # ConnectionError (no cluster there), ValueError (a bad address), RuntimeError
             sys.stdout = self._stdout
@@ -95,12 +95,14 @@ class RayCluster:
 
     def _init(self) -> None:
         """``ray.init``. Ray Client (``ray://``) starts a server process on the head for each connection, and on
-        a loaded head that start fails now and then ("Initialization failure from server"): tried again."""
+        a loaded head that start fails now and then ("Initialization failure from server"), or the server,
+        which accepted the connection (``answers``), has not answered Ray's ping within Ray's 30 s ("ray client
+        connection timeout", CI-23): tried again."""
         for attempt in range(1, CLIENT_ATTEMPTS + 1):
             try:
                 self.ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
                 return
-            except ConnectionAbortedError as exc:
+            except ConnectionError as exc:  # ConnectionAbortedError is one
                 if not self.address.startswith("ray://") or attempt == CLIENT_ATTEMPTS:
                     raise
                 print(
@@ -275,6 +277,15 @@ def gcs_address(address: str) -> str:
         if address != "auto":
             raise
         raise ConnectionError("no Ray cluster runs here and RAY_ADDRESS is not set (give --ray HOST:PORT)") from None
+
+
+def client_server(address: str) -> str:
+    """``HOST:PORT`` of a ``ray://HOST[:PORT][/…]`` address's Ray Client server (Ray's default port: 10001)."""
+    where = address.removeprefix("ray://").split("/", 1)[0]
+    _, colon, port = where.rpartition(":")
+    if colon and port.isdigit():  # "[::1]" has none: its last ":" is inside the brackets
+        return where
+    return f"{where}:10001"
 
 
 def why_failed(exc: BaseException, ray: Any) -> str:

@@ -29,6 +29,7 @@ import pytest
 
 from conftest import unavailable
 from support.jobs_e2e import RAY_TEST_ENV, ROOT, end_sessions, free_port, run_cli, run_watching_ports, submit_ray_job
+from support.late_relay import LateRelay
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
@@ -175,3 +176,17 @@ def test_inspect_through_ray_client_captures_the_ranks_below_the_raylet_and_open
     assert sorted(v["rank"] for v in report["ranks"]) == [0, 1, 2, 3], done.stderr[-2000:]
     assert all(v["stack"] is not None for v in report["ranks"])
     assert ports == set(), ports
+
+
+def test_a_ray_client_server_that_answers_after_rays_30_s_is_tried_again(cluster):
+    """A loaded head's client server accepted the connection and had not answered Ray's ping in Ray's 30 s
+    (CI-23): ``ray.init`` gave up with "ray client connection timeout". mtpdiag tries again and captures."""
+    _, client, _ = cluster
+    host, _, port = client.removeprefix("ray://").rpartition(":")
+    with LateRelay((host, int(port)), silent_s=36) as relay:  # past Ray's 30 s (5 + 10 + 15) and the retry
+        done = run_cli("inspect", "--ray", f"ray://127.0.0.1:{relay.port}", "--json", timeout=400)
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert relay.held >= 1, done.stderr[-2000:]
+    assert "connection timeout): trying again (2 of 3)" in done.stderr, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert sorted(v["rank"] for v in report["ranks"]) == [0, 1, 2, 3], done.stderr[-2000:]

@@ -52,3 +52,13 @@ def test_nothing_listening_other_hosts_and_the_users_own_setting_are_left_alone(
     monkeypatch.setenv(ONE_MACHINE, "1")
     assert not keep_loopback(f"127.0.0.1:{closed}")
     assert ray_address.os.environ[ONE_MACHINE] == "1"
+
+
+def test_a_ray_client_address_names_its_server_with_rays_default_port():
+    from mtpdiag.capture.ray_cluster import client_server
+
+    assert client_server("ray://127.0.0.1:46713") == "127.0.0.1:46713"
+    assert client_server("ray://head") == "head:10001"
+    assert client_server("ray://head:10002/namespace") == "head:10002"
+    assert client_server("ray://[::1]:5") == "[::1]:5"
+    assert client_server("ray://[::1]") == "[::1]:10001"
