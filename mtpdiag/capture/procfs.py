@@ -57,9 +57,20 @@ def read_stat(pid: int) -> ProcStat | None:
 
 def main_thread_ticks(pid: int) -> int | None:
     """CPU ticks of the main thread alone: flat while it blocks, even as helper threads tick."""
+    stat = _main_thread_stat(pid)
+    return None if stat is None else stat.cpu_ticks
+
+
+def main_thread_runnable(pid: int) -> bool:
+    """Whether the main thread is running or waiting for a CPU (state R): then flat ticks are no sign of a wait."""
+    stat = _main_thread_stat(pid)
+    return stat is not None and stat.state == ProcessState.RUNNING
+
+
+def _main_thread_stat(pid: int) -> ProcStat | None:
     try:
         with open(f"{PROC}/{pid}/task/{pid}/stat") as f:
-            return _parse_stat(f.read()).cpu_ticks
+            return _parse_stat(f.read())
     except (OSError, ValueError, IndexError):
         return None
 

@@ -96,7 +96,7 @@ class RayCluster:
     def _init(self) -> None:
         """``ray.init``. Ray Client (``ray://``) starts a server process on the head for each connection, and on
         a loaded head that start fails now and then ("Initialization failure from server"), or the server,
-        which accepted the connection (``answers``), has not answered Ray's ping within Ray's 30 s ("ray client
+        which accepted the connection (``answers``), has not answered within Ray's 30 s ("ray client
         connection timeout", CI-23): tried again."""
         for attempt in range(1, CLIENT_ATTEMPTS + 1):
             try:

@@ -8,6 +8,9 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from conftest import unavailable
 from mtpdiag.capture import procfs
 from mtpdiag.fix.verify.launch import Job
 
@@ -49,3 +52,54 @@ def test_workers_are_the_ranked_children_in_rank_order_not_a_copy_of_the_agent()
         assert copy[0] not in workers
     finally:
         job.kill()
+
+
+# Two ranked workers that would compute for ever; once started, they are moved into a CPU group whose quota is
+# 1 ms a second, so they are runnable all the time and get next to no CPU: a starved job, not a hung one.
+STARVED_AGENT = """
+import os, subprocess, sys, time
+for rank in (0, 1):
+    subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                     env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"})
+time.sleep(120)
+"""
+
+
+def test_a_starved_job_whose_workers_wait_for_a_cpu_is_not_taken_for_stuck():
+    """CI-26: four ranks still importing got no CPU for 3 s on a loaded machine; ``wait_until_stuck`` said they
+    were hung, and the test read them mid-import. A runnable main thread is never quiet."""
+    root = "/sys/fs/cgroup/cpu"
+    group = f"{root}/mtpdiag-starved-{os.getpid()}"
+    try:
+        os.mkdir(group)
+    except OSError as exc:
+        unavailable(f"no CPU group can be made here ({exc}): the starved job needs a cgroup v1 cpu quota")
+    agent = None
+    try:
+        with open(f"{group}/cpu.cfs_period_us", "w") as f:
+            f.write("1000000")
+        with open(f"{group}/cpu.cfs_quota_us", "w") as f:
+            f.write("1000")
+        agent = subprocess.Popen(
+            [sys.executable, "-c", STARVED_AGENT], env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"}
+        )
+        job = Job(proc=agent, nproc=2)
+        workers = job.wait_for_workers(timeout=60)
+        for pid in workers:
+            with open(f"{group}/cgroup.procs", "w") as f:
+                f.write(str(pid))
+        states = {procfs.read_stat(p).state for p in workers}
+        assert states == {"R"}, states  # runnable, whether or not a CPU is theirs
+        with pytest.raises(TimeoutError):
+            job.wait_until_stuck(quiet_s=1.0, timeout=6.0)
+    finally:
+        with open(f"{group}/cpu.cfs_quota_us", "w") as f:
+            f.write("-1")  # a throttled process needs CPU to die
+        if agent is not None:
+            Job(proc=agent, nproc=2).kill()
+        for _ in range(50):
+            try:
+                os.rmdir(group)
+                break
+            except OSError:
+                time.sleep(0.1)

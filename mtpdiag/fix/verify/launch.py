@@ -67,7 +67,10 @@ class Job:
         raise TimeoutError(f"only {len(self.workers())} of {self.nproc} workers appeared in {timeout}s")
 
     def wait_until_stuck(self, quiet_s: float = 3.0, timeout: float = 90.0) -> list[int]:
-        """Wait until every worker's main thread has used no CPU for ``quiet_s`` seconds."""
+        """Wait until every worker's main thread has used no CPU, and was never runnable, for ``quiet_s`` seconds.
+
+        A runnable thread that waits for a CPU uses none either: on a loaded machine (CI-26) four ranks still
+        importing got no CPU for 3 s and were taken for hung. A rank blocked in a collective sleeps."""
         pids = self.wait_for_workers(timeout)
         deadline = time.monotonic() + timeout
         last: dict[int, int | None] = {}
@@ -78,7 +81,7 @@ class Job:
                     f"the job finished (exit {self.proc.returncode}) instead of hanging{self._log_tail()}"
                 )
             cpu = main_thread_cpu(pids)
-            if cpu_moved(last, cpu, TICK_NS):
+            if any(procfs.main_thread_runnable(p) for p in pids) or cpu_moved(last, cpu, TICK_NS):
                 last, since = cpu, time.monotonic()
             elif time.monotonic() - since >= quiet_s:
                 return pids
