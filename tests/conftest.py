@@ -52,7 +52,7 @@ TIMING_GROUPS = {
 # time: timing-watch 755 s under stress, timing-run 500, test_reproducers_e2e 409, test_lookalikes_e2e 376,
 # test_playbooks 135, test_hang_reproducers_e2e 93, test_release 91, canonical-hang 76, test_verify_e2e 51; CI-28:
 # test_capture_under_load_e2e about 150 of timing-run's, which ended the tier 150 s after the CPU went idle, now a
-# group of its own, its busy loops at nice 10). xdist
+# group of its own). xdist
 # hands each worker the next group in the order the items come (``--no-loadscope-reorder``; its default order is
 # by the number of tests, which started timing-run fifth, after 300 s, and left it alone at the tier's end): the
 # longest first, so that no long group starts last. The groups not named here follow, in collection order.

@@ -1,16 +1,11 @@
 """Capture on a loaded node: py-spy that waits for a CPU is slow, not stuck, and every rank is still read.
 
 The job is the healthy NCCL-behaviour loop of ``test_gpu_hang_e2e`` (3 s device steps, the host waiting at one line
-for each; cp 2 on two ranks), with three busy loops beside it on CPU 0. The capture runs in a thread of this process
-that is pinned to CPU 0 under ``SCHED_IDLE``, so py-spy, which inherits both, waits seconds for each of the ~20 ms of
-CPU a dump needs: measured, 20 s of run-queue wait for 18 ms on a CPU. That is how ``watch`` failed on a healthy job
-in a loaded CI run: "could not capture any of 4 target(s) (... py-spy timed out after 10s)". Here the timeout is 1 s,
-so a capture that counted wall time would time out on every rank.
-
-The busy loops run at nice 10. ``SCHED_IDLE`` is starved by them as by two loops at nice 0 beside nice 19 (20 ms of
-CPU took 12-14 s on a loaded machine with two of them, against 11 s; 1.9-2.1 s with three on an idle one), while
-they take a sixth of the share that two loops at nice 0 took from the tests beside them (a third of CPU 0 for the
-module's minutes in CI).
+for each; cp 2 on two ranks), with two busy loops beside it on CPU 0. The capture runs in a thread of this process
+that is pinned to CPU 0 at nice 19, so py-spy, which inherits both, waits seconds for each of the ~20 ms of CPU a
+dump needs: measured, 20 s of run-queue wait for 18 ms on a CPU. That is how ``watch`` failed on a healthy job in a
+loaded CI run: "could not capture any of 4 target(s) (... py-spy timed out after 10s)". Here the timeout is 1 s, so
+a capture that counted wall time would time out on every rank.
 
 The job's host syncs wait in a futex, not spinning: the busy loops make the starvation, and four spinning ranks
 beside them would only starve the rest of the machine (they made this module the slowest of CI, 25 minutes at
@@ -64,12 +59,10 @@ def healthy_job(tmp_path_factory) -> Iterator[Job]:
 
 @pytest.fixture
 def busy_cpu() -> Iterator[None]:
-    """Three busy loops on CPU 0 at nice 10, as ``stress --cpu 3`` would run beside the job; killed after the test."""
+    """Two busy loops on CPU 0, as ``stress --cpu 2`` would run beside the job; killed after the test."""
     loops = [
-        subprocess.Popen(
-            ["taskset", "-c", str(STARVED_CPU), "nice", "-n", "10", sys.executable, "-c", "while True: pass"]
-        )
-        for _ in range(3)
+        subprocess.Popen(["taskset", "-c", str(STARVED_CPU), sys.executable, "-c", "while True: pass"])
+        for _ in range(2)
     ]
     try:
         yield
@@ -80,14 +73,14 @@ def busy_cpu() -> Iterator[None]:
 
 
 def starved(work: Callable[[], T]) -> T:
-    """``work()`` on a thread pinned to CPU 0 under ``SCHED_IDLE``; what it starts (py-spy) inherits both."""
+    """``work()`` on a thread pinned to CPU 0 at nice 19; what it starts (py-spy) inherits both."""
     result: list[T] = []
     failure: list[BaseException] = []
 
     def run() -> None:
         try:
             os.sched_setaffinity(0, {STARVED_CPU})  # this thread only (Linux: per thread)
-            os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
             result.append(work())
         except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
             failure.append(exc)
@@ -97,7 +90,7 @@ def starved(work: Callable[[], T]) -> T:
     thread.start()
     thread.join(timeout=1800)  # a starved watch scales its window to its captures: 900 s was overrun at load 40
     assert not thread.is_alive(), "the starved capture never returned"
-    print(f"\nstarved (CPU {STARVED_CPU}, SCHED_IDLE, three busy loops): {time.monotonic() - started:.1f} s")
+    print(f"\nstarved (CPU {STARVED_CPU}, nice 19, two busy loops): {time.monotonic() - started:.1f} s")
     if failure:
         raise failure[0]
     return result[0]
