@@ -1,15 +1,16 @@
 """Capture on a loaded node: py-spy that waits for a CPU is slow, not stuck, and every rank is still read.
 
 The job is the healthy NCCL-behaviour loop of ``test_gpu_hang_e2e`` (3 s device steps, the host waiting at one line
-for each; cp 2 on two ranks), with two busy loops beside it on CPU 0. The capture runs in a thread of this process
-that is pinned to CPU 0 at nice 19, so py-spy, which inherits both, waits seconds for each of the ~20 ms of CPU a
-dump needs: measured, 20 s of run-queue wait for 18 ms on a CPU. That is how ``watch`` failed on a healthy job in a
-loaded CI run: "could not capture any of 4 target(s) (... py-spy timed out after 10s)". Here the timeout is 1 s, so
-a capture that counted wall time would time out on every rank.
+for each; cp 2 on two ranks). The capture runs in a thread of this process that is put into a CPU group with a
+quota of 1% of a CPU (``support/cpu_quota.py``), so py-spy, which inherits it, stays runnable and waits seconds for
+each of the ~20 ms of CPU a dump needs, as on a loaded node (measured there: 20 s of run-queue wait for 18 ms on a
+CPU). That is how ``watch`` failed on a healthy job in a loaded CI run: "could not capture any of 4 target(s) (...
+py-spy timed out after 10s)". Here the timeout is 1 s, so a capture that counted wall time would time out on every
+rank. (Two busy loops beside a py-spy at nice 19 made the same starvation, and burned a core of CI for the
+module's minutes.)
 
-The job's host syncs wait in a futex, not spinning: the busy loops make the starvation, and four spinning ranks
-beside them would only starve the rest of the machine (they made this module the slowest of CI, 25 minutes at
-load 40, and every other test slower with it).
+The job's host syncs wait in a futex, not spinning: four spinning ranks would only starve the rest of the machine
+(they made this module the slowest of CI, 25 minutes at load 40, and every other test slower with it).
 
 No timing is asserted: the wall time of each capture is printed.
 """
@@ -18,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +28,7 @@ import pytest
 
 from mtpdiag.capture import capture
 from mtpdiag.fix.verify.launch import Job, start_torchrun
+from support.cpu_quota import cpu_quota
 from support.jobs_e2e import ROOT, run_cli_here, wait_for_log
 
 pytestmark = pytest.mark.e2e
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.e2e
 NCCL_WORKER = os.path.join(ROOT, "examples", "nccl_behaviour", "worker.py")
 HEALTHY = ["--healthy", "--cp", "2", "--pp", "1", "--device-step-s", "3", "--sync", "futex"]
 RANKS = [0, 1]  # two: each starved capture reads every rank, and each rank of the job costs start-up CPU
-STARVED_CPU = 0
+STARVED_QUOTA_US, STARVED_PERIOD_US = 1_000, 100_000  # 1% of a CPU, for the capture and its py-spy
 T = TypeVar("T")
 
 
@@ -57,47 +57,33 @@ def healthy_job(tmp_path_factory) -> Iterator[Job]:
         yield job
 
 
-@pytest.fixture
-def busy_cpu() -> Iterator[None]:
-    """Two busy loops on CPU 0, as ``stress --cpu 2`` would run beside the job; killed after the test."""
-    loops = [
-        subprocess.Popen(["taskset", "-c", str(STARVED_CPU), sys.executable, "-c", "while True: pass"])
-        for _ in range(2)
-    ]
-    try:
-        yield
-    finally:
-        for loop in loops:
-            loop.kill()
-            loop.wait(timeout=30)
-
-
 def starved(work: Callable[[], T]) -> T:
-    """``work()`` on a thread pinned to CPU 0 at nice 19; what it starts (py-spy) inherits both."""
+    """``work()`` on a thread in a CPU group with ``STARVED_QUOTA_US`` every ``STARVED_PERIOD_US``; what it starts
+    (py-spy) inherits the group."""
     result: list[T] = []
     failure: list[BaseException] = []
 
-    def run() -> None:
-        try:
-            os.sched_setaffinity(0, {STARVED_CPU})  # this thread only (Linux: per thread)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            result.append(work())
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
-            failure.append(exc)
+    with cpu_quota(STARVED_QUOTA_US, STARVED_PERIOD_US, "a py-spy that waits for a CPU") as group:
 
-    started = time.monotonic()
-    thread = threading.Thread(target=run, name="starved-capture")
-    thread.start()
-    thread.join(timeout=1800)  # a starved watch scales its window to its captures: 900 s was overrun at load 40
-    assert not thread.is_alive(), "the starved capture never returned"
-    print(f"\nstarved (CPU {STARVED_CPU}, nice 19, two busy loops): {time.monotonic() - started:.1f} s")
-    if failure:
-        raise failure[0]
-    return result[0]
+        def run() -> None:
+            try:
+                group.add_thread(threading.get_native_id())
+                result.append(work())
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
+                failure.append(exc)
+
+        started = time.monotonic()
+        thread = threading.Thread(target=run, name="starved-capture")
+        thread.start()
+        thread.join(timeout=1800)  # a starved watch scales its window to its captures: 900 s was overrun at load 40
+        assert not thread.is_alive(), "the starved capture never returned"
+        print(f"\nstarved ({STARVED_QUOTA_US / STARVED_PERIOD_US:.0%} of a CPU): {time.monotonic() - started:.1f} s")
+        if failure:
+            raise failure[0]
+        return result[0]
 
 
 @pytest.mark.parametrize("nonblocking", [False, True], ids=["paused", "nonblocking"])
-@pytest.mark.usefixtures("busy_cpu")
 def test_capture_reads_every_rank_while_py_spy_waits_for_a_cpu(healthy_job, nonblocking):
     snapshot = starved(lambda: capture([healthy_job.pid], nonblocking=nonblocking, timeout=1.0))
     assert [c.rank for c in snapshot.captures] == RANKS
@@ -107,7 +93,6 @@ def test_capture_reads_every_rank_while_py_spy_waits_for_a_cpu(healthy_job, nonb
         assert c.nonblocking == nonblocking and c.error is None, (c.rank, c.error)
 
 
-@pytest.mark.usefixtures("busy_cpu")
 def test_inspect_reads_every_rank_while_py_spy_waits_for_a_cpu(healthy_job):
     result = starved(lambda: run_cli_here("inspect", "--pid", str(healthy_job.pid), "--timeout", "1", "--json"))
     assert result.returncode != 3, result.stderr[-2000:]
@@ -116,7 +101,6 @@ def test_inspect_reads_every_rank_while_py_spy_waits_for_a_cpu(healthy_job):
     assert all(r["stack"] is not None and r["state"] != "unreadable" for r in report["ranks"]), report["ranks"]
 
 
-@pytest.mark.usefixtures("busy_cpu")
 def test_watch_makes_no_false_call_while_py_spy_waits_for_a_cpu(healthy_job):
     """The failure of the loaded CI run, made certain: watch, a healthy job, a starved py-spy.
 
