@@ -1,4 +1,4 @@
-"""Where ``--ray`` finds a cluster's GCS: a head that listens on the loopback only is reached there.
+"""Where ``--ray`` finds a cluster's GCS (a head that listens on the loopback only is reached there) and its nodes.
 
 Ray replaces a loopback address (``127.0.0.1``, ``localhost``, ``::1``) with this host's address before it
 connects, so that the address it hands on reaches the node from other machines. A head started on the loopback
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 ONE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch: "0" keeps Ray on the loopback
@@ -26,6 +28,35 @@ def answers(host_port: str, timeout: float = 10.0) -> None:
             pass
     except (OSError, ValueError) as exc:
         raise ConnectionError(f"nothing answers at {host_port} ({getattr(exc, 'strerror', None) or exc})") from None
+
+
+def refusing(addresses: Iterable[tuple[str, int]], timeout: float = 2.0) -> set[tuple[str, int]]:
+    """The ``(host, port)`` pairs whose host refuses a TCP connection: nothing listens there (a raylet that died on
+    a machine that is still up). Asked at once; a timeout or any other error says nothing and is not counted."""
+
+    def refused(address: tuple[str, int]) -> bool:
+        try:
+            with socket.create_connection(address, timeout=timeout):
+                return False
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+
+    asked = sorted(set(addresses))
+    if not asked:
+        return set()
+    with ThreadPoolExecutor(max_workers=min(32, len(asked))) as pool:
+        return {a for a, no in zip(asked, pool.map(refused, asked), strict=True) if no}
+
+
+def client_server(address: str) -> str:
+    """``HOST:PORT`` of a ``ray://HOST[:PORT][/…]`` address's Ray Client server (Ray's default port: 10001)."""
+    where = address.removeprefix("ray://").split("/", 1)[0]
+    _, colon, port = where.rpartition(":")
+    if colon and port.isdigit():  # "[::1]" has none: its last ":" is inside the brackets
+        return where
+    return f"{where}:10001"
 
 
 def host_address() -> str:

@@ -25,7 +25,7 @@ from typing import Any
 import mtpdiag
 from mtpdiag.capture import own_lineage
 from mtpdiag.capture.cluster_progress import ClusterProgress
-from mtpdiag.capture.ray_address import answers, keep_loopback
+from mtpdiag.capture.ray_address import answers, client_server, keep_loopback, refusing
 from mtpdiag.capture.ray_jobs import drivers_by_ip, job_drivers, merged_entrypoint_hints
 from mtpdiag.capture.ray_node import capture_node, identify
 from mtpdiag.errors import InputError
@@ -53,6 +53,7 @@ class Node:
     label: str  # the host name its captures carry: the hostname, made unique with the node id where it is not
     alive: bool = True
     death: str = ""
+    raylet_port: int = 0  # the node manager's port (0: not listed)
 
     def describe(self) -> str:
         short = self.id[:8]
@@ -145,6 +146,7 @@ class RayCluster:
                 label=printable(name if alive.count(name) <= 1 else f"{name}/{str(n['NodeID'])[:8]}"),
                 alive=bool(n.get("Alive")),
                 death=printable(str(n.get("DeathReasonMessage") or "")),
+                raylet_port=int(n.get("NodeManagerPort") or 0),
             )
             for name, n in zip(names, listed, strict=True)
         ]
@@ -209,8 +211,19 @@ class RayCluster:
         node id (each the task's raw dict, as Ray returned it), and a line per node that failed."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        # A dead raylet is listed alive until the GCS's health checks fail (~30 s), while a task sent there keeps this
+        # driver's Ray threads retrying at full CPU. Not through Ray Client: its clients need not reach the nodes.
+        client = self.address.startswith("ray://")
+        down = set() if client else refusing((n.ip, n.raylet_port) for n in nodes if n.raylet_port)
+        failures = {
+            n.id: f"node {n.describe()}: its raylet refuses connections at {n.ip}:{n.raylet_port} (the node died; Ray "
+            "marks it dead once its health checks fail)"
+            for n in nodes
+            if (n.ip, n.raylet_port) in down
+        }
+        asked = [n for n in nodes if n.id not in failures]
         refs = []
-        for node in nodes:
+        for node in asked:
             exclude = self._driver if node.id == self._driver_node else []
             here = (drivers or {}).get(node.ip, [])  # the job drivers Ray's job table places at its address
             strategy = NodeAffinitySchedulingStrategy(node_id=node.id, soft=False)
@@ -228,8 +241,8 @@ class RayCluster:
                     f"cannot submit the capture tasks to the Ray cluster at {self.address}: {why_failed(exc, self.ray)}"
                 ) from None
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=self.timeout) if refs else ([], [])
-        replies, failed = {}, []
-        for node, ref in zip(nodes, refs, strict=True):
+        replies: dict[str, dict[str, Any]] = {}
+        for node, ref in zip(asked, refs, strict=True):
             why, reply = None, None
             if ref not in ready:
                 self.ray.cancel(ref, force=True)  # still queued, or stuck: end its worker
@@ -252,8 +265,8 @@ class RayCluster:
             if why is None and isinstance(reply, Mapping):
                 replies[node.id] = dict(reply)
             else:
-                failed.append(f"node {node.describe()}: {why}")
-        return replies, failed
+                failures[node.id] = f"node {node.describe()}: {why}"
+        return replies, [failures[n.id] for n in nodes if n.id in failures]  # in the nodes' order
 
 
 def import_ray() -> Any:
@@ -277,15 +290,6 @@ def gcs_address(address: str) -> str:
         if address != "auto":
             raise
         raise ConnectionError("no Ray cluster runs here and RAY_ADDRESS is not set (give --ray HOST:PORT)") from None
-
-
-def client_server(address: str) -> str:
-    """``HOST:PORT`` of a ``ray://HOST[:PORT][/…]`` address's Ray Client server (Ray's default port: 10001)."""
-    where = address.removeprefix("ray://").split("/", 1)[0]
-    _, colon, port = where.rpartition(":")
-    if colon and port.isdigit():  # "[::1]" has none: its last ":" is inside the brackets
-        return where
-    return f"{where}:10001"
 
 
 def why_failed(exc: BaseException, ray: Any) -> str:

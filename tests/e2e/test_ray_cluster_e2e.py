@@ -271,7 +271,7 @@ def _check_node_missing(report: dict, stderr: str, cluster: Cluster, node: str) 
     assert found == [gone] or (not found and listed), (report["findings"], report["notes"])
     said = [ln for ln in stderr.splitlines() if node[:8] in ln]
     assert said and any(reason in ln for ln in said for reason in NODE_GONE), stderr
-    assert any(node[:8] in note for note in report["notes"]), report["notes"]
+    assert any(node[:8] in note for note in report["notes"]), (node, report["notes"], stderr)
 
 
 # ------------------------------------------------------------------------------------------ the cluster works
@@ -482,7 +482,12 @@ def test_a_node_whose_raylet_is_frozen_shows_its_ranks_as_not_captured(cluster):
 
 
 def test_a_killed_node_shows_its_ranks_as_not_captured(cluster):
+    """The GCS lists the node alive for ~30 s after its raylet died; mtpdiag finds the raylet's port refused and
+    says so at once, rather than sending it a task that Ray's threads retry at full CPU (a core for 15 s, seen)."""
     assert end_sessions({cluster.node_sessions[cluster.lost]}, {cluster.raylets[cluster.lost]}) == []
     done = _cli(cluster, "inspect", "--ray", cluster.address, "--ray-timeout", "30", "--json")
     assert done.returncode == 1 and done.stdout, done.stderr[-3000:]
-    _check_node_missing(json.loads(done.stdout), done.stderr, cluster, cluster.lost)
+    report = json.loads(done.stdout)
+    _check_node_missing(report, done.stderr, cluster, cluster.lost)
+    listed_dead = any("the cluster lists dead node" in note for note in report["notes"])  # the GCS was quicker
+    assert listed_dead or "its raylet refuses connections at 127.0.0." in done.stderr, done.stderr[-3000:]

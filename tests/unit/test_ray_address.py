@@ -55,10 +55,20 @@ def test_nothing_listening_other_hosts_and_the_users_own_setting_are_left_alone(
 
 
 def test_a_ray_client_address_names_its_server_with_rays_default_port():
-    from mtpdiag.capture.ray_cluster import client_server
+    from mtpdiag.capture.ray_address import client_server
 
     assert client_server("ray://127.0.0.1:46713") == "127.0.0.1:46713"
     assert client_server("ray://head") == "head:10001"
     assert client_server("ray://head:10002/namespace") == "head:10002"
     assert client_server("ray://[::1]:5") == "[::1]:5"
     assert client_server("ray://[::1]") == "[::1]:10001"
+
+
+@pytest.mark.parametrize("listener", ["127.0.0.1"], indirect=True)
+def test_only_a_port_that_refuses_connections_is_counted_as_a_dead_raylet(listener):
+    with socket.socket() as sock:  # a port nothing listens at any more: a raylet that died
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    asked = [("127.0.0.1", listener), ("127.0.0.1", closed), ("127.0.0.1", listener)]
+    assert ray_address.refusing(asked, timeout=5.0) == {("127.0.0.1", closed)}
+    assert ray_address.refusing([]) == set()
