@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from conftest import unavailable
 from mtpdiag.capture import procfs
 from mtpdiag.fix.verify.launch import Job
+from support.cpu_quota import cpu_quota
 
 # An "agent" with a node RANK, as in a Kubeflow pod: it starts two workers with their own RANK (rank 1
 # first, so pid order is not rank order) and forks one child that never execs, which therefore keeps
@@ -68,38 +68,19 @@ time.sleep(120)
 def test_a_starved_job_whose_workers_wait_for_a_cpu_is_not_taken_for_stuck():
     """CI-26: four ranks still importing got no CPU for 3 s on a loaded machine; ``wait_until_stuck`` said they
     were hung, and the test read them mid-import. A runnable main thread is never quiet."""
-    root = "/sys/fs/cgroup/cpu"
-    group = f"{root}/mtpdiag-starved-{os.getpid()}"
-    try:
-        os.mkdir(group)
-    except OSError as exc:
-        unavailable(f"no CPU group can be made here ({exc}): the starved job needs a cgroup v1 cpu quota")
-    agent = None
-    try:
-        with open(f"{group}/cpu.cfs_period_us", "w") as f:
-            f.write("1000000")
-        with open(f"{group}/cpu.cfs_quota_us", "w") as f:
-            f.write("1000")
+    with cpu_quota(1_000, 1_000_000, "the starved job") as group:  # 1 ms of CPU a second
         agent = subprocess.Popen(
             [sys.executable, "-c", STARVED_AGENT], env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"}
         )
         job = Job(proc=agent, nproc=2)
-        workers = job.wait_for_workers(timeout=60)
-        for pid in workers:
-            with open(f"{group}/cgroup.procs", "w") as f:
-                f.write(str(pid))
-        states = {procfs.read_stat(p).state for p in workers}
-        assert states == {"R"}, states  # runnable, whether or not a CPU is theirs
-        with pytest.raises(TimeoutError):
-            job.wait_until_stuck(quiet_s=1.0, timeout=6.0)
-    finally:
-        with open(f"{group}/cpu.cfs_quota_us", "w") as f:
-            f.write("-1")  # a throttled process needs CPU to die
-        if agent is not None:
-            Job(proc=agent, nproc=2).kill()
-        for _ in range(50):
-            try:
-                os.rmdir(group)
-                break
-            except OSError:
-                time.sleep(0.1)
+        try:
+            workers = job.wait_for_workers(timeout=60)
+            for pid in workers:
+                group.add_process(pid)
+            states = {procfs.read_stat(p).state for p in workers}
+            assert states == {"R"}, states  # runnable, whether or not a CPU is theirs
+            with pytest.raises(TimeoutError):
+                job.wait_until_stuck(quiet_s=1.0, timeout=6.0)
+        finally:
+            group.lift()  # a throttled process needs CPU to die
+            job.kill()

@@ -18,6 +18,8 @@ CPU_CONTROLLER = "/sys/fs/cgroup/cpu"
 
 @dataclass(frozen=True)
 class QuotaGroup:
+    """A CPU group the caller puts tasks in (its directory under the ``cpu`` controller)."""
+
     path: str
 
     def add_process(self, pid: int) -> None:
@@ -28,6 +30,10 @@ class QuotaGroup:
         """One thread (``threading.get_native_id()``), and the processes it starts from now on."""
         self._write("tasks", tid)
 
+    def lift(self) -> None:
+        """No quota any more: a throttled process needs CPU to die."""
+        self._write("cpu.cfs_quota_us", -1)
+
     def _write(self, name: str, value: int) -> None:
         with open(os.path.join(self.path, name), "w") as f:
             f.write(str(value))
@@ -36,8 +42,8 @@ class QuotaGroup:
 @contextmanager
 def cpu_quota(quota_us: int, period_us: int, why: str) -> Iterator[QuotaGroup]:
     """A group whose tasks share ``quota_us`` of CPU every ``period_us``; ``why`` says what needs it, for the
-    message when none can be made. On exit the quota is lifted (a throttled process needs CPU to die) and the group
-    removed once its tasks have ended."""
+    message when none can be made. On exit the quota is lifted and the group removed once its tasks have ended
+    (end them after ``lift``)."""
     path = os.path.join(CPU_CONTROLLER, f"mtpdiag-quota-{os.getpid()}-{time.monotonic_ns()}")
     try:
         os.mkdir(path)
@@ -49,7 +55,7 @@ def cpu_quota(quota_us: int, period_us: int, why: str) -> Iterator[QuotaGroup]:
         group._write("cpu.cfs_quota_us", quota_us)
         yield group
     finally:
-        group._write("cpu.cfs_quota_us", -1)
+        group.lift()
         for _ in range(100):
             try:
                 os.rmdir(path)

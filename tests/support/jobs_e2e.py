@@ -256,10 +256,16 @@ def run_watching_ports(
     return subprocess.CompletedProcess(cmd, proc.returncode, result.get("out", ""), result.get("err", "")), seen
 
 
-# The environment of the Ray clusters the tests start: no usage report, and the dashboard's modules given five
+# The environment of the Ray clusters the tests start: no usage report; the dashboard's modules given five
 # minutes to start instead of Ray's 30 s (a loaded 2-core machine was seen to miss it: "Module MetricsHead
-# failed to start. Timeout after 30.0 seconds", and then no job server).
-RAY_TEST_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "300"}
+# failed to start. Timeout after 30.0 seconds", and then no job server); and no idle workers started ahead of the
+# first driver's tasks (Ray starts one per CPU, ~1 CPU-s each, and most were never used: the actors' runtime_env
+# needs workers of their own). Workers still start for every task and stay idle after it, as on a user's cluster.
+RAY_TEST_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "300",
+    "RAY_prestart_worker_first_driver": "0",
+}
 
 # What Ray's job server answers while its agent on the head is still starting (``ray start`` returns before it
 # is up): the words mtpdiag's own capture job tries again on.
