@@ -12,11 +12,18 @@
  *   host_wait_futex  sleep in the kernel until woken (cudaDeviceScheduleBlockingSync)
  *
  * The object argument is not touched: ctypes passes it so that its errcheck hook can return it.
+ *
+ * MTPDIAG_SPIN_NICE=N: a thread's first host_wait_spin that has to wait lowers the thread to nice N, once its
+ * rank has started; it still spins, runnable, and burns every cycle nothing else wants. For a shared test
+ * machine, where spinning ranks at normal priority starve everything beside them (on a user's node each rank
+ * has a core of its own); starting the whole job at nice N instead slows its start-up too.
  */
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -46,9 +53,19 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+static _Thread_local int spin_niced;
+
+static void nice_spinner(void) {
+    if (spin_niced) return;
+    spin_niced = 1;
+    const char *nice = getenv("MTPDIAG_SPIN_NICE");
+    if (nice != NULL && *nice != '\0') setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), atoi(nice));
+}
+
 void host_wait_spin(void *unused) {
     (void)unused;
     uint32_t target = atomic_load(&issued);
+    if (!reached(atomic_load(&completed), target)) nice_spinner();
     while (!reached(atomic_load(&completed), target)) cpu_relax();
 }
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from mtpdiag.fix.verify.launch import start_torchrun
-from support.jobs_e2e import SPINNING_JOB_PREFIX, run_cli
+from support.jobs_e2e import SPINNING_JOB_ENV, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -71,8 +71,9 @@ def _start(tmp: Path, sync: str, layout: list[str], timeout_s: int = 600, gate: 
         "0.3",
         "--no-abort",
     ]
-    prefix = SPINNING_JOB_PREFIX if sync == "spin" else ()
-    return start_torchrun(WORKER, args, 4, env=env, log_path=str(tmp / "job.log"), prefix=prefix), dumps
+    if sync == "spin":
+        env |= SPINNING_JOB_ENV
+    return start_torchrun(WORKER, args, 4, env=env, log_path=str(tmp / "job.log")), dumps
 
 
 def _wait_at_host_syncs(ranks: dict[int, int], expected: dict[int, str], timeout: float = 240.0) -> None:

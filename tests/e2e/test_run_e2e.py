@@ -35,7 +35,7 @@ import pytest
 
 from mtpdiag.capture import procfs
 from mtpdiag.fix.verify.launch import kill_pids
-from support.jobs_e2e import ROOT, SPINNING_JOB_PREFIX
+from support.jobs_e2e import ROOT, SPINNING_JOB_ENV
 
 pytestmark = pytest.mark.e2e
 
@@ -52,12 +52,12 @@ FR_VARS = (
 
 
 def _run(
-    out: Path, *options: str, job: list[str], prefix: tuple[str, ...] = (), timeout: float = 300
+    out: Path, *options: str, job: list[str], env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
     """``mtpdiag run OPTIONS -- torchrun … job`` as a user runs it; the job's stdout goes to out/../run.job.log,
     and stderr (run's and the job's) to run.stderr: files, since a job left running (--on-hang exit) keeps them
     open."""
-    proc = _start(out, *options, job=job, prefix=prefix)
+    proc = _start(out, *options, job=job, env=env)
     try:
         proc.wait(timeout=timeout)
     finally:
@@ -68,11 +68,11 @@ def _run(
     return subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr.read_text(errors="replace"))
 
 
-def _start(out: Path, *options: str, job: list[str], prefix: tuple[str, ...] = ()) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **{k: "" for k in FR_VARS}}
+def _start(out: Path, *options: str, job: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **{k: "" for k in FR_VARS}, **(env or {})}
     with open(out.parent / f"{out.name}.job.log", "w") as log, open(out.parent / f"{out.name}.stderr", "w") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "mtpdiag", "run", "--out", str(out), *options, "--", *prefix, *TORCHRUN, *job],
+            [sys.executable, "-m", "mtpdiag", "run", "--out", str(out), *options, "--", *TORCHRUN, *job],
             stdout=log,
             stderr=err,
             env=env,
@@ -132,8 +132,8 @@ def _assert_names_the_bug(out: Path) -> dict:
 def test_on_hang_exit_names_the_bug_from_the_flight_recorder_and_leaves_the_job(tmp_path, sync):
     out = tmp_path / "run"
     try:
-        prefix = SPINNING_JOB_PREFIX if sync == "spin" else ()
-        result = _run(out, "--on-hang", "exit", job=[*BUGGY, "--sync", sync], prefix=prefix)
+        env = SPINNING_JOB_ENV if sync == "spin" else {}
+        result = _run(out, "--on-hang", "exit", job=[*BUGGY, "--sync", sync], env=env)
         assert result.returncode == 1, result.stderr[-3000:]
         assert "Traceback" not in result.stderr
         _assert_names_the_bug(out)
