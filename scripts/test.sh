@@ -5,7 +5,7 @@
 #                                  (-x), and beside it the Ray tests (marked ray), in a PID namespace of their own
 #                                  where one can be made (scripts/pid1.py), so that their `inspect --all` sees only
 #                                  their Ray job; then the rest of the e2e tier on MTPDIAG_TEST_WORKERS (default
-#                                  3) pytest-xdist workers, grouped as tests/conftest.py says (--dist loadgroup),
+#                                  4) pytest-xdist workers, grouped as tests/conftest.py says (--dist loadgroup),
 #                                  beside the Ray tests still running where CPU groups can be made (below), else
 #                                  after them. Each lists its slowest tests. With MTPDIAG_CHECKS=DIR (.ci/run), the
 #                                  static checks run beside the unit tier and write DIR/log and DIR/status; their
@@ -23,7 +23,7 @@ python -m compileall -q -j 0 mtpdiag examples tests benchmarks >/dev/null
 if [ "$#" -gt 0 ]; then
   exec python -m pytest -q -p no:cacheprovider "$@"
 fi
-workers="${MTPDIAG_TEST_WORKERS:-3}"
+workers="${MTPDIAG_TEST_WORKERS:-4}"  # 3 left both cores idle ~10% of the tier (CI-34: 131 core-s), every worker in a test that waits
 started=$SECONDS
 ray_log=$(mktemp "${TMPDIR:-/tmp}/mtpdiag-ray-tests.XXXXXX")
 ray_tests_cmd=(python -m pytest -q -p no:cacheprovider -m "e2e and ray" --durations=10 tests/e2e)
