@@ -13,10 +13,10 @@
  *
  * The object argument is not touched: ctypes passes it so that its errcheck hook can return it.
  *
- * MTPDIAG_SPIN_NICE=N: a thread's first host_wait_spin that has to wait lowers the thread to nice N, once its
- * rank has started; it still spins, runnable, and burns every cycle nothing else wants. For a shared test
- * machine, where spinning ranks at normal priority starve everything beside them (on a user's node each rank
- * has a core of its own); starting the whole job at nice N instead slows its start-up too.
+ * MTPDIAG_SPIN_NICE=N: a host_wait_spin that has spun for a second lowers its thread to nice N, for good: a hung
+ * rank still spins, runnable, and burns every cycle nothing else wants, while a healthy step's short waits, and
+ * the rank's start-up, keep its own priority. For a shared test machine, where spinning ranks at normal priority
+ * starve everything beside them (on a user's node each rank has a core of its own).
  */
 #include <limits.h>
 #include <linux/futex.h>
@@ -53,20 +53,38 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static _Thread_local int spin_niced;
+static _Thread_local int spin_nice = -1;  /* the nice to take after a second of spinning; -1: not read yet */
 
-static void nice_spinner(void) {
-    if (spin_niced) return;
-    spin_niced = 1;
-    const char *nice = getenv("MTPDIAG_SPIN_NICE");
-    if (nice != NULL && *nice != '\0') setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), atoi(nice));
+static int spin_nice_wanted(void) {
+    if (spin_nice == -1) {
+        const char *nice = getenv("MTPDIAG_SPIN_NICE");
+        spin_nice = (nice != NULL && *nice != '\0') ? atoi(nice) : 0;
+    }
+    return spin_nice;
+}
+
+static double seconds_since(const struct timespec *start) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - start->tv_sec) + (double)(now.tv_nsec - start->tv_nsec) / 1e9;
 }
 
 void host_wait_spin(void *unused) {
     (void)unused;
     uint32_t target = atomic_load(&issued);
-    if (!reached(atomic_load(&completed), target)) nice_spinner();
-    while (!reached(atomic_load(&completed), target)) cpu_relax();
+    if (spin_nice_wanted() <= 0) {
+        while (!reached(atomic_load(&completed), target)) cpu_relax();
+        return;
+    }
+    struct timespec start;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (uint32_t spins = 1; !reached(atomic_load(&completed), target); spins++) {
+        cpu_relax();
+        if ((spins & 0xFFFF) == 0 && spin_nice > 0 && seconds_since(&start) >= 1.0) {
+            setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), spin_nice);
+            spin_nice = -2;  /* done: this thread stays at it */
+        }
+    }
 }
 
 void host_wait_poll(void *unused) {
