@@ -23,13 +23,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MTP_WORKER = os.path.join(ROOT, "examples", "mtp_cp_deadlock", "worker.py")
 GATED_WORKER = os.path.join(ROOT, "examples", "gated_collectives", "worker.py")
 # A job whose host syncs spin (examples/nccl_behaviour --sync spin) runs with this environment: a thread that has
-# spun for a second lowers itself to nice 19 (hostsync.c): a hung rank, not its start-up or its healthy steps. On a user's node each
-# spinning rank has a core of its own and the node has cores to spare for mtpdiag; on a 2-core CI machine four
-# spinners at normal priority took a third of both cores from every test beside them for minutes (CI-22: their
-# fixture's set-up 133 s against the futex job's 33 s; a 4-rank gloo job beside them 141 s against 8.5 s idle). At
-# nice 19 they still spin, are still runnable (state R) at the same line, and still take every cycle nothing else
-# wants. The whole job at nice 19 (`nice -n 19 torchrun`, until CI-34) slowed its start-up and its steps to the
-# hang too: the spinning run and gpu-hang tests took 68-112 s of a loaded run. A tool starved of CPU is tested in test_capture_under_load_e2e.
+# spun for a second lowers itself to nice 19 (hostsync.c): a hung rank, not its start-up or its healthy steps. On
+# a user's node each spinning rank has a core of its own and the node has cores to spare for mtpdiag; on a 2-core
+# CI machine four spinners at normal priority took a third of both cores from every test beside them for minutes
+# (CI-22: their fixture's set-up 133 s against the futex job's 33 s; a 4-rank gloo job beside them 141 s against
+# 8.5 s idle). At nice 19 they still spin, are still runnable (state R) at the same line, and still take every
+# cycle nothing else wants. The whole job at nice 19 (`nice -n 19 torchrun`, until CI-34) slowed its start-up and
+# its steps to the hang too: the spinning run and gpu-hang tests took 68-112 s of a loaded run. A tool starved of
+# CPU is tested in test_capture_under_load_e2e.
 SPINNING_JOB_ENV = {"MTPDIAG_SPIN_NICE": "19"}
 
 
