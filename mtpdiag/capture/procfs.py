@@ -85,6 +85,16 @@ def main_thread_cpu_ns(pid: int) -> int | None:
         return None if ticks is None else ticks * (1_000_000_000 // os.sysconf("SC_CLK_TCK"))
 
 
+def main_thread_run_delay_ns(pid: int) -> int | None:
+    """The time the main thread has spent runnable, waiting for a CPU (schedstat's run delay, in ns, throttled time
+    included). The kernel adds a wait when the thread next gets a CPU: a thread waiting now shows none of it yet."""
+    try:
+        with open(f"{PROC}/{pid}/task/{pid}/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def threads_cpu(pid: int) -> dict[int, tuple[str, int]]:
     """Each thread of ``pid``: its state and CPU time in ns (schedstat); empty when the process is gone."""
     try:

@@ -164,21 +164,23 @@ def wait(running: Running, timeout: float) -> tuple[bytes, bytes]:
 
 
 class _OwnClock:
-    """The time a process has had since it started: its CPU time, plus the time it was seen sleeping or blocked
-    (on its target, on the kernel), but not the time it was seen runnable without running: waiting for a CPU. A
-    py-spy blocked on its target (pausing it) waits for a CPU too when the target cannot run to stop: while one
-    of the target's threads is runnable and got less than half the interval's CPU, only the CPU that thread got
-    counts (a loaded CI run: 1 s of "own" time in 28 s of a starved rank's pause).
+    """The time a process has had since it started: its CPU time, plus the time it slept or was blocked (on its
+    target, on the kernel), but not the time it was runnable without running: waiting for a CPU. A py-spy blocked
+    on its target (pausing it) waits for a CPU too when the target cannot run to stop: while one of the target's
+    threads is runnable and got less than half the interval's CPU, only the CPU that thread got counts (a loaded
+    CI run: 1 s of "own" time in 28 s of a starved rank's pause).
 
-    Read from /proc at each ``tick``. schedstat's run delay would say the waiting directly, but the kernel adds
-    to it only when the process gets a CPU again: a py-spy still waiting shows none of its wait. Where /proc
-    cannot be read, every second counts, as a plain timeout would.
+    Read from /proc at each ``tick`` (``own_s_of``). On a loaded node the ticks come late, since mtpdiag waits for
+    a CPU too: the state read at a tick says nothing of the seconds before it (CI-31, CI-38: a py-spy seen once
+    blocked on I/O after 8 s of waiting for a CPU counted all 8 s, and "timed out after 1s (9s in all, waiting for
+    a CPU)"). Where /proc cannot be read, every second counts, as a plain timeout would.
     """
 
     def __init__(self, pid: int, target: int | None = None) -> None:
         self.pid, self.target = pid, target
         self.started = self._last = time.monotonic()
         self._cpu_ns = procfs.main_thread_cpu_ns(pid)
+        self._waited_ns = procfs.main_thread_run_delay_ns(pid)
         self._target_threads = procfs.threads_cpu(target) if target is not None else {}
         self.own_s = 0.0
 
@@ -190,12 +192,28 @@ class _OwnClock:
         now = time.monotonic()
         interval, self._last = now - self._last, now
         stat, cpu_ns = procfs.read_stat(self.pid), procfs.main_thread_cpu_ns(self.pid)
+        waited_ns = procfs.main_thread_run_delay_ns(self.pid)
         threads = procfs.threads_cpu(self.target) if self.target is not None else {}
-        if stat is not None and stat.state == ProcessState.RUNNING and cpu_ns is not None and self._cpu_ns is not None:
-            self.own_s += min(interval, (cpu_ns - self._cpu_ns) / 1e9)  # runnable: only the CPU it got
-        else:
-            self.own_s += min(interval, starved_target_s(self._target_threads, threads, interval))
-        self._cpu_ns, self._target_threads = cpu_ns, threads
+        cpu_s = None if cpu_ns is None or self._cpu_ns is None else (cpu_ns - self._cpu_ns) / 1e9
+        waited_s = None if waited_ns is None or self._waited_ns is None else (waited_ns - self._waited_ns) / 1e9
+        self.own_s += own_s_of(
+            interval,
+            runnable=stat is not None and stat.state == ProcessState.RUNNING,
+            cpu_s=cpu_s,
+            waited_s=waited_s,
+            target_s=starved_target_s(self._target_threads, threads, interval),
+        )
+        self._cpu_ns, self._waited_ns, self._target_threads = cpu_ns, waited_ns, threads
+
+
+def own_s_of(interval: float, *, runnable: bool, cpu_s: float | None, waited_s: float | None, target_s: float) -> float:
+    """How much of ``interval`` a process had as its own. Runnable now: only the CPU it got (its current wait is not
+    in its run delay yet). Asleep or blocked now: the interval less the waits for a CPU the kernel has added since
+    (it has run after each of them, so all are there), and no more than ``target_s`` (``starved_target_s``).
+    Unknown (/proc unreadable): all of it, up to ``target_s``."""
+    if runnable and cpu_s is not None:
+        return min(interval, cpu_s)
+    return max(0.0, min(interval - (waited_s or 0.0), target_s))
 
 
 def starved_target_s(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]], interval: float) -> float:

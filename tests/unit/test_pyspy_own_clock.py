@@ -8,8 +8,10 @@ import os
 import threading
 import time
 
+import pytest
+
 from mtpdiag.capture import procfs
-from mtpdiag.capture.pyspy import starved_target_s
+from mtpdiag.capture.pyspy import own_s_of, starved_target_s
 
 MS = 1_000_000  # ns
 
@@ -48,3 +50,19 @@ def test_threads_cpu_reads_every_thread_of_a_live_process():
         stop.set()
         worker.join()
     assert procfs.threads_cpu(999_999_999) == {}
+
+
+def test_a_py_spy_seen_blocked_after_a_long_wait_for_a_cpu_counts_only_what_it_did_not_wait():
+    """CI-38: mtpdiag's own tick came 3 s late on a loaded node; py-spy had waited 2.9 s of them for a CPU and was
+    blocked (on I/O) at the tick. Only 0.1 s is its own; counting the state read at the tick took all 3 s."""
+    assert own_s_of(3.0, runnable=False, cpu_s=0.01, waited_s=2.9, target_s=3.0) == pytest.approx(0.1)
+    assert own_s_of(3.0, runnable=True, cpu_s=0.01, waited_s=0.0, target_s=3.0) == 0.01  # waiting now: its CPU
+    assert own_s_of(0.25, runnable=False, cpu_s=0.0, waited_s=0.0, target_s=0.25) == 0.25  # asleep on its target
+    assert own_s_of(0.25, runnable=False, cpu_s=0.0, waited_s=0.0, target_s=0.01) == 0.01  # the target starved
+    assert own_s_of(0.25, runnable=False, cpu_s=None, waited_s=None, target_s=0.25) == 0.25  # /proc unreadable
+    assert own_s_of(0.25, runnable=False, cpu_s=0.0, waited_s=0.3, target_s=0.25) == 0.0  # never below nothing
+
+
+def test_run_delay_reads_the_main_threads_wait_for_a_cpu():
+    assert (procfs.main_thread_run_delay_ns(os.getpid()) or 0) >= 0
+    assert procfs.main_thread_run_delay_ns(999_999_999) is None
