@@ -27,6 +27,8 @@ from mtpdiag.model import RankCapture, Snapshot, replace
 from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.model.group_marks import GroupCompleted, Marks, advance, every_rank_read_at
 
+TORN_DUMP_WAIT_S = 2.0  # how long a dump that cannot be read yet is read again (one being written)
+
 
 class FoundDumps(msgspec.Struct, frozen=True):
     """What was found: the dumps (None when there are none), and one line per thing worth saying."""
@@ -64,10 +66,16 @@ def find_dumps(captures: tuple[RankCapture, ...], *, request: bool = False, wait
         return FoundDumps(None, tuple(notes))
     from mtpdiag.inputs.flight_recorder import load_fr_dumps  # only when there are dumps to read
 
-    try:
-        dumps = load_fr_dumps([files[r] for r in sorted(files)])
-    except InputError as exc:
-        return FoundDumps(None, (*notes, f"Flight Recorder dumps found but not read: {exc}"))
+    # torch writes a dump in place, in pieces: one read mid-write is cut short (EOFError). Read again for a while.
+    deadline = time.monotonic() + max(TORN_DUMP_WAIT_S, wait_s if request else 0.0)
+    while True:
+        try:
+            dumps = load_fr_dumps([files[r] for r in sorted(files)])
+            break
+        except InputError as exc:
+            if time.monotonic() >= deadline:
+                return FoundDumps(None, (*notes, f"Flight Recorder dumps found but not read: {exc}"))
+            time.sleep(0.2)
     where = _common_prefix(list(files.values()))
     return FoundDumps(replace(dumps, source=where), tuple(notes))
 

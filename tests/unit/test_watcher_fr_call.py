@@ -11,7 +11,6 @@ holds ``<prefix>0.pipe`` open for reading, and answers a request with a real dum
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 
@@ -56,8 +55,15 @@ def rank0(tmp_path):
     os.close(fd)
 
 
-def _write_dump(path, age_s: float) -> None:
-    shutil.copyfile(DUMP, path)
+def _write_dump(path, age_s: float, pause_s: float = 0.0) -> None:
+    """The dump written in place, as torch writes it; with ``pause_s``, its first half that long before the rest
+    (a large dump, or a writer that waits for a CPU): a read meanwhile is cut short (CI-40)."""
+    data = DUMP.read_bytes()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+        time.sleep(pause_s)
+        f.write(data[len(data) // 2 :])
     stamp = time.time() - age_s
     os.utime(path, (stamp, stamp))
 
@@ -71,7 +77,7 @@ def _answer_requests(fd: int, path, seen: list[float], stop: threading.Event) ->
             asked = 0
         if asked:
             seen.append(time.time())
-            _write_dump(path, 0.0)
+            _write_dump(path, 0.0, pause_s=0.6)
         time.sleep(0.2)
 
 
