@@ -43,7 +43,7 @@ from support.jobs_e2e import (
     ROOT,
     check_ray_verl_hang,
     end_sessions,
-    free_port,
+    free_ports,
     run_cli,
     run_watching_ports,
     wait_until_quiet,
@@ -153,7 +153,7 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray-cluster")
     # Ray's unix socket paths live under its temp dir and must stay under 108 bytes: pytest's is too long.
     ray_tmp = tempfile.mkdtemp(prefix="mtpd-rc-", dir="/tmp")
-    port, dashboard = free_port(), free_port()
+    port, dashboard = free_ports(2)
     # Both nodes' Ray workers import this checkout's mtpdiag (the capture task runs there).
     env = {
         **os.environ,

@@ -31,7 +31,7 @@ from support.jobs_e2e import (
     ROOT,
     check_ray_verl_hang,
     end_sessions,
-    free_port,
+    free_ports,
     run_cli,
     session_members,
     wait_until_quiet,
@@ -85,7 +85,7 @@ def job(tmp_path_factory):
     ray_tmp = tempfile.mkdtemp(prefix="mtpd-rayjt-", dir="/tmp")  # Ray's socket paths must stay short
     env = {**os.environ, **RAY_TEST_ENV, "OMP_NUM_THREADS": "1"}
     py = sys.executable
-    port, client = free_port(), free_port()
+    port, client = free_ports(2)
     head_log, driver_log = tmp / "head.log", tmp / "driver.log"
     with open(head_log, "w") as out:
         head = subprocess.Popen(

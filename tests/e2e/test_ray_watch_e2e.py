@@ -28,7 +28,15 @@ from pathlib import Path
 import pytest
 
 from conftest import unavailable
-from support.jobs_e2e import RAY_TEST_ENV, ROOT, end_sessions, free_port, run_cli, run_watching_ports, submit_ray_job
+from support.jobs_e2e import (
+    RAY_TEST_ENV,
+    ROOT,
+    end_sessions,
+    free_ports,
+    run_cli,
+    run_watching_ports,
+    submit_ray_job,
+)
 from support.late_relay import LateRelay
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
@@ -49,7 +57,7 @@ def cluster(tmp_path_factory):
         unavailable("ray[default] not installed (requirements-ci.txt pins it; bash scripts/test.sh installs it)")
     tmp = tmp_path_factory.mktemp("ray-watch")
     ray_tmp = tempfile.mkdtemp(prefix="mtpd-rw-", dir="/tmp")  # Ray's socket paths must stay short
-    port, dashboard, client = free_port(), free_port(), free_port()
+    port, dashboard, client = free_ports(3)
     env = {
         **os.environ,
         **RAY_TEST_ENV,

@@ -29,7 +29,7 @@ import pytest
 
 from conftest import unavailable
 from mtpdiag.capture import procfs
-from support.jobs_e2e import RAY_TEST_ENV, ROOT, end_sessions, free_port, submit_ray_job
+from support.jobs_e2e import RAY_TEST_ENV, ROOT, end_sessions, free_ports, submit_ray_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
@@ -59,7 +59,7 @@ def cluster(tmp_path_factory):
         # without the job server, so that only the test that needs it fails, with why.
         jobs, why = None, ""
         for attempt in range(4):
-            port, dashboard = free_port(), free_port()
+            port, dashboard = free_ports(2)
             head = _start_head(port, dashboard, ray_tmp, tmp / f"head-{attempt}.log", job_server=attempt < 3)
             sessions.add(head.pid)
             if head.wait(timeout=600) == 0:

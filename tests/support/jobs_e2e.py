@@ -165,9 +165,22 @@ def end_sessions(sessions: set[int], also: set[int] = frozenset()) -> list[int]:
 
 def free_port() -> int:
     """A free TCP port on the loopback (for a Ray head, a rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on the loopback: each stays bound until all are chosen, since the kernel
+    may hand a port it just freed out again (CI-42: a Ray head's dashboard and client server got the same one, and
+    `ray start` refused it)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            socks.append(socket.socket())
+            socks[-1].bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def wait_until_quiet(pids: list[int], quiet_s: float = 2.5, timeout: float = 120.0) -> None:
