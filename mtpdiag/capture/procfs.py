@@ -77,22 +77,21 @@ def _main_thread_stat(pid: int) -> ProcStat | None:
 
 def main_thread_cpu_ns(pid: int) -> int | None:
     """The main thread's CPU time in ns (schedstat), else its ticks from stat: 10 ms ticks miss short steps."""
+    return main_thread_schedstat(pid)[0]
+
+
+def main_thread_schedstat(pid: int) -> tuple[int | None, int | None]:
+    """(CPU time, run delay) of the main thread in ns, from one read of its schedstat. The run delay is the time
+    it spent runnable, waiting for a CPU (throttled time included); the kernel adds a wait when the thread next
+    gets a CPU, so a thread waiting now shows none of it yet. Without schedstat: the CPU from stat's ticks, and
+    no run delay."""
     try:
         with open(f"{PROC}/{pid}/task/{pid}/schedstat") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
+            cpu_ns, run_delay_ns = f.read().split()[:2]
+        return int(cpu_ns), int(run_delay_ns)
+    except (OSError, ValueError):
         ticks = main_thread_ticks(pid)
-        return None if ticks is None else ticks * (1_000_000_000 // os.sysconf("SC_CLK_TCK"))
-
-
-def main_thread_run_delay_ns(pid: int) -> int | None:
-    """The time the main thread has spent runnable, waiting for a CPU (schedstat's run delay, in ns, throttled time
-    included). The kernel adds a wait when the thread next gets a CPU: a thread waiting now shows none of it yet."""
-    try:
-        with open(f"{PROC}/{pid}/task/{pid}/schedstat") as f:
-            return int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+        return (None if ticks is None else ticks * (1_000_000_000 // os.sysconf("SC_CLK_TCK"))), None
 
 
 def threads_cpu(pid: int) -> dict[int, tuple[str, int]]:

@@ -179,8 +179,7 @@ class _OwnClock:
     def __init__(self, pid: int, target: int | None = None) -> None:
         self.pid, self.target = pid, target
         self.started = self._last = time.monotonic()
-        self._cpu_ns = procfs.main_thread_cpu_ns(pid)
-        self._waited_ns = procfs.main_thread_run_delay_ns(pid)
+        self._cpu_ns, self._waited_ns = procfs.main_thread_schedstat(pid)
         self._target_threads = procfs.threads_cpu(target) if target is not None else {}
         self.own_s = 0.0
 
@@ -191,8 +190,7 @@ class _OwnClock:
     def tick(self) -> None:
         now = time.monotonic()
         interval, self._last = now - self._last, now
-        stat, cpu_ns = procfs.read_stat(self.pid), procfs.main_thread_cpu_ns(self.pid)
-        waited_ns = procfs.main_thread_run_delay_ns(self.pid)
+        stat, (cpu_ns, waited_ns) = procfs.read_stat(self.pid), procfs.main_thread_schedstat(self.pid)
         threads = procfs.threads_cpu(self.target) if self.target is not None else {}
         cpu_s = None if cpu_ns is None or self._cpu_ns is None else (cpu_ns - self._cpu_ns) / 1e9
         waited_s = None if waited_ns is None or self._waited_ns is None else (waited_ns - self._waited_ns) / 1e9

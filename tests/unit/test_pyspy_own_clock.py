@@ -63,6 +63,7 @@ def test_a_py_spy_seen_blocked_after_a_long_wait_for_a_cpu_counts_only_what_it_d
     assert own_s_of(0.25, runnable=False, cpu_s=0.0, waited_s=0.3, target_s=0.25) == 0.0  # never below nothing
 
 
-def test_run_delay_reads_the_main_threads_wait_for_a_cpu():
-    assert (procfs.main_thread_run_delay_ns(os.getpid()) or 0) >= 0
-    assert procfs.main_thread_run_delay_ns(999_999_999) is None
+def test_schedstat_reads_the_main_threads_cpu_and_its_wait_for_a_cpu_in_one_read():
+    cpu_ns, run_delay_ns = procfs.main_thread_schedstat(os.getpid())
+    assert cpu_ns is not None and cpu_ns > 0 and run_delay_ns is not None and run_delay_ns >= 0
+    assert procfs.main_thread_schedstat(999_999_999) == (None, None)
