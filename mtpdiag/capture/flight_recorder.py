@@ -27,7 +27,7 @@ from mtpdiag.model import RankCapture, Snapshot, replace
 from mtpdiag.model.flight_recorder import FRDump
 from mtpdiag.model.group_marks import GroupCompleted, Marks, advance, every_rank_read_at
 
-TORN_DUMP_WAIT_S = 2.0  # how long a dump that cannot be read yet is read again (one being written)
+TORN_DUMP_WAIT_S = 2.0  # a dump that cannot be read, changed this recently, may be mid-write: read it again
 
 
 class FoundDumps(msgspec.Struct, frozen=True):
@@ -66,14 +66,16 @@ def find_dumps(captures: tuple[RankCapture, ...], *, request: bool = False, wait
         return FoundDumps(None, tuple(notes))
     from mtpdiag.inputs.flight_recorder import load_fr_dumps  # only when there are dumps to read
 
-    # torch writes a dump in place, in pieces: one read mid-write is cut short (EOFError). Read again for a while.
+    # torch writes a dump in place, in pieces: one read mid-write is cut short (EOFError). Read again while a file
+    # is still changing; one that stopped changing is as it will stay (a corrupt dump is said at once).
+    paths = [files[r] for r in sorted(files)]
     deadline = time.monotonic() + max(TORN_DUMP_WAIT_S, wait_s if request else 0.0)
     while True:
         try:
-            dumps = load_fr_dumps([files[r] for r in sorted(files)])
+            dumps = load_fr_dumps(paths)
             break
         except InputError as exc:
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or not _changed_within(paths, TORN_DUMP_WAIT_S):
                 return FoundDumps(None, (*notes, f"Flight Recorder dumps found but not read: {exc}"))
             time.sleep(0.2)
     where = _common_prefix(list(files.values()))
@@ -93,6 +95,18 @@ def stale_ranks(captures: tuple[RankCapture, ...], since: float) -> list[int]:
     """The ranks with a debug-info pipe whose dump is missing or older than ``since`` (time.time()): at a hang's
     call, a dump from before the last progress shows the job as it was, not as it hangs; ask again."""
     return [c.rank for c in _targets(captures) if pipe_prefix(c.env) is not None and _dump_of(c, since) is None]
+
+
+def _changed_within(paths: list[str], seconds: float) -> bool:
+    """Whether any of ``paths`` was written in the last ``seconds`` (it may be mid-write)."""
+    now = time.time()
+    for path in paths:
+        try:
+            if now - os.stat(path).st_mtime < seconds:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 class _Target(NamedTuple):

@@ -16,8 +16,9 @@ import time
 
 import pytest
 
+from mtpdiag.capture import flight_recorder, procfs
 from mtpdiag.inputs.bundle import load_bundle
-from mtpdiag.model import Env, replace
+from mtpdiag.model import Env, RankCapture, replace
 from mtpdiag.pipeline import LayoutOptions
 from mtpdiag.pipeline.watcher import Watcher
 from support.captures import CAPTURES
@@ -124,3 +125,24 @@ def test_a_job_without_a_pipe_is_not_asked(rank0):
     watcher.call_hang(time.monotonic(), fr_wait_s=30.0)
     assert not watcher.fr_requested
     assert watcher.last.flight_recorder is not None
+
+
+def test_a_dump_cut_short_that_stopped_changing_is_said_at_once_not_read_again(tmp_path, monkeypatch):
+    """A dump is read again only while it may be mid-write (changed in the last TORN_DUMP_WAIT_S): a file cut short
+    long ago stays so, and is one note at once, not TORN_DUMP_WAIT_S later."""
+    path = tmp_path / "rank_0"
+    data = DUMP.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    started = procfs.start_time(os.getpid())
+    assert started is not None
+    stamp = started + 0.01  # of this run (not older than the process), and no longer changing
+    time.sleep(max(0.0, stamp + flight_recorder.TORN_DUMP_WAIT_S + 0.1 - time.time()))
+    os.utime(path, (stamp, stamp))
+    capture = RankCapture(
+        pid=os.getpid(), rank=0, state="S", env=Env(RANK="0", TORCH_FR_DUMP_TEMP_FILE=str(tmp_path / "rank_"))
+    )
+    waits: list[float] = []
+    monkeypatch.setattr(flight_recorder.time, "sleep", waits.append)
+    found = flight_recorder.find_dumps((capture,))
+    assert found.dumps is None and waits == []
+    assert len(found.notes) == 1 and found.notes[0].startswith("Flight Recorder dumps found but not read"), found.notes
