@@ -126,6 +126,11 @@ def xdist_group(item: pytest.Item) -> str:
     return module
 
 
+# The canonical hang while it runs (at most one): the hook below ends it after the last test of its group.
+_canonical_jobs: list[Any] = []
+_canonical_ended: list[bool] = []
+
+
 @pytest.fixture(scope="session")
 def canonical_hang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The session's one canonical hung job (``support/canonical_hang.py``), for the tests that only read it."""
@@ -133,10 +138,34 @@ def canonical_hang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     folder = tmp_path_factory.mktemp("canonical-hang")
     job = canonical.start(folder)
+    _canonical_jobs.append(job)
     try:
         yield canonical.hung(job, folder)
     finally:
-        job.kill()
+        _end_canonical_hang()
+
+
+def _end_canonical_hang() -> None:
+    while _canonical_jobs:
+        _canonical_jobs.pop().kill()
+        _canonical_ended.append(True)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _canonical_ended and _in_canonical_group(item):
+        pytest.fail("the canonical hang ended after the last test of its group: its tests must run together")
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The canonical hang ends with the last test of its group, not with the session: the group's tests run
+    together (one xdist group, sorted together), and a hung world left running costs its worker's session about
+    7% of a core (each rank's 21 gloo device loops wake 100 times a second) for the rest of the tier."""
+    if _canonical_jobs and _in_canonical_group(item) and (nextitem is None or not _in_canonical_group(nextitem)):
+        _end_canonical_hang()
+
+
+def _in_canonical_group(item: pytest.Item) -> bool:
+    return E2E in Path(item.path).resolve().parents and xdist_group(item) == "canonical-hang"
 
 
 def starts_a_job(args: object) -> str | None:
