@@ -1,11 +1,11 @@
 # Sourced by the scripts: the project's own .venv, created on first use and installed into only when what it
-# was installed from (requirements-ci.txt, pyproject.toml, the install kind) has changed since.
+# was installed from (requirements-ci.txt, pyproject.toml, the install kind, the Python) has changed since.
 #   ensure_venv demo   mtpdiag[verify] (torch, megatron-core), held to requirements-ci.txt's pins
 #   ensure_venv test   everything in requirements-ci.txt (pytest, hypothesis, ray, ruff, mypy, ...) and mtpdiag
 # A test install serves the demo too. Never touches the python3 that is active.
 #
 # The dependencies are installed once per machine and kept in a cache outside the clone, one venv per hash of
-# requirements-ci.txt + pyproject.toml (and kind, and python3 version): $MTPDIAG_VENV_CACHE, default
+# requirements-ci.txt + pyproject.toml and the Python it is made from (and kind): $MTPDIAG_VENV_CACHE, default
 # ~/.cache/mtpdiag/venvs. A clone's .venv is a hard-linked copy of the cached one (a copy where links cannot be
 # made), with mtpdiag then installed into it in editable mode from that clone: a fresh clone on the same machine
 # gets its .venv in seconds; a fresh machine, or changed pins, builds the cached venv first; a cached venv is
@@ -13,8 +13,29 @@
 VENV="${MTPDIAG_VENV:-$PWD/.venv}"
 VENV_CACHE="${MTPDIAG_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mtpdiag/venvs}"
 
-_venv_hash() {
-  cat requirements-ci.txt pyproject.toml | python3 -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())'
+# The Python the venv is made from: $MTPDIAG_PYTHON if set; else the distribution's /usr/bin/python3 where it is
+# python3's minor version and can make a venv; else python3. Distributions build their Python with PGO and LTO,
+# pyenv by default without: on this project's 2-core CI machines (pyenv's 3.11.7 first on PATH, Debian's 3.11.2
+# beside it) Debian's used 14% less CPU to start a rank (import torch and megatron-core) and 27% less in a
+# pure-Python loop, and the test suite is mostly such processes.
+_venv_python() {
+  if [ -n "${MTPDIAG_PYTHON:-}" ]; then
+    echo "$MTPDIAG_PYTHON"
+    return
+  fi
+  local system=/usr/bin/python3 minor='import sys; print("%d.%d" % sys.version_info[:2])'
+  if [ -x "$system" ] && [ "$("$system" -c "$minor" 2>/dev/null)" = "$(python3 -c "$minor")" ] \
+    && "$system" -c 'import ensurepip, venv' 2>/dev/null; then
+    echo "$system"
+    return
+  fi
+  echo python3
+}
+VENV_PYTHON="$(_venv_python)"
+
+_venv_hash() {  # of what the venv is installed from, and with
+  { cat requirements-ci.txt pyproject.toml; "$VENV_PYTHON" -c 'import sys; print(sys.version)'; } \
+    | python3 -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())'
 }
 
 _venv_fresh() {  # $1: a stamp kind that would do
@@ -22,12 +43,15 @@ _venv_fresh() {  # $1: a stamp kind that would do
 }
 
 _venv_create() {  # $1: where
-  if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
-    echo "setup: mtpdiag needs Python >= 3.10 (python3 is $(python3 --version 2>&1))" >&2
+  if ! "$VENV_PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+    echo "setup: mtpdiag needs Python >= 3.10 ($VENV_PYTHON is $("$VENV_PYTHON" --version 2>&1))" >&2
     return 1
   fi
-  echo "setup: creating $1" >&2
-  python3 -m venv "$1" || { echo "setup: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; return 1; }
+  echo "setup: creating $1 with $VENV_PYTHON ($("$VENV_PYTHON" --version 2>&1); MTPDIAG_PYTHON chooses another)" >&2
+  "$VENV_PYTHON" -m venv "$1" || {
+    echo "setup: $VENV_PYTHON -m venv failed (Debian: apt-get install python3-venv)" >&2
+    return 1
+  }
 }
 
 _venv_pip() {  # $1: the venv; the rest: pip install's arguments
@@ -56,7 +80,7 @@ _venv_dependencies() {  # $1: kind; sets the arguments that install its dependen
 # The cached venv of this hash and kind: built (dependencies only) when missing, under a lock.
 _venv_cached() {  # $1: kind; prints the cached venv's path
   local kind="$1" key dir
-  key="$(_venv_hash | cut -c1-20)-$kind-$(python3 -c 'import sys; print("py%d.%d" % sys.version_info[:2])')"
+  key="$(_venv_hash | cut -c1-20)-$kind-$("$VENV_PYTHON" -c 'import sys; print("py%d.%d" % sys.version_info[:2])')"
   dir="$VENV_CACHE/$key"
   mkdir -p "$VENV_CACHE"
   (
