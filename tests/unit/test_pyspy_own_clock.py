@@ -5,12 +5,14 @@ starved rank's pause timed the dump out and fell back to reading it without paus
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
-from mtpdiag.capture import procfs
+from mtpdiag.capture import procfs, pyspy
 from mtpdiag.capture.pyspy import own_s_of, starved_target_s
 
 MS = 1_000_000  # ns
@@ -67,3 +69,30 @@ def test_schedstat_reads_the_main_threads_cpu_and_its_wait_for_a_cpu_in_one_read
     cpu_ns, run_delay_ns = procfs.main_thread_schedstat(os.getpid())
     assert cpu_ns is not None and cpu_ns > 0 and run_delay_ns is not None and run_delay_ns >= 0
     assert procfs.main_thread_schedstat(999_999_999) == (None, None)
+
+
+def test_a_py_spy_that_exited_before_a_late_tick_is_done_not_timed_out(monkeypatch):
+    """A starved mtpdiag ticks late; a tick that finds py-spy exited counted the seconds since it exited as its
+    own, and the next look at the clock timed out a py-spy that had finished. The stand-in for py-spy here exits
+    only when the late tick lets it (its stdin closed), and that tick counts ten timeouts."""
+    out, err = (os.fdopen(os.memfd_create(name), "w+b") for name in ("out", "err"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read(); print('[]')"],
+        stdin=subprocess.PIPE,
+        stdout=out,
+        stderr=err,
+    )
+
+    def late_tick(clock: pyspy._OwnClock) -> None:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+        clock.own_s += 10.0
+
+    monkeypatch.setattr(pyspy._OwnClock, "tick", late_tick)
+    running = pyspy.Running(proc.pid, proc, True, None, out, err)
+    try:
+        assert pyspy.wait(running, timeout=1.0) == (b"[]\n", b"")
+    finally:
+        out.close()
+        err.close()
