@@ -6,8 +6,8 @@ torchfrtrace; the recorded fixtures are checked against the same expectations wi
 sizes (the rank with fewer elements aborts with ``gloo::EnforceNotMet``), while NCCL, and the ``ncclcpu``
 backend, stall, and the Flight Recorder records both sizes at one sequence number.
 
-The five hung jobs are started at once (their start-up and the watchdog's timeout overlap) and killed at
-the end of the module. Nothing here asserts on mtpdiag's diagnosis, and nothing on timing.
+The five hung jobs are started at once (their start-up and the watchdog's timeout overlap), and each is
+killed after its own tests. Nothing here asserts on mtpdiag's diagnosis, and nothing on timing.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import pickle
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -285,12 +284,22 @@ FIXED = [
 ]
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    """The five scenarios as recorded and the fixed control, started together; each hung one is yielded once
-    hung (its job, rank -> pid, its folder), the control as its job and log."""
-    with ExitStack() as stack:
-        started = {}
+class LiveJobs:
+    """The five scenarios as recorded and the fixed control, started together (their start-ups and watchdog
+    timeouts overlap). A scenario is waited for when first read (``ready``: its job, rank -> pid, its folder) and
+    killed once its tests are done (``end``): a hung world left running costs about 7% of a core (each rank's 21
+    gloo device loops wake 100 times a second), and five of them stood for the module's 213 s (CI-44)."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self.running: dict[str, dict] = {}
+        self.ready_ones: set[str] = set()
+        try:
+            self._start(tmp_path_factory)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, tmp_path_factory: pytest.TempPathFactory) -> None:
         for name in GLOO + NCCL:
             scenario = record.SCENARIOS[name]
             folder = tmp_path_factory.mktemp(name)
@@ -307,29 +316,61 @@ def live(tmp_path_factory):
                 env=record.scenario_env(scenario, str(folder)),
                 log_path=str(folder / "job.log"),
             )
-            stack.callback(job.kill)
-            started[name] = (scenario, job, folder)
+            self.running[name] = {"name": name, "job": job, "folder": folder}
         fixed_log = tmp_path_factory.mktemp("fixed") / "job.log"
         fixed = start_torchrun(str(WORKER), FIXED, 4, log_path=str(fixed_log))
-        stack.callback(fixed.kill)
-        hung = {"fixed": {"job": fixed, "log": fixed_log}}
-        for name, (scenario, job, folder) in started.items():
-            ranks = record.worker_ranks(job)
+        self.running["fixed"] = {"job": fixed, "log": fixed_log}
+
+    def ready(self, name: str) -> dict:
+        """The scenario once hung (the NCCL ones once every rank dumped), with ``ranks``: rank -> pid."""
+        live = self.running[name]
+        if name not in self.ready_ones:
+            scenario, job = record.SCENARIOS[name], live["job"]
+            live["ranks"] = record.worker_ranks(job)
             if scenario.flight_recorder:
-                record.wait_for_dumps(record.fr_dir(folder), scenario.nproc, job)
+                record.wait_for_dumps(record.fr_dir(live["folder"]), scenario.nproc, job)
             else:
                 job.wait_until_stuck(quiet_s=3.0, timeout=240.0)
-            hung[name] = {"job": job, "ranks": ranks, "folder": folder}
-        yield hung
+            self.ready_ones.add(name)
+        return live
+
+    def end(self, name: str) -> None:
+        live = self.running.pop(name, None)
+        if live is not None:
+            live["job"].kill()
+
+    def close(self) -> None:
+        for name in list(self.running):
+            self.end(name)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    jobs = LiveJobs(tmp_path_factory)
+    try:
+        yield jobs
+    finally:
+        jobs.close()
+
+
+@pytest.fixture(scope="module")
+def scenario_job(request, live):
+    """One scenario's hung job, for the tests parametrized with it (indirectly: module-scoped, so pytest runs each
+    scenario's tests together); killed after them."""
+    try:
+        yield live.ready(request.param)
+    finally:
+        live.end(request.param)
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("scenario", GLOO)
-def test_gloo_stage_without_the_layers_waits_in_the_barrier_the_other_in_the_pipeline_all_reduce(live, scenario):
-    for rank, pid in live[scenario]["ranks"].items():
+@pytest.mark.parametrize("scenario_job", GLOO, indirect=True)
+def test_gloo_stage_without_the_layers_waits_in_the_barrier_the_other_in_the_pipeline_all_reduce(scenario_job):
+    scenario = scenario_job["name"]
+    for rank, pid in scenario_job["ranks"].items():
         check_gloo_rank(scenario, rank, json.loads(record.py_spy_dump(pid, as_json=True)))
         assert _settled(pid)[1] == "futex", rank  # asleep in a futex, not spinning, once py-spy let go
-    assert live[scenario]["job"].proc.poll() is None
+    assert scenario_job["job"].proc.poll() is None
 
 
 def _settled(pid: int, within_s: float = 20.0) -> tuple[str, str | None]:
@@ -344,24 +385,24 @@ def _settled(pid: int, within_s: float = 20.0) -> tuple[str, str | None]:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("scenario", NCCL)
-def test_nccl_every_host_at_the_next_iterations_host_sync(live, scenario):
-    for rank, pid in live[scenario]["ranks"].items():
+@pytest.mark.parametrize("scenario_job", NCCL, indirect=True)
+def test_nccl_every_host_at_the_next_iterations_host_sync(scenario_job):
+    for rank, pid in scenario_job["ranks"].items():
         native = json.loads(record.py_spy_dump(pid, as_json=True, native=True)) if rank in (0, 2) else None
         check_nccl_rank(rank, json.loads(record.py_spy_dump(pid, as_json=True)), native)
         assert _settled(pid) == ("S", "futex"), rank
         assert procfs.maps_cuda(pid) is False, rank
-    log = (live[scenario]["folder"] / "job.log").read_text(errors="replace")
+    log = (scenario_job["folder"] / "job.log").read_text(errors="replace")
     assert all(f"rank {r} iteration 1: training_log" in log for r in range(4))
     assert "iteration 2: training_log" not in log
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("scenario", NCCL)
-def test_nccl_flight_recorder_and_torchfrtrace(live, scenario):
-    folder = record.fr_dir(live[scenario]["folder"])
-    check_flight_recorder(scenario, {r: _load(folder / f"rank_{r}") for r in range(4)})
-    check_torchfrtrace(scenario, record.run_torchfrtrace(folder))
+@pytest.mark.parametrize("scenario_job", NCCL, indirect=True)
+def test_nccl_flight_recorder_and_torchfrtrace(scenario_job):
+    folder = record.fr_dir(scenario_job["folder"])
+    check_flight_recorder(scenario_job["name"], {r: _load(folder / f"rank_{r}") for r in range(4)})
+    check_torchfrtrace(scenario_job["name"], record.run_torchfrtrace(folder))
 
 
 @pytest.mark.e2e
@@ -378,7 +419,8 @@ def test_gloo_refuses_the_size_mismatch_scenario():
 
 @pytest.mark.e2e
 def test_the_fixed_size_mismatch_job_finishes(live):
-    code = live["fixed"]["job"].wait(240)
-    text = live["fixed"]["log"].read_text(errors="replace")
+    fixed = live.running["fixed"]
+    code = fixed["job"].wait(240)
+    text = fixed["log"].read_text(errors="replace")
     assert code == 0, text[-2000:]
     assert all(f"rank {r} done" in text for r in range(4))
