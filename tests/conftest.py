@@ -148,7 +148,6 @@ def canonical_hang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def _end_canonical_hang() -> None:
     while _canonical_jobs:
         _canonical_jobs.pop().kill()
-        _canonical_ended.append(True)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -162,6 +161,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     7% of a core (each rank's 21 gloo device loops wake 100 times a second) for the rest of the tier."""
     if _canonical_jobs and _in_canonical_group(item) and (nextitem is None or not _in_canonical_group(nextitem)):
         _end_canonical_hang()
+        _canonical_ended.append(True)
 
 
 def _in_canonical_group(item: pytest.Item) -> bool:
