@@ -108,18 +108,27 @@ def test_py_spy_errors_become_one_line(started):
 
 
 @pytest.mark.usefixtures("started")
-def test_every_target_failing_is_nothing_captured():
-    """A ranked Python process whose dump cannot finish in time: NothingCaptured (exit 3), target untouched."""
+def test_every_target_failing_is_nothing_captured(tmp_path, monkeypatch):
+    """A ranked Python process whose dump cannot finish in time: NothingCaptured (exit 3), target untouched.
+
+    The py-spy here stops itself before it starts (SIGSTOP, then it execs the real one): it cannot finish. A real
+    py-spy given 1 ms was not reliably too slow: it may finish before mtpdiag's clock has counted a millisecond
+    of it (CI-50, on a loaded machine), and a py-spy that has exited is done."""
     import os
 
+    stopped_py_spy = tmp_path / "py-spy"
+    stopped_py_spy.write_text(f'#!/bin/sh\nkill -STOP $$\nexec {pyspy.find_pyspy()} "$@"\n')
+    stopped_py_spy.chmod(0o755)
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", WANDB_API_KEY="canary-5e3b")
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100)"], env=env, stdin=subprocess.DEVNULL)
     try:
         _wait_until_python(worker.pid)
-        with pytest.raises(NothingCaptured) as exc:
-            capture([worker.pid], timeout=0.001)  # py-spy cannot even start in a millisecond
+        with monkeypatch.context() as patched:
+            patched.setattr(pyspy, "find_pyspy", lambda: str(stopped_py_spy))
+            with pytest.raises(NothingCaptured) as exc:
+                capture([worker.pid], timeout=0.5)
         assert exc.value.exit_code == 3 and "timed out" in str(exc.value) and "\n" not in str(exc.value)
-        assert procfs.read_stat(worker.pid).state != "T"  # not left stopped by the killed py-spy
+        assert procfs.read_stat(worker.pid).state != "T"  # not left stopped
         (c,) = capture([worker.pid], timeout=30.0).captures
         assert c.rank == 0 and c.world_size == 1 and c.main_thread.frames[-1].function == "<module>"
         assert "canary" not in str(msgspec.to_builtins(c))
