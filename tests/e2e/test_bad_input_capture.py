@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -117,7 +118,7 @@ def test_every_target_failing_is_nothing_captured(tmp_path, monkeypatch):
     import os
 
     stopped_py_spy = tmp_path / "py-spy"
-    stopped_py_spy.write_text(f'#!/bin/sh\nkill -STOP $$\nexec {pyspy.find_pyspy()} "$@"\n')
+    stopped_py_spy.write_text(f'#!/bin/sh\nkill -STOP $$\nexec {shlex.quote(pyspy.find_pyspy())} "$@"\n')
     stopped_py_spy.chmod(0o755)
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", WANDB_API_KEY="canary-5e3b")
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100)"], env=env, stdin=subprocess.DEVNULL)
