@@ -61,10 +61,11 @@ def main_thread_ticks(pid: int) -> int | None:
     return None if stat is None else stat.cpu_ticks
 
 
-def main_thread_runnable(pid: int) -> bool:
-    """Whether the main thread is running or waiting for a CPU (state R): then flat ticks are no sign of a wait."""
+def main_thread_busy(pid: int) -> bool:
+    """Whether the main thread is running or waiting for a CPU (state R), or for the kernel to finish work of its
+    own, a disk read or a page fault among them (D): then flat ticks are no sign of a wait on another process."""
     stat = _main_thread_stat(pid)
-    return stat is not None and stat.state == ProcessState.RUNNING
+    return stat is not None and stat.state in (ProcessState.RUNNING, ProcessState.DISK)
 
 
 def _main_thread_stat(pid: int) -> ProcStat | None:

@@ -84,3 +84,46 @@ def test_a_starved_job_whose_workers_wait_for_a_cpu_is_not_taken_for_stuck():
         finally:
             group.lift()  # a throttled process needs CPU to die
             job.kill()
+
+
+# Two ranked workers whose main thread waits in the kernel (state D) and uses no CPU: each spawns a program with
+# posix_spawn, whose child opens a FIFO before it execs; until a writer opens the FIFO the child blocks, and the
+# parent waits for it in the kernel (vfork). Once released, each worker sleeps (state S): a quiet job.
+IN_THE_KERNEL_AGENT = """
+import os, subprocess, sys, time
+worker = '''
+import os, sys, time
+os.posix_spawn("/bin/true", ["true"], os.environ,
+               file_actions=[(os.POSIX_SPAWN_OPEN, 3, sys.argv[1], os.O_RDONLY, 0)])
+time.sleep(120)
+'''
+for rank in (0, 1):
+    subprocess.Popen([sys.executable, "-c", worker, sys.argv[1 + rank]],
+                     env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"})
+time.sleep(120)
+"""
+
+
+def test_workers_waiting_in_the_kernel_are_not_stuck_until_they_sleep(tmp_path):
+    """A main thread in D (a disk read, a page fault, here a vfork) waits for the kernel, not for a peer: it uses
+    no CPU, as a rank blocked in a collective, yet it is on its way. Once it sleeps (S), the job is quiet."""
+    fifos = [tmp_path / f"fifo{rank}" for rank in (0, 1)]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+    agent = subprocess.Popen([sys.executable, "-c", IN_THE_KERNEL_AGENT, *map(str, fifos)],
+                             env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})  # fmt: skip
+    job = Job(proc=agent, nproc=2)
+    try:
+        workers = job.wait_for_workers(timeout=60)
+        deadline = time.monotonic() + 60
+        while {procfs.read_stat(p).state for p in workers} != {"D"}:  # each has reached its posix_spawn
+            assert time.monotonic() < deadline, [procfs.read_stat(p).state for p in workers]
+            time.sleep(0.05)
+        with pytest.raises(TimeoutError):
+            job.wait_until_stuck(quiet_s=1.0, timeout=4.0)
+        assert {procfs.read_stat(p).state for p in workers} == {"D"}  # still in the kernel all along
+        for fifo in fifos:  # a writer lets each child exec; its parent goes on into time.sleep
+            os.close(os.open(fifo, os.O_WRONLY))
+        assert job.wait_until_stuck(quiet_s=1.0, timeout=60.0) == workers
+    finally:
+        job.kill()

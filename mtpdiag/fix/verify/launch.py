@@ -67,10 +67,13 @@ class Job:
         raise TimeoutError(f"only {len(self.workers())} of {self.nproc} workers appeared in {timeout}s")
 
     def wait_until_stuck(self, quiet_s: float = 3.0, timeout: float = 90.0) -> list[int]:
-        """Wait until every worker's main thread has used no CPU, and was never runnable, for ``quiet_s`` seconds.
+        """Wait until every worker's main thread has used no CPU, and was never runnable or in a disk wait (states
+        R and D), for ``quiet_s`` seconds.
 
         A runnable thread that waits for a CPU uses none either: on a loaded machine (CI-26) four ranks still
-        importing got no CPU for 3 s and were taken for hung. A rank blocked in a collective sleeps."""
+        importing got no CPU for 3 s and were taken for hung. Nor does one in D, which waits for the kernel (a
+        module's pages read from disk, say), not for a peer; a rank was once read with importlib at the top of its
+        stack, and D is one way an importing rank looks quiet. A rank blocked in a collective sleeps (S)."""
         pids = self.wait_for_workers(timeout)
         deadline = time.monotonic() + timeout
         last: dict[int, int | None] = {}
@@ -81,7 +84,7 @@ class Job:
                     f"the job finished (exit {self.proc.returncode}) instead of hanging{self._log_tail()}"
                 )
             cpu = main_thread_cpu(pids)
-            if any(procfs.main_thread_runnable(p) for p in pids) or cpu_moved(last, cpu, TICK_NS):
+            if any(procfs.main_thread_busy(p) for p in pids) or cpu_moved(last, cpu, TICK_NS):
                 last, since = cpu, time.monotonic()
             elif time.monotonic() - since >= quiet_s:
                 return pids
