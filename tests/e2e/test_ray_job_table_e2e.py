@@ -32,8 +32,10 @@ from support.jobs_e2e import (
     check_ray_verl_hang,
     end_sessions,
     free_ports,
+    ray_client_server_log,
     run_cli,
     session_members,
+    wait_for_listener,
     wait_until_quiet,
 )
 
@@ -100,6 +102,7 @@ def job(tmp_path_factory):
     driver = None
     try:
         assert head.wait(timeout=300) == 0, _tail(head_log)
+        wait_for_listener(client, timeout=120, context=ray_client_server_log(ray_tmp))
         with open(driver_log, "w") as out:
             driver = subprocess.Popen(
                 [py, DRIVER, *OVERRIDES, "--gate", "buggy", "--address", f"127.0.0.1:{port}",

@@ -33,9 +33,11 @@ from support.jobs_e2e import (
     ROOT,
     end_sessions,
     free_ports,
+    ray_client_server_log,
     run_cli,
     run_watching_ports,
     submit_ray_job,
+    wait_for_listener,
 )
 from support.late_relay import LateRelay
 
@@ -90,6 +92,7 @@ def cluster(tmp_path_factory):
     sessions = {head.pid}
     try:
         assert head.wait(timeout=180) == 0, (tmp / "head.log").read_text(errors="replace")[-2000:]
+        wait_for_listener(client, timeout=120, context=ray_client_server_log(ray_tmp))
         dumps, pipes = tmp / "fr", tmp / "pipes"
         dumps.mkdir()
         pipes.mkdir()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -168,29 +170,84 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+# Where a test's servers listen: above Ray's worker ports (10002-19999 by default) and below the kernel's ephemeral
+# range (32768-60999 by default), which nothing hands out by itself: a port chosen there stays free until the server
+# binds it, while one the kernel chose can be handed to the next bind to port 0 or the next connection out: gloo's
+# listeners and connections (21 process groups a rank), Ray's own components (random ports above one the kernel gave).
+OWN_PORTS_FROM = 20000
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on the loopback: each stays bound until all are chosen, since the kernel
-    may hand a port it just freed out again (CI-42: a Ray head's dashboard and client server got the same one, and
-    `ray start` refused it)."""
+    """``count`` distinct free TCP ports, chosen at random from ``OWN_PORTS_FROM`` up to the ephemeral range (the
+    kernel's choice where there is no room). Each stays bound until all are chosen (CI-42: a Ray head's dashboard
+    and client server got the same one, and `ray start` refused it)."""
+    low = _ephemeral_ports_from()
+    own = range(OWN_PORTS_FROM, max(low, OWN_PORTS_FROM))
+    candidates = random.sample(own, k=min(64, len(own)))
     socks: list[socket.socket] = []
     try:
-        for _ in range(count):
+        for port in candidates:
+            if len(socks) == count:
+                break
+            sock = socket.socket()
+            try:
+                sock.bind(("", port))
+            except OSError:
+                sock.close()
+                continue
+            socks.append(sock)
+        while len(socks) < count:
             socks.append(socket.socket())
-            socks[-1].bind(("127.0.0.1", 0))
+            socks[-1].bind(("", 0))
         return [sock.getsockname()[1] for sock in socks]
     finally:
         for sock in socks:
             sock.close()
 
 
+def _ephemeral_ports_from() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def wait_for_listener(port: int, timeout: float, context: Callable[[], str]) -> None:
+    """Until something accepts a connection on 127.0.0.1:``port``: `ray start` returns before the servers it started
+    listen. Else fail with ``context()`` (the server's log), which says why it does not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nothing listens on port {port} after {timeout}s ({exc}): {context()}") from None
+        time.sleep(0.5)
+
+
+def ray_client_server_log(ray_tmp: str) -> Callable[[], str]:
+    """What the Ray Client server of the head started with ``--temp-dir=ray_tmp`` wrote (the end of it)."""
+
+    def tail() -> str:
+        logs = Path(ray_tmp) / "session_latest" / "logs"
+        texts = [(p.name, p.read_text(errors="replace").strip()) for p in sorted(logs.glob("ray_client_server*"))]
+        return " | ".join(f"{name}: {' / '.join(text.splitlines()[-6:])}" for name, text in texts if text) or (
+            f"no ray_client_server log in {logs}"
+        )
+
+    return tail
+
+
 def wait_until_quiet(pids: list[int], quiet_s: float = 2.5, timeout: float = 120.0) -> None:
-    """Until no process's main thread has used CPU for ``quiet_s``: a job of Ray actors hangs."""
+    """Until no process's main thread has used CPU, or been runnable or in the kernel (R, D), for ``quiet_s``: a job
+    of Ray actors hangs. As ``Job.wait_until_stuck``: a starved actor still importing uses no CPU either."""
     deadline = time.monotonic() + timeout
     last, since = None, time.monotonic()
     while time.monotonic() < deadline:
         ticks = [procfs.main_thread_ticks(p) for p in pids]
         assert None not in ticks, f"an actor exited: {ticks}"
-        if ticks != last:
+        if ticks != last or any(procfs.main_thread_busy(p) for p in pids):
             last, since = ticks, time.monotonic()
         elif time.monotonic() - since >= quiet_s:
             return
