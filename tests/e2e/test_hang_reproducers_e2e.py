@@ -9,7 +9,6 @@ import importlib.util
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from conftest import unavailable
 from mtpdiag.capture import procfs
 from mtpdiag.capture.discover import find_targets
+from support.settle import settled
 
 _spec = importlib.util.spec_from_file_location(
     "fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py"
@@ -39,25 +39,14 @@ def _names(frames: list[dict]) -> list[str]:
 Threads = dict[str, list[dict]]
 
 
-def _settled(ranks: dict[int, int], problem: Callable[[int, Threads], object], within_s: float = 60.0) -> None:
-    """Read each rank until ``problem(rank, threads)`` finds nothing (None), again while it finds something, for
-    up to ``within_s``: a job that has just gone quiet may still have a rank on its way, starved or in the kernel,
-    on a loaded machine (a run read rank 0 with importlib at the top of its main thread). A rank that never gets
-    where its reproducer says fails with what was wrong at its last read."""
-    deadline = time.monotonic() + within_s
-    wrong: dict[int, object] = {}
+def _each_rank_settles(ranks: dict[int, int], check: Callable[[int, Threads], None]) -> None:
+    """``check(rank, threads)`` of each rank, read again while it fails (``support.settle``)."""
     for rank, pid in ranks.items():
-        while (found := problem(rank, _threads(pid))) is not None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if found is not None:
-            wrong[rank] = found
-    assert not wrong, wrong
+        settled(lambda pid=pid: _threads(pid), lambda threads, rank=rank: check(rank, threads))
 
 
-def _not_in_all_reduce(threads: Threads) -> object:
-    """None when the main thread waits in all_reduce, else its innermost frames."""
-    main = threads["MainThread"]
-    return None if _in_torch_distributed(main) == "all_reduce" else _names(main)[:4]
+def _main_in_all_reduce(rank: int, threads: Threads) -> None:
+    assert _in_torch_distributed(threads["MainThread"]) == "all_reduce", (rank, _names(threads["MainThread"])[:4])
 
 
 def _in_torch_distributed(frames: list[dict]) -> str | None:
@@ -126,14 +115,16 @@ def hung(request):
 def test_side_thread_collective_while_every_main_thread_waits_in_c(hung):
     _, ranks = hung
 
-    def problem(rank: int, threads: Threads) -> object:
-        main, side = threads["MainThread"], threads.get("autograd-engine", [])
-        if _names(main)[:1] != ["backward"] or _in_torch_distributed(main):
-            return "main", _names(main)[:4]
-        want = "reduce_scatter_single" if rank == 0 else "all_gather_single"
-        return None if _in_torch_distributed(side) == want else ("autograd-engine", _names(side)[:4])
+    def check(rank: int, threads: Threads) -> None:
+        main = threads["MainThread"]
+        assert _names(main)[0] == "backward" and not _in_torch_distributed(main), (rank, _names(main)[:4])
+        side = threads.get("autograd-engine", [])
+        assert _in_torch_distributed(side) == ("reduce_scatter_single" if rank == 0 else "all_gather_single"), (
+            rank,
+            _names(side)[:4],
+        )
 
-    _settled(ranks, problem)
+    _each_rank_settles(ranks, check)
 
 
 @pytest.mark.e2e
@@ -141,16 +132,15 @@ def test_side_thread_collective_while_every_main_thread_waits_in_c(hung):
 def test_lock_wait(hung):
     _, ranks = hung
 
-    def problem(rank: int, threads: Threads) -> object:
-        if rank != 1:
-            return _not_in_all_reduce(threads)
+    def check(rank: int, threads: Threads) -> None:
         main = threads["MainThread"]
-        if _names(main)[:1] != ["log_metrics"] or _in_torch_distributed(main):
-            return "main", _names(main)[:4]
-        writer = _names(threads.get("checkpoint-writer", []))
-        return None if "checkpoint_thread" in writer else ("checkpoint-writer", writer[:4])
+        if rank == 1:
+            assert _names(main)[0] == "log_metrics" and not _in_torch_distributed(main), _names(main)[:4]
+            assert "checkpoint_thread" in _names(threads.get("checkpoint-writer", []))
+        else:
+            _main_in_all_reduce(rank, threads)
 
-    _settled(ranks, problem)
+    _each_rank_settles(ranks, check)
 
 
 @pytest.mark.e2e
@@ -159,14 +149,15 @@ def test_data_loader_worker_stalls_one_rank(hung):
     job, ranks = hung
     assert len(ranks) == 4 and len(job.workers()) == 4  # the DataLoader workers are helpers, not ranks
 
-    def problem(rank: int, threads: Threads) -> object:
-        if rank != 2:
-            return _not_in_all_reduce(threads)
+    def check(rank: int, threads: Threads) -> None:
         main = threads["MainThread"]
-        in_loader = any("torch/utils/data/dataloader.py" in f["filename"] for f in main)
-        return None if in_loader and not _in_torch_distributed(main) else _names(main)[:6]
+        if rank == 2:
+            assert not _in_torch_distributed(main), _names(main)[:6]
+            assert any("torch/utils/data/dataloader.py" in f["filename"] for f in main), _names(main)[:6]
+        else:
+            _main_in_all_reduce(rank, threads)
 
-    _settled(ranks, problem)
+    _each_rank_settles(ranks, check)
     helpers = [p for p in procfs.descendants(ranks[2]) if (procfs.read_env(p) or {}).get("RANK") == "2"]
     assert helpers, "rank 2 has no DataLoader worker process"
     # mtpdiag's own discovery expands the agent to the four ranks, not their DataLoader workers
@@ -188,8 +179,7 @@ def test_unreadable_rank_refuses_py_spy(hung):
         record.py_spy_dump(ranks[3], as_json=True)
     status = Path(f"/proc/{ranks[3]}/status").read_text()
     assert int(next(line.split()[1] for line in status.splitlines() if line.startswith("TracerPid:"))) != 0
-    readable = {rank: pid for rank, pid in ranks.items() if rank != 3}
-    _settled(readable, lambda _, threads: _not_in_all_reduce(threads))
+    _each_rank_settles({rank: pid for rank, pid in ranks.items() if rank != 3}, _main_in_all_reduce)
     assert sorted(find_targets([job.pid], scan_all=False)) == sorted(ranks.values())  # the tracer is no rank
 
 
@@ -198,10 +188,11 @@ def test_unreadable_rank_refuses_py_spy(hung):
 def test_comm_init_waits_for_the_rank_that_never_creates_the_group(hung):
     _, ranks = hung
 
-    def problem(rank: int, threads: Threads) -> object:
+    def check(rank: int, threads: Threads) -> None:
         names = _names(threads["MainThread"])
         if rank == 3:
-            return None if "barrier" in names[:3] and "new_group" not in names else names[:6]
-        return None if "new_group" in names else names[:8]
+            assert "barrier" in names[:3] and "new_group" not in names, names[:6]
+        else:
+            assert "new_group" in names, (rank, names[:8])
 
-    _settled(ranks, problem)
+    _each_rank_settles(ranks, check)

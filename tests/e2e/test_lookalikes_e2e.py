@@ -18,13 +18,13 @@ import linecache
 import pickle
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from mtpdiag.capture import procfs
 from mtpdiag.fix.verify.launch import start_torchrun
+from support.settle import settled
 
 _spec = importlib.util.spec_from_file_location(
     "fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py"
@@ -368,29 +368,35 @@ def scenario_job(request, live):
 def test_gloo_stage_without_the_layers_waits_in_the_barrier_the_other_in_the_pipeline_all_reduce(scenario_job):
     scenario = scenario_job["name"]
     for rank, pid in scenario_job["ranks"].items():
-        check_gloo_rank(scenario, rank, json.loads(record.py_spy_dump(pid, as_json=True)))
-        assert _settled(pid)[1] == "futex", rank  # asleep in a futex, not spinning, once py-spy let go
+        settled(
+            lambda pid=pid: json.loads(record.py_spy_dump(pid, as_json=True)),
+            lambda threads, rank=rank: check_gloo_rank(scenario, rank, threads),
+        )
+        _asleep_in_a_futex(rank, pid)
     assert scenario_job["job"].proc.poll() is None
 
 
-def _settled(pid: int, within_s: float = 20.0) -> tuple[str, str | None]:
-    """The main thread's state and syscall once it is back asleep: a rank py-spy has just let go (or that
-    has just written its dump) can be running for a moment on a loaded machine."""
-    deadline = time.monotonic() + within_s
-    while True:
-        seen = (procfs.read_stat(pid).state, procfs.main_thread_syscall(pid))
-        if seen == ("S", "futex") or time.monotonic() > deadline:
-            return seen
-        time.sleep(0.2)
+def _asleep_in_a_futex(rank: int, pid: int) -> None:
+    """The main thread is back asleep in a futex, not spinning: a rank py-spy has just let go (or that has just
+    written its dump) can be running for a moment on a loaded machine."""
+
+    def check(seen: tuple[str, str | None]) -> None:
+        assert seen == ("S", "futex"), (rank, seen)
+
+    settled(lambda: (procfs.read_stat(pid).state, procfs.main_thread_syscall(pid)), check, within_s=20)
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("scenario_job", NCCL, indirect=True)
 def test_nccl_every_host_at_the_next_iterations_host_sync(scenario_job):
     for rank, pid in scenario_job["ranks"].items():
-        native = json.loads(record.py_spy_dump(pid, as_json=True, native=True)) if rank in (0, 2) else None
-        check_nccl_rank(rank, json.loads(record.py_spy_dump(pid, as_json=True)), native)
-        assert _settled(pid) == ("S", "futex"), rank
+
+        def read(pid: int = pid, rank: int = rank) -> tuple[list[dict], list[dict] | None]:
+            native = json.loads(record.py_spy_dump(pid, as_json=True, native=True)) if rank in (0, 2) else None
+            return json.loads(record.py_spy_dump(pid, as_json=True)), native
+
+        settled(read, lambda seen, rank=rank: check_nccl_rank(rank, *seen))
+        _asleep_in_a_futex(rank, pid)
         assert procfs.maps_cuda(pid) is False, rank
     log = (scenario_job["folder"] / "job.log").read_text(errors="replace")
     assert all(f"rank {r} iteration 1: training_log" in log for r in range(4))

@@ -19,6 +19,7 @@ import pytest
 
 from mtpdiag.capture import procfs
 from mtpdiag.fix.verify.launch import start_torchrun
+from support.settle import settled
 
 _spec = importlib.util.spec_from_file_location(
     "fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py"
@@ -243,9 +244,12 @@ def hung(tmp_path_factory):
 @pytest.mark.e2e
 def test_each_main_thread_waits_at_its_host_sync_line_outside_torch_distributed(hung):
     for rank, pid in hung["ranks"].items():
-        main = _main_thread(json.loads(record.py_spy_dump(pid, as_json=True)))
-        assert _source(main["frames"][0]) == SYNC_LINES[rank], rank
-        assert not any("torch/distributed/" in f["filename"] for f in main["frames"]), rank
+
+        def check(main: dict, rank: int = rank) -> None:
+            assert _source(main["frames"][0]) == SYNC_LINES[rank], rank
+            assert not any("torch/distributed/" in f["filename"] for f in main["frames"]), rank
+
+        settled(lambda pid=pid: _main_thread(json.loads(record.py_spy_dump(pid, as_json=True))), check)
 
 
 @pytest.mark.e2e
