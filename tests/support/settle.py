@@ -13,7 +13,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-SETTLE_S = 60.0  # as long as a loaded 2-core CI machine was seen to starve a rank, and then some
+SETTLE_S = 60.0  # a bound, not a wait: a process already where its check expects passes at the first read
 
 
 def settled(read: Callable[[], T], check: Callable[[T], object], within_s: float = SETTLE_S) -> T:
