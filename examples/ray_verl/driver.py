@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 import socket
 import sys
@@ -73,7 +74,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def free_port() -> int:
-    """A free TCP port on the loopback for torch.distributed's rendezvous (verl asks a worker node)."""
+    """A free TCP port on the loopback for torch.distributed's rendezvous (verl asks a worker node). Chosen at
+    random below the kernel's ephemeral range where there is room: rank 0 binds it only once its actor has started
+    (seconds; more on a loaded node), and a port the kernel handed out for port 0 can meanwhile be handed to any
+    other bind to port 0 or connection out (gloo's listeners among them), which nothing does below that range."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_from = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_from = 0
+    below = range(20000, max(ephemeral_from, 20000))  # 20000: above Ray's worker ports (10002-19999 by default)
+    for port in random.sample(below, k=min(32, len(below))):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
