@@ -19,6 +19,7 @@ from typing import Any
 from conftest import unavailable
 from mtpdiag.capture import procfs
 from mtpdiag.capture.ray_job import AGENT_NOT_READY
+from mtpdiag.fix.verify import launch
 from mtpdiag.fix.verify.launch import Job, start_torchrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -240,19 +241,14 @@ def ray_client_server_log(ray_tmp: str) -> Callable[[], str]:
 
 
 def wait_until_quiet(pids: list[int], quiet_s: float = 2.5, timeout: float = 120.0) -> None:
-    """Until no process's main thread has used CPU, or been runnable or in the kernel (R, D), for ``quiet_s``: a job
-    of Ray actors hangs. As ``Job.wait_until_stuck``: a starved actor still importing uses no CPU either."""
-    deadline = time.monotonic() + timeout
-    last, since = None, time.monotonic()
-    while time.monotonic() < deadline:
+    """Until no actor's main thread has used CPU, or been runnable or in the kernel, for ``quiet_s``: a job of Ray
+    actors hangs (``launch.wait_until_quiet``, as ``Job.wait_until_stuck``); an actor that exits fails it."""
+
+    def all_alive() -> None:
         ticks = [procfs.main_thread_ticks(p) for p in pids]
         assert None not in ticks, f"an actor exited: {ticks}"
-        if ticks != last or any(procfs.main_thread_busy(p) for p in pids):
-            last, since = ticks, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"the actors did not go quiet within {timeout}s")
+
+    launch.wait_until_quiet(pids, quiet_s, timeout, still_on=all_alive)
 
 
 # Where each rank of examples/ray_verl's cp=2 pp=2 hang waits (see examples/mtp_cp_deadlock/README.md).

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from mtpdiag.analysis.stall import cpu_moved
@@ -75,21 +75,12 @@ class Job:
         module's pages read from disk, say), not for a peer; a rank was once read with importlib at the top of its
         stack, and D is one way an importing rank looks quiet. A rank blocked in a collective sleeps (S)."""
         pids = self.wait_for_workers(timeout)
-        deadline = time.monotonic() + timeout
-        last: dict[int, int | None] = {}
-        since = time.monotonic()
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"the job finished (exit {self.proc.returncode}) instead of hanging{self._log_tail()}"
-                )
-            cpu = main_thread_cpu(pids)
-            if any(procfs.main_thread_busy(p) for p in pids) or cpu_moved(last, cpu, TICK_NS):
-                last, since = cpu, time.monotonic()
-            elif time.monotonic() - since >= quiet_s:
-                return pids
-            time.sleep(0.25)
-        raise TimeoutError(f"the job did not go quiet within {timeout}s")
+        wait_until_quiet(pids, quiet_s, timeout, still_on=self._still_running)
+        return pids
+
+    def _still_running(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the job finished (exit {self.proc.returncode}) instead of hanging{self._log_tail()}")
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -163,6 +154,26 @@ def start_torchrun(
         if out is not None:
             out.close()
     return Job(proc=proc, nproc=nproc, log_path=log_path)
+
+
+def wait_until_quiet(
+    pids: list[int], quiet_s: float, timeout: float, still_on: Callable[[], None] = lambda: None
+) -> None:
+    """Until no main thread of ``pids`` has used CPU, or been runnable or in the kernel (R, D), for ``quiet_s``
+    (``Job.wait_until_stuck`` says why); ``still_on()`` raises when waiting longer is pointless (the job ended).
+    TimeoutError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: dict[int, int | None] = {}
+    since = time.monotonic()
+    while time.monotonic() < deadline:
+        still_on()
+        cpu = main_thread_cpu(pids)
+        if any(procfs.main_thread_busy(p) for p in pids) or cpu_moved(last, cpu, TICK_NS):
+            last, since = cpu, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.25)
+    raise TimeoutError(f"the job did not go quiet within {timeout}s")
 
 
 def main_thread_cpu(pids: list[int]) -> dict[int, int | None]:
