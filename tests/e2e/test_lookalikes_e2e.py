@@ -292,7 +292,6 @@ class LiveJobs:
 
     def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
         self.running: dict[str, dict] = {}
-        self.ready_ones: set[str] = set()
         try:
             self._start(tmp_path_factory)
         except BaseException:
@@ -324,14 +323,14 @@ class LiveJobs:
     def ready(self, name: str) -> dict:
         """The scenario once hung (the NCCL ones once every rank dumped), with ``ranks``: rank -> pid."""
         live = self.running[name]
-        if name not in self.ready_ones:
+        if "ranks" not in live:  # set once it has been waited for
             scenario, job = record.SCENARIOS[name], live["job"]
-            live["ranks"] = record.worker_ranks(job)
+            ranks = record.worker_ranks(job)
             if scenario.flight_recorder:
                 record.wait_for_dumps(record.fr_dir(live["folder"]), scenario.nproc, job)
             else:
                 job.wait_until_stuck(quiet_s=3.0, timeout=240.0)
-            self.ready_ones.add(name)
+            live["ranks"] = ranks
         return live
 
     def end(self, name: str) -> None:

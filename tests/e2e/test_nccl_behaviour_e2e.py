@@ -261,14 +261,15 @@ def test_spinning_host_syncs_burn_cpu_and_futex_waits_do_not(hung):
     # stay idle in every one of them.
     used = {r: 0.0 for r in range(4)}
 
-    def spinners_stand_out() -> bool:
-        return min(used[0], used[2]) > 5 * max(used[1], used[3], 0.5)
-
-    deadline = time.monotonic() + 60
-    while not spinners_stand_out() and time.monotonic() < deadline:
+    def busiest_windows() -> dict[int, float]:
         for r in range(4):
             used[r] = max(used[r], record.main_thread_cpu_percent(pids[r], 1.5) or 0.0)
-    assert spinners_stand_out(), used
+        return used
+
+    def spinners_stand_out(busiest: dict[int, float]) -> None:
+        assert min(busiest[0], busiest[2]) > 5 * max(busiest[1], busiest[3], 0.5), busiest
+
+    settled(busiest_windows, spinners_stand_out, within_s=60)
     # The main thread's state, sampled: a futex sleeper is "S" nearly always (one sample of 'R' for rank 3 was
     # seen once: a wake-up between two waits, e.g. after a signal or a ptrace detach).
     samples = []
