@@ -155,7 +155,10 @@ def test_scrub_locals_drops_values_outside_the_whitelist():
 # ---------------------------------------------------------------- real runs
 
 
-def _run_to_exit(tmp_path, script, args, timeout=180.0) -> tuple[int | None, str]:
+def _run_to_exit(tmp_path, script, args, timeout=600.0) -> tuple[int | None, str]:
+    """The job's exit code (None if it had not exited within ``timeout``) and its log. A job that completes in
+    8 s alone took 135-181 s at the e2e tier's start, where ~40 ranks import torch at once beside the Ray tests
+    (CI-53..58; 180 s was once too short): the bound is for a job that hangs, not for a slow machine."""
     log = tmp_path / "job.log"
     with start_torchrun(str(script), args, 4, log_path=str(log)) as job:
         code = job.wait(timeout)
