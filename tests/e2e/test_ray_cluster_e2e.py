@@ -40,6 +40,7 @@ from conftest import unavailable
 from mtpdiag.capture import procfs
 from support.jobs_e2e import (
     RAY_TEST_ENV,
+    RAY_VERL_CP2_PP2,
     ROOT,
     check_ray_verl_hang,
     end_sessions,
@@ -258,7 +259,7 @@ def _check_full_diagnosis(report: dict, cluster: Cluster) -> None:
     for rank, node in cluster.node_of.items():  # each node's label, made unique by its id on one machine
         assert node[:8] in hosts[rank], (rank, hosts)
     assert len(set(hosts.values())) == 2
-    check_ray_verl_hang(report)
+    check_ray_verl_hang(report, RAY_VERL_CP2_PP2)
 
 
 def _check_node_missing(report: dict, stderr: str, cluster: Cluster, node: str) -> None:

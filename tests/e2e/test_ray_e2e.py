@@ -1,9 +1,10 @@
 """End to end on a real Ray cluster: verl-style Megatron workers hang as Ray actors; the real CLI finds them.
 
 The driver (``examples/ray_verl/driver.py``, standing in for ``python -m verl.trainer.main_ppo``, with its
-Hydra overrides) has a TaskRunner actor create four ``WorkerDict`` actors with verl's ``runtime_env`` env_vars
+Hydra overrides) has a TaskRunner actor create two ``WorkerDict`` actors with verl's ``runtime_env`` env_vars
 (RANK, WORLD_SIZE, WG_PREFIX, ...) and a secret; they run real megatron-core MTP loss code on gloo and hang
-(verl #5895, cp=2 pp=2). Four deployments, one job each:
+(verl #5895 at cp=2, its smallest world; ``test_ray_cluster_e2e`` runs cp=2 pp=2 on four). Four deployments, one
+job each:
 
 * ``ray start``: verl's cluster guide on one node: ``ray start --head``, then the driver joins the cluster
   from the same shell (same session). The raylet is no descendant of the driver and the actors' command
@@ -42,6 +43,7 @@ from mtpdiag.capture import procfs
 from support.jobs_e2e import (
     RAY_AGENT_NOT_READY,
     RAY_TEST_ENV,
+    RAY_VERL_CP2,
     ROOT,
     check_ray_verl_hang,
     end_sessions,
@@ -54,7 +56,8 @@ from support.jobs_e2e import (
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
 DRIVER = os.path.join(ROOT, "examples", "ray_verl", "driver.py")
-WORLD = 4
+HANG = RAY_VERL_CP2
+WORLD = HANG.world
 # A Kubeflow PyTorchJob gives each pod (node) a RANK and WORLD_SIZE: in the "ray start" job, the shell, the
 # driver and every Ray process inherit them; only the actors get their own from verl's runtime_env.
 NODE_ENV = {"RANK": "0", "WORLD_SIZE": "1"}
@@ -62,12 +65,7 @@ NODE_ENV = {"RANK": "0", "WORLD_SIZE": "1"}
 OWN_CLUSTER = ("ray.init", "cluster_utils")
 SUBMISSION = "mtpdiag-e2e-verl"  # the `ray job submit --submission-id` of the third deployment
 CANARY = "cnry-ray-6b0e-wandb"  # in every actor's environment and on the driver's command line
-OVERRIDES = [
-    "actor_rollout_ref.actor.megatron.context_parallel_size=2",
-    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
-    f"trainer.n_gpus_per_node={WORLD}",
-    "trainer.nnodes=1",
-]
+OVERRIDES = list(HANG.overrides)
 
 
 @dataclass(frozen=True)
@@ -244,7 +242,7 @@ def test_the_actors_are_deployed_as_verl_deploys_them(job):
 
 def _check_diagnosis(report: dict, job: RayJob) -> None:
     assert sorted((v["rank"], v["pid"]) for v in report["ranks"]) == sorted(job.actors.items())
-    check_ray_verl_hang(report)
+    check_ray_verl_hang(report, HANG)
 
 
 def _foreign_ranked(job: RayJob) -> list[int]:

@@ -28,6 +28,7 @@ from conftest import unavailable
 from mtpdiag.capture import procfs
 from support.jobs_e2e import (
     RAY_TEST_ENV,
+    RAY_VERL_CP2,
     ROOT,
     check_ray_verl_hang,
     end_sessions,
@@ -42,14 +43,10 @@ from support.jobs_e2e import (
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
 DRIVER = os.path.join(ROOT, "examples", "ray_verl", "driver.py")
-WORLD = 4
+HANG = RAY_VERL_CP2  # two actors: the smallest world with the bug (cp 2)
+WORLD = HANG.world
 CANARY = "cnry-ray-jobtable-7c1d"  # on the driver's command line (so in its job table entrypoint) and in every actor
-OVERRIDES = [
-    "actor_rollout_ref.actor.megatron.context_parallel_size=2",
-    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
-    f"trainer.n_gpus_per_node={WORLD}",
-    "trainer.nnodes=1",
-]
+OVERRIDES = list(HANG.overrides)
 
 
 @dataclass(frozen=True)
@@ -161,4 +158,4 @@ def _check_inspect_ray(job: DetachedDriverJob, address: str) -> None:
     assert done.returncode == 1, (address, done.returncode, done.stdout[-1500:], done.stderr[-3000:])
     report = json.loads(done.stdout)
     assert sorted((v["rank"], v["pid"]) for v in report["ranks"]) == sorted(job.actors.items())
-    check_ray_verl_hang(report)
+    check_ray_verl_hang(report, HANG)

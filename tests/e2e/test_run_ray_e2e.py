@@ -5,7 +5,7 @@ The cluster is started as verl's cluster guide starts it (``ray start --head``);
 test's own session, so the actors (children of the raylet) get nothing of a driver's environment: the probe
 (``tests/support/ray_env_probe.py``) shows it, and shows that what ``run`` applies (the job's runtime_env in
 ``RAY_JOB_CONFIG_JSON_ENV_VAR``) reaches a nested actor that has env_vars of its own, as verl's WorkerDict has.
-Then ``examples/ray_verl/driver.py`` (verl's deployment, with the buggy MTP gate at cp 2, pp 2) is launched as
+Then ``examples/ray_verl/driver.py`` (verl's deployment, with the buggy MTP gate at cp 2, on two actors) is launched as
 ``mtpdiag run --on-hang exit --ray ADDRESS -- python driver.py ...``. Its actors write Flight Recorder dumps
 into the run directory only if they were given ``TORCH_FR_DUMP_TEMP_FILE`` and ``TORCH_FR_BUFFER_SIZE``.
 
@@ -29,25 +29,22 @@ import pytest
 
 from conftest import unavailable
 from mtpdiag.capture import procfs
-from support.jobs_e2e import RAY_TEST_ENV, ROOT, end_sessions, free_ports, submit_ray_job
+from support.jobs_e2e import RAY_TEST_ENV, RAY_VERL_CP2, ROOT, end_sessions, free_ports, submit_ray_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
 DRIVER = os.path.join(ROOT, "examples", "ray_verl", "driver.py")
 PROBE = os.path.join(ROOT, "tests", "support", "ray_env_probe.py")
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
-OVERRIDES = [
-    "actor_rollout_ref.actor.megatron.context_parallel_size=2",
-    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
-    "trainer.n_gpus_per_node=4",
-]
+HANG = RAY_VERL_CP2  # two actors: the smallest world with the bug (cp 2)
+OVERRIDES = list(HANG.overrides)
 FR_KEYS = ["TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """(the GCS address, the job server's or None when it could not start) of a one-node cluster with room for
-    the driver's TaskRunner and its four actors."""
+    the driver's TaskRunner and its actors."""
     if importlib.util.find_spec("ray") is None or importlib.util.find_spec("aiohttp") is None:
         unavailable("ray[default] not installed (requirements-ci.txt pins it; bash scripts/test.sh installs it)")
     tmp = tmp_path_factory.mktemp("run-ray")
@@ -164,13 +161,13 @@ def test_run_calls_the_hang_of_a_ray_job_from_its_actors_flight_recorder_and_exi
         assert "ready pids=" in stdout.read_text()  # the driver's output passed through
         report = json.loads((out / "report.json").read_text())
         finding = report["findings"][0]
-        assert (finding["id"], finding["ranks"]) == ("mtp-cp-gated-reduce", [2, 3]), report["findings"]
+        assert (finding["id"], finding["ranks"]) == ("mtp-cp-gated-reduce", [HANG.entered, HANG.absent])
         layout = report["layout"]
-        assert (layout["cp"], layout["pp"], layout["dp"]) == (2, 2, 1), report["layout_source"]
+        assert (layout["tp"], layout["cp"], layout["dp"], layout["pp"]) == HANG.layout, report["layout_source"]
         # The actors were given the variables: each wrote its dump where run pointed TORCH_FR_DUMP_TEMP_FILE.
-        assert sorted(p.name for p in (out / "fr").iterdir()) == [f"rank_{r}" for r in range(4)]
+        assert sorted(p.name for p in (out / "fr").iterdir()) == [f"rank_{r}" for r in range(HANG.world)]
         (root,) = [m for m in report["mismatches"] if m["role"] == "root"]
-        assert (root["group"], root["entered"], root["absent"]) == ("dp_cp", [2], [3]), root
+        assert (root["group"], root["entered"], root["absent"]) == ("dp_cp", [HANG.entered], [HANG.absent]), root
         print(f"\nthe root mismatch's source: {root['source']}")
         timing = json.loads((out / "hang.json").read_text())
         print(f"run called the Ray job's hang {timing['stalled_for_s']} s after the last progress it saw; "
@@ -252,7 +249,7 @@ def test_on_hang_kill_of_a_submitted_job_stops_it_through_its_job_server(cluster
     )  # fmt: skip
     assert f"Job '{submission}' was stopped" in status.stdout + status.stderr, status.stdout + status.stderr
     actors = {c["pid"] for c in json.loads((out / "bundle.json").read_text())["captures"]}
-    assert len(actors) == 4
+    assert len(actors) == HANG.world
     deadline = time.monotonic() + 60  # Ray ends a stopped job's actors by itself, within seconds
     while (left := {p for p in actors if procfs.is_running(p)}) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -251,32 +252,80 @@ def wait_until_quiet(pids: list[int], quiet_s: float = 2.5, timeout: float = 120
     launch.wait_until_quiet(pids, quiet_s, timeout, still_on=all_alive)
 
 
-# Where each rank of examples/ray_verl's cp=2 pp=2 hang waits (see examples/mtp_cp_deadlock/README.md).
-RAY_VERL_WAITS = {
-    0: ("send", "send_forward"),
-    1: ("all_gather", "ring_attention"),
-    2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
-    3: ("all_gather", "ring_attention"),
-}
+@dataclass(frozen=True)
+class RayVerlHang:
+    """A shape of examples/ray_verl's hang (verl #5895): the driver's overrides, and where each rank waits (see
+    examples/mtp_cp_deadlock/README.md)."""
+
+    overrides: tuple[str, ...]  # the driver's Hydra overrides of the parallel sizes and GPUs (one node)
+    layout: tuple[int, int, int, int]  # (tp, cp, dp, pp)
+    waits: dict[int, tuple[str, str]]  # rank -> (op, function)
+    entered: int  # the cp == 0 rank in the MTP loss all_reduce
+    absent: int  # its cp == 1 peer, which never joins
+
+    @property
+    def world(self) -> int:
+        return len(self.waits)
 
 
-def check_ray_verl_hang(report: dict) -> None:
-    """The diagnosis of examples/ray_verl's hang (verl #5895 at cp 2, pp 2), the layout from its driver."""
-    assert report["world_size"] == len(RAY_VERL_WAITS)
+def _overrides(cp: int, pp: int, gpus: int) -> tuple[str, ...]:
+    return (
+        f"actor_rollout_ref.actor.megatron.context_parallel_size={cp}",
+        f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp}",
+        f"trainer.n_gpus_per_node={gpus}",
+        "trainer.nnodes=1",
+    )
+
+
+# cp 2, pp 2 on four actors: the pipeline's p2p too (the multi-node cluster test spreads it over two nodes).
+RAY_VERL_CP2_PP2 = RayVerlHang(
+    overrides=_overrides(2, 2, 4),
+    layout=(1, 2, 1, 2),
+    waits={
+        0: ("send", "send_forward"),
+        1: ("all_gather", "ring_attention"),
+        2: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
+        3: ("all_gather", "ring_attention"),
+    },
+    entered=2,
+    absent=3,
+)
+# cp 2 on two actors: the smallest world with the bug, for the tests of how a Ray job is deployed and found
+# (each actor imports torch and megatron-core: two fewer a job is ~10 CPU-s of a CI that is CPU-bound).
+RAY_VERL_CP2 = RayVerlHang(
+    overrides=_overrides(2, 1, 2),
+    layout=(1, 2, 1, 1),
+    waits={
+        0: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
+        1: ("all_gather", "ring_attention"),
+    },
+    entered=0,
+    absent=1,
+)
+
+
+def check_ray_verl_hang(report: dict, hang: RayVerlHang) -> None:
+    """The diagnosis of examples/ray_verl's hang of shape ``hang``, the layout from its driver."""
+    assert report["world_size"] == hang.world
     layout = report["layout"]
-    assert (layout["tp"], layout["cp"], layout["dp"], layout["pp"]) == (1, 2, 1, 2), layout
+    assert (layout["tp"], layout["cp"], layout["dp"], layout["pp"]) == hang.layout, layout
     assert "command line" in report["layout_source"], report["layout_source"]
     ranks = by_rank(report)
-    for rank, (op, function) in RAY_VERL_WAITS.items():
+    for rank, (op, function) in hang.waits.items():
         view = ranks[rank]
         assert (view["state"], view["op"], view["site"]["function"]) == ("collective", op, function), view
         # The stack is the actor's: Ray's task loop calls the WorkerDict method that trains.
         assert any(f["function"].endswith("update_actor") for f in report["stacks"][view["stack"]]), rank
     assert report["verdict"] == "problem"
     finding = report["findings"][0]
-    assert (finding["id"], finding["ranks"]) == ("mtp-cp-gated-reduce", [2, 3])
+    assert (finding["id"], finding["ranks"]) == ("mtp-cp-gated-reduce", [hang.entered, hang.absent])
     (root,) = [m for m in report["mismatches"] if m["role"] == "root"]
-    assert (root["group"], root["entered"], root["absent"], root["gate"]) == ("dp_cp", [2], [3], {"cp": 0})
+    assert (root["group"], root["entered"], root["absent"], root["gate"]) == (
+        "dp_cp",
+        [hang.entered],
+        [hang.absent],
+        {"cp": 0},
+    )
 
 
 def listening_ports(pid: int) -> set[int]:
