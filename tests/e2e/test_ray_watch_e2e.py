@@ -9,7 +9,7 @@ the same, and the host's CPU is idle (it waits in a futex: for a false call the 
 machine's cores to the tests beside it; a spinning host burns CPU whether it moves or not). Only the Flight
 Recorder shows the progress:
 the capture task on the node asks each rank for a dump through its debug-info pipe and reads it, with the
-state between samples kept by the driver. The same job is the local ``watch`` test of
+state between samples kept by the driver. The same job (two ranks, cp 2) is the local ``watch`` test of
 ``test_gpu_hang_e2e.py``.
 """
 
@@ -119,13 +119,13 @@ def cluster(tmp_path_factory):
                 "-m",
                 "torch.distributed.run",
                 "--standalone",
-                "--nproc-per-node=4",
+                "--nproc-per-node=2",
                 WORKER,
                 "--healthy",
                 "--cp",
                 "2",
                 "--pp",
-                "2",
+                "1",
                 "--device-step-s",
                 "3",
                 "--sync",
@@ -184,7 +184,7 @@ def test_inspect_through_ray_client_captures_the_ranks_below_the_raylet_and_open
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stdout, done.stderr[-3000:]
     report = json.loads(done.stdout)
-    assert sorted(v["rank"] for v in report["ranks"]) == [0, 1, 2, 3], done.stderr[-2000:]
+    assert sorted(v["rank"] for v in report["ranks"]) == [0, 1], done.stderr[-2000:]
     assert all(v["stack"] is not None for v in report["ranks"])
     assert ports == set(), ports
 
@@ -200,4 +200,4 @@ def test_a_ray_client_server_that_answers_after_rays_30_s_is_tried_again(cluster
     assert relay.held >= 1, done.stderr[-2000:]
     assert "connection timeout): trying again (2 of 3)" in done.stderr, done.stderr[-3000:]
     report = json.loads(done.stdout)
-    assert sorted(v["rank"] for v in report["ranks"]) == [0, 1, 2, 3], done.stderr[-2000:]
+    assert sorted(v["rank"] for v in report["ranks"]) == [0, 1], done.stderr[-2000:]
