@@ -2,8 +2,11 @@
 (examples/nccl_behaviour: every rank hangs at a host sync, spinning, with no collective on its stack; only the
 Flight Recorder names the collective), and a healthy job with 3 s device steps and one checkpoint pause.
 
+Every job runs at cp 2 on two ranks, the bug's smallest world (``test_gpu_hang_e2e`` and the canonical hang read
+cp 2, pp 2 on four; what is tested here is run's watching, calling and ending, at any size).
+
 * ``--on-hang exit``: the report in the run directory names mtp-cp-gated-reduce from the Flight Recorder,
-  entered [2], absent [3]; run exits 1 and leaves the job running. The watchdog's timeout stays at NCCL's
+  entered [0], absent [1]; run exits 1 and leaves the job running. The watchdog's timeout stays at NCCL's
   default (600 s), so the dumps are those run asked for through the pipe. Its host syncs spin (CUDA's default:
   every rank busy, yet stuck), or wait in a futex (every rank asleep at one line).
 * ``--on-hang kill``: the same call on host syncs that poll (the third way), then no process of the job is left.
@@ -40,9 +43,10 @@ from support.jobs_e2e import ROOT, SPINNING_JOB_ENV
 pytestmark = pytest.mark.e2e
 
 WORKER = os.path.join(ROOT, "examples", "nccl_behaviour", "worker.py")
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
-BUGGY = [WORKER, "--gate", "buggy", "--cp", "2", "--pp", "2", "--device-step-s", "0.3"]
-FIXED = [WORKER, "--gate", "fixed", "--cp", "2", "--pp", "2", "--device-step-s", "0.3", "--microbatches", "1"]
+RANKS = 2
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}"]
+BUGGY = [WORKER, "--gate", "buggy", "--cp", "2", "--pp", "1", "--device-step-s", "0.3"]
+FIXED = [WORKER, "--gate", "fixed", "--cp", "2", "--pp", "1", "--device-step-s", "0.3", "--microbatches", "1"]
 FR_VARS = (
     "TORCH_FR_BUFFER_SIZE",
     "TORCH_NCCL_DUMP_ON_TIMEOUT",
@@ -107,12 +111,12 @@ def _assert_names_the_bug(out: Path) -> dict:
     assert report["verdict"] == "problem" and report["progress"]["hang"] is True
     assert report["findings"][0]["id"] == "mtp-cp-gated-reduce", report["findings"]
     (root,) = [m for m in report["mismatches"] if m["role"] == "root"]
-    assert (root["group"], root["entered"], root["absent"]) == ("dp_cp", [2], [3])
+    assert (root["group"], root["entered"], root["absent"]) == ("dp_cp", [0], [1])
     assert "flight-recorder" in root["source"]
     for name in ("report.txt", "report.md", "report.html", "bundle.json"):
         assert (out / name).stat().st_size > 0, name
     assert (out / "report.txt").read_text().startswith("PROBLEM: ")
-    assert sorted(p.name for p in (out / "fr").iterdir()) == [f"rank_{r}" for r in range(4)]
+    assert sorted(p.name for p in (out / "fr").iterdir()) == [f"rank_{r}" for r in range(RANKS)]
     timing = json.loads((out / "hang.json").read_text())
     print(
         f"\nrun called the hang {timing['stalled_for_s']} s after the last progress it saw; the report was "
@@ -143,7 +147,7 @@ def test_on_hang_exit_names_the_bug_from_the_flight_recorder_and_leaves_the_job(
             said[1]
             == f"mtpdiag run: report: {out / 'report.txt'} (report.json, report.md, report.html, bundle.json beside it)"
         )
-        assert len(_alive(_job_pids(out))) >= 5  # the launcher and its 4 ranks, still there
+        assert len(_alive(_job_pids(out))) >= 1 + RANKS  # the launcher and its ranks, still there
         assert not (out / "mtpdiag-errors.log").exists()
     finally:
         _kill_job(out)
@@ -158,7 +162,7 @@ def test_on_hang_kill_leaves_no_process_of_the_job(tmp_path):
         _assert_names_the_bug(out)
         bundle = json.loads((out / "bundle.json").read_text())
         seen = {c["pid"] for c in bundle["captures"]} | {json.loads((out / "run.json").read_text())["pid"]}
-        assert len(seen) == 5
+        assert len(seen) == 1 + RANKS
         assert _alive(seen) == set()
         # Nor any other: no process carries the run's Flight Recorder prefix, or is in the launcher's group.
         prefix = str(out / "fr" / "rank_")
@@ -173,7 +177,7 @@ def test_on_hang_kill_leaves_no_process_of_the_job(tmp_path):
 
 def test_a_healthy_job_with_a_checkpoint_pause_gets_no_call_and_its_exit_code(tmp_path):
     out = tmp_path / "run"
-    job = [WORKER, "--gate", "fixed", "--cp", "2", "--pp", "2", "--device-step-s", "3", "--sync", "futex"]
+    job = [WORKER, "--gate", "fixed", "--cp", "2", "--pp", "1", "--device-step-s", "3", "--sync", "futex"]
     job += ["--microbatches", "1", "--steps", "3", "--pause-at-step", "0", "--pause-s", "20"]
     started = time.monotonic()
     try:
@@ -182,7 +186,7 @@ def test_a_healthy_job_with_a_checkpoint_pause_gets_no_call_and_its_exit_code(tm
         _kill_job(out)
     log = (tmp_path / "run.job.log").read_text()
     assert result.returncode == 0, (result.stderr[-3000:], log[-3000:])
-    assert "rank 0 checkpoint pause of 20 s" in log and "rank 3 done" in log  # the pause happened, the job ended
+    assert "rank 0 checkpoint pause of 20 s" in log and "rank 1 done" in log  # the pause happened, the job ended
     assert not (out / "report.json").exists() and not (out / "hang.json").exists()
     events = (out / "events.log").read_text()
     phases = [line.split(" ", 2)[1] for line in events.splitlines()]
@@ -203,7 +207,7 @@ def test_on_hang_keep_calls_a_frozen_job_and_notes_its_recovery(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, (out / "events.log").read_text()
             time.sleep(0.2)
         ranks = [p for p in _job_pids(out) if "RANK" in (procfs.read_env(p) or {})]
-        assert len(ranks) == 4
+        assert len(ranks) == RANKS
         for pid in ranks:
             os.kill(pid, signal.SIGSTOP)
         try:
@@ -218,7 +222,7 @@ def test_on_hang_keep_calls_a_frozen_job_and_notes_its_recovery(tmp_path):
         assert json.loads(written)["progress"]["hang"] is True
         assert (out / "report.json").read_bytes() == written  # nothing already written was rewritten
         assert "the job moved again after hang 1" in (out / "recovered-1.txt").read_text()
-        assert "rank 3 done" in log.read_text()
+        assert "rank 1 done" in log.read_text()
         stderr = (tmp_path / "run.stderr").read_text()
         assert "mtpdiag run: hang after " in stderr and "mtpdiag run: the job recovered" in stderr
     finally:
