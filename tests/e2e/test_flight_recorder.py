@@ -1,9 +1,8 @@
 """Flight Recorder dumps of a real hung gloo job: loading, per-group progress, correlation, bad input.
 
-One real job for the module: the MTP-CP reproducer (4 ranks, cp=2 pp=2, buggy gate) run by
-``examples/flight_recorder/worker.py``, which writes torch's Flight Recorder pickle per rank once the
-collectives stall. The stacks of the same hang are captured with py-spy and diagnosed when the
-capture and analysis packages provide ``capture`` and ``diagnose``.
+One real job: the session's canonical hang (``support/canonical_hang.py``), the MTP-CP reproducer (4 ranks,
+cp=2 pp=2, buggy gate) run by ``examples/flight_recorder/worker.py``, which writes torch's Flight Recorder pickle
+per rank once the collectives stall. The stacks of the same hang are captured with py-spy and diagnosed.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,16 +18,12 @@ import pytest
 
 from mtpdiag.analysis.flight_recorder import correlate, group_progress
 from mtpdiag.errors import InputError
-from mtpdiag.fix.verify.launch import start_torchrun
 from mtpdiag.inputs.flight_recorder import load_fr_dumps, op_name
 from mtpdiag.layout import ParallelLayout
 from mtpdiag.model import Report, replace
 from mtpdiag.model.flight_recorder import FRDump
 from support.frtrace import assert_agreement
 
-REPO = Path(__file__).resolve().parents[2]
-FR_WORKER = REPO / "examples" / "flight_recorder" / "worker.py"
-WORKER_ARGS = ["--gate", "buggy", "--cp", "2", "--pp", "2"]
 LAYOUT = ParallelLayout.for_world(4, cp=2, pp=2)
 DP_CP = "DATA_PARALLEL_GROUP_WITH_CP"
 
@@ -48,27 +42,11 @@ def _diagnose_live(agent_pid: int) -> Report:
     return diagnose(snapshot, LAYOUT, "flags")
 
 
-def _wait_for_dumps(prefix: str, nproc: int, job, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(Path(f"{prefix}{r}").is_file() for r in range(nproc)):
-            return
-        if job.proc.poll() is not None:
-            raise RuntimeError(f"the job ended before dumping{job._log_tail()}")
-        time.sleep(0.25)
-    raise TimeoutError(f"no Flight Recorder dumps at {prefix}<rank> after {timeout}s{job._log_tail()}")
-
-
 @pytest.fixture(scope="module")
-def hung(tmp_path_factory) -> HungJob:
-    out = tmp_path_factory.mktemp("fr")
-    prefix = str(out / "rank_")
-    env = {"TORCH_FR_BUFFER_SIZE": "200", "TORCH_FR_DUMP_TEMP_FILE": prefix, "MTPDIAG_FR_STALL_S": "2"}
-    with start_torchrun(str(FR_WORKER), WORKER_ARGS, nproc=4, env=env, log_path=str(out / "job.log")) as job:
-        job.wait_until_stuck(quiet_s=3.0, timeout=120.0)
-        _wait_for_dumps(prefix, 4, job)
-        report = _diagnose_live(job.pid)
-    return HungJob(prefix=prefix, report=report)
+def hung(canonical_hang) -> HungJob:
+    """The session's canonical hang (``support/canonical_hang.py``), which runs the reproducer through
+    ``examples/flight_recorder``: every rank has dumped by the time it is handed out."""
+    return HungJob(prefix=canonical_hang.fr_prefix, report=_diagnose_live(canonical_hang.pid))
 
 
 @pytest.fixture(scope="module")

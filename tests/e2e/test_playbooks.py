@@ -28,7 +28,6 @@ from support.jobs_e2e import GATED_WORKER, ROOT, worker_pids
 
 PLAYBOOKS_DIR = Path(ROOT) / "playbooks"
 PLAYBOOKS = ("hang-triage.md", "mtp-cp-deadlock.md", "multi-node.md")  # the order they run in
-FR_WORKER = os.path.join(ROOT, "examples", "flight_recorder", "worker.py")
 NCCL_WORKER = os.path.join(ROOT, "examples", "nccl_behaviour", "worker.py")
 CONFIG = os.path.join(ROOT, "tests", "fixtures", "configs", "ppo_megatron_cp2_pp2.yaml")
 CAPTURE = os.path.join("tests", "fixtures", "captures", "mtp_cp_pp", "bundle.json")
@@ -53,10 +52,11 @@ class JobSpec:
     pipe: bool = False  # the job has a debug-info pipe: its dumps come on request, not by themselves
 
 
+# The verl #5895 hang (tp 1, cp 2, pp 2) through the Flight Recorder wrapper, which runs the reproducer unchanged
+# and writes torch's FR dump per rank once collectives stop moving: the session's canonical hang
+# (support/canonical_hang.py), read here as by the other tests that only read it.
+CANONICAL_JOB = "mtp-hang"
 JOBS = {
-    # The verl #5895 hang (tp 1, cp 2, pp 2) through the Flight Recorder wrapper, which runs the
-    # reproducer unchanged and writes torch's FR dump per rank once collectives stop moving.
-    "mtp-hang": JobSpec(FR_WORKER, ("--gate", "buggy", "--cp", "2", "--pp", "2"), hung=True, flight_recorder=True),
     "healthy": JobSpec(GATED_WORKER, ("--scenario", "healthy", "--steps", "0", "--log-every", "200"), hung=False),
     # The same bug with NCCL's CPU-side behaviour (examples/nccl_behaviour): every rank ends at a host sync in a
     # futex; its Flight Recorder dumps come on request through the debug-info pipe.
@@ -85,22 +85,26 @@ JOBS = {
 
 
 class JobPool:
-    """Jobs started on first use and killed after the last block that needs them (or at the end)."""
+    """Jobs started on first use and killed after the last block that needs them (or at the end); the canonical
+    hang is the session's, neither started nor killed here."""
 
-    def __init__(self, tmp: Path, uses: Counter) -> None:
+    def __init__(self, tmp: Path, uses: Counter, canonical) -> None:
         self.tmp, self.uses = tmp, uses
+        self.canonical = (canonical.job, {"PID": str(canonical.pid), "FR": canonical.fr_prefix})
         self.running: dict[str, tuple[Job, dict[str, str]]] = {}
 
     def values(self, name: str) -> dict[str, str]:
         """Start ``name`` if needed; the placeholders it fills (``PID``, ``FR``)."""
+        if name == CANONICAL_JOB:
+            return self.canonical[1]
         if name not in JOBS:
-            raise pr.PlaybookError(f"unknown job {name!r}: one of {sorted(JOBS)}")
+            raise pr.PlaybookError(f"unknown job {name!r}: one of {sorted([CANONICAL_JOB, *JOBS])}")
         if name not in self.running:
             self.running[name] = self._start(name, JOBS[name])
         return self.running[name][1]
 
     def job(self, name: str) -> Job:
-        return self.running[name][0]
+        return self.canonical[0] if name == CANONICAL_JOB else self.running[name][0]
 
     def done_with(self, name: str) -> None:
         self.uses[name] -= 1
@@ -132,9 +136,6 @@ class JobPool:
             else:
                 job.wait_for_workers(timeout=240)
                 _wait_for(lambda: " step " in log.read_text(errors="replace"), f"progress in {log}", 240)
-            if spec.flight_recorder and not spec.pipe:
-                dumps = [f"{values['FR']}{r}" for r in range(4)]
-                _wait_for(lambda: all(map(os.path.exists, dumps)), f"Flight Recorder dumps {dumps}", 60)
         except BaseException:
             job.kill()
             raise
@@ -151,9 +152,9 @@ def _wait_for(ready, what: str, timeout: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory):
+def pool(tmp_path_factory, canonical_hang):
     uses = Counter(b.job for name in PLAYBOOKS for b in parsed(name) if b.executed and b.job)
-    jobs = JobPool(tmp_path_factory.mktemp("playbook-jobs"), uses)
+    jobs = JobPool(tmp_path_factory.mktemp("playbook-jobs"), uses, canonical_hang)
     try:
         yield jobs
     finally:
@@ -238,7 +239,7 @@ def test_every_playbook_parses_and_the_index_lists_it():
         blocks = parsed(name)
         executed = [b for b in blocks if b.executed]
         assert len(executed) >= len(blocks) - len(executed), f"{name}: at least half the blocks must run in the tests"
-        assert all(b.job in (None, *JOBS) for b in executed), [b.job for b in executed]
+        assert all(b.job in (None, CANONICAL_JOB, *JOBS) for b in executed), [b.job for b in executed]
     assert not [b for b in pr.parse_playbook(index, "README.md")]  # the index shows no commands
 
 

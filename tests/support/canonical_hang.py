@@ -1,7 +1,9 @@
 """The canonical hang, started once per test session and shared by every test that only reads it.
 
 It is verl #5895 on CPU (``examples/mtp_cp_deadlock --gate buggy --cp 2 --pp 2``: torchrun, gloo, megatron-core,
-4 ranks) with canary secrets where real jobs keep theirs, so the secrets tests read the same job as the rest:
+4 ranks), run through ``examples/flight_recorder`` (the reproducer unchanged, plus each rank's Flight Recorder dump
+once its collectives stop: ``CanonicalHang.fr_prefix``), so that the Flight Recorder tests and the playbooks read it
+too, with canary secrets where real jobs keep theirs, so the secrets tests read the same job as the rest:
 
 * non-whitelisted environment variables (W&B, AWS, Hugging Face, a database URL) in every process;
 * a ``--secret-flag=...`` on every worker's command line (the launcher drops it before the reproducer parses
@@ -11,17 +13,19 @@ It is verl #5895 on CPU (``examples/mtp_cp_deadlock --gate buggy --cp 2 --pp 2``
   the agent is still a launcher, not a worker.
 
 The tests that use it (the ``canonical_hang`` fixture of ``tests/conftest.py``) run in one xdist group, so one
-worker starts it. A test that stops, kills or times a job starts its own.
+worker starts it. A test that stops, kills or times a job starts its own. A 4-rank world costs ~15 CPU-s to start
+on these 2-core machines, where CI is CPU-bound: this one job stands in for three.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from mtpdiag.fix.verify.launch import Job, start_torchrun
-from support.jobs_e2e import MTP_WORKER
+from support.jobs_e2e import FR_WORKER
 
 STEM = "cnry-9d41"  # every canary starts with it: a truncated leak is a leak too
 SECRET_ENV = {
@@ -40,8 +44,8 @@ import runpy, sys
 
 
 def main(api_token={SECRET_LOCAL!r}):
-    sys.argv = [{MTP_WORKER!r}] + [a for a in sys.argv[1:] if not a.startswith("--secret-flag=")]
-    runpy.run_path({MTP_WORKER!r}, run_name="__main__")
+    sys.argv = [{FR_WORKER!r}] + [a for a in sys.argv[1:] if not a.startswith("--secret-flag=")]
+    runpy.run_path({FR_WORKER!r}, run_name="__main__")
 
 
 main()
@@ -67,16 +71,34 @@ class CanonicalHang:
     def pid(self) -> int:
         return self.job.pid
 
+    @property
+    def fr_prefix(self) -> str:
+        """``TORCH_FR_DUMP_TEMP_FILE``: each rank's Flight Recorder dump is ``<fr_prefix><rank>``."""
+        return fr_prefix(self.folder)
+
+
+def fr_prefix(folder: Path) -> str:
+    return str(folder / "fr" / "rank_")
+
 
 def start(folder: Path) -> Job:
     launcher = folder / "launch_with_secrets.py"
     launcher.write_text(LAUNCHER)
-    env = {**SECRET_ENV, **AGENT_ENV}
+    (folder / "fr").mkdir(exist_ok=True)
+    # the recorder on, and each rank's dump written 2 s after its collectives stop (examples/flight_recorder)
+    recorder = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": fr_prefix(folder), "MTPDIAG_FR_STALL_S": "2"}
+    env = {**SECRET_ENV, **AGENT_ENV, **recorder}
     return start_torchrun(str(launcher), list(ARGS), 4, env=env, log_path=str(folder / "job.log"))
 
 
 def hung(job: Job, folder: Path) -> CanonicalHang:
-    """The job once every worker's main thread has been quiet for 3 s."""
+    """The job once every worker's main thread has been quiet for 3 s and every rank has written its dump."""
     workers = job.wait_until_stuck(quiet_s=3.0, timeout=300.0)
     assert len(workers) == 4 and os.path.exists(folder / "job.log")
+    dumps = [Path(f"{fr_prefix(folder)}{rank}") for rank in range(4)]
+    deadline = time.monotonic() + 120
+    while not all(d.is_file() for d in dumps):
+        assert job.proc.poll() is None, f"the canonical hang ended before dumping{job._log_tail()}"
+        assert time.monotonic() < deadline, f"no Flight Recorder dumps {dumps} after 120 s{job._log_tail()}"
+        time.sleep(0.25)
     return CanonicalHang(job=job, workers=workers, folder=folder)
