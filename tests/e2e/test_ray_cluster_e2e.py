@@ -54,15 +54,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
 DRIVER = os.path.join(ROOT, "examples", "ray_verl", "driver.py")
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
-WORLD = 4
+HANG = RAY_VERL_CP2_PP2  # cp 2, pp 2 on four actors, two a node
+WORLD = HANG.world
 NODE_ENV = {"RANK": "0", "WORLD_SIZE": "1"}  # a Kubeflow pod's: the raylet and all it starts inherit it
 CANARY = "cnry-raycluster-41d7-wandb"
-OVERRIDES = [
-    "actor_rollout_ref.actor.megatron.context_parallel_size=2",
-    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
-    "trainer.n_gpus_per_node=2",
-    "trainer.nnodes=2",
-]
+OVERRIDES = HANG.overrides(nnodes=2)
 # What a node that could not be captured may be told with, depending on when Ray noticed it was gone.
 NODE_GONE = ("did not finish within", "could not be placed", "the node died", "dead node")
 
@@ -259,7 +255,7 @@ def _check_full_diagnosis(report: dict, cluster: Cluster) -> None:
     for rank, node in cluster.node_of.items():  # each node's label, made unique by its id on one machine
         assert node[:8] in hosts[rank], (rank, hosts)
     assert len(set(hosts.values())) == 2
-    check_ray_verl_hang(report, RAY_VERL_CP2_PP2)
+    check_ray_verl_hang(report, HANG)
 
 
 def _check_node_missing(report: dict, stderr: str, cluster: Cluster, node: str) -> None:

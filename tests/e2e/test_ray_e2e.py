@@ -65,7 +65,7 @@ NODE_ENV = {"RANK": "0", "WORLD_SIZE": "1"}
 OWN_CLUSTER = ("ray.init", "cluster_utils")
 SUBMISSION = "mtpdiag-e2e-verl"  # the `ray job submit --submission-id` of the third deployment
 CANARY = "cnry-ray-6b0e-wandb"  # in every actor's environment and on the driver's command line
-OVERRIDES = list(HANG.overrides)
+OVERRIDES = HANG.overrides()
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ DRIVER = os.path.join(ROOT, "examples", "ray_verl", "driver.py")
 HANG = RAY_VERL_CP2  # two actors: the smallest world with the bug (cp 2)
 WORLD = HANG.world
 CANARY = "cnry-ray-jobtable-7c1d"  # on the driver's command line (so in its job table entrypoint) and in every actor
-OVERRIDES = list(HANG.overrides)
+OVERRIDES = HANG.overrides()
 
 
 @dataclass(frozen=True)

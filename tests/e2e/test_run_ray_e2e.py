@@ -37,7 +37,7 @@ DRIVER = os.path.join(ROOT, "examples", "ray_verl", "driver.py")
 PROBE = os.path.join(ROOT, "tests", "support", "ray_env_probe.py")
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 HANG = RAY_VERL_CP2  # two actors: the smallest world with the bug (cp 2)
-OVERRIDES = list(HANG.overrides)
+OVERRIDES = HANG.overrides()
 FR_KEYS = ["TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"]
 
 

@@ -255,11 +255,11 @@ def wait_until_quiet(pids: list[int], quiet_s: float = 2.5, timeout: float = 120
 
 @dataclass(frozen=True)
 class RayVerlHang:
-    """A shape of examples/ray_verl's hang (verl #5895): the driver's overrides, and where each rank waits (see
+    """A shape of examples/ray_verl's hang (verl #5895): its sizes, and where each rank waits (see
     examples/mtp_cp_deadlock/README.md)."""
 
-    overrides: tuple[str, ...]  # the driver's Hydra overrides of the parallel sizes and GPUs (one node)
-    layout: tuple[int, int, int, int]  # (tp, cp, dp, pp)
+    cp: int
+    pp: int
     waits: dict[int, tuple[str, str]]  # rank -> (op, function)
     entered: int  # the cp == 0 rank in the MTP loss all_reduce
     absent: int  # its cp == 1 peer, which never joins
@@ -268,20 +268,25 @@ class RayVerlHang:
     def world(self) -> int:
         return len(self.waits)
 
+    @property
+    def layout(self) -> tuple[int, int, int, int]:
+        """(tp, cp, dp, pp)."""
+        return (1, self.cp, self.world // (self.cp * self.pp), self.pp)
 
-def _overrides(cp: int, pp: int, gpus: int) -> tuple[str, ...]:
-    return (
-        f"actor_rollout_ref.actor.megatron.context_parallel_size={cp}",
-        f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp}",
-        f"trainer.n_gpus_per_node={gpus}",
-        "trainer.nnodes=1",
-    )
+    def overrides(self, nnodes: int = 1) -> list[str]:
+        """The driver's Hydra overrides: the sizes, and the world spread over ``nnodes`` nodes."""
+        return [
+            f"actor_rollout_ref.actor.megatron.context_parallel_size={self.cp}",
+            f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={self.pp}",
+            f"trainer.n_gpus_per_node={self.world // nnodes}",
+            f"trainer.nnodes={nnodes}",
+        ]
 
 
 # cp 2, pp 2 on four actors: the pipeline's p2p too (the multi-node cluster test spreads it over two nodes).
 RAY_VERL_CP2_PP2 = RayVerlHang(
-    overrides=_overrides(2, 2, 4),
-    layout=(1, 2, 1, 2),
+    cp=2,
+    pp=2,
     waits={
         0: ("send", "send_forward"),
         1: ("all_gather", "ring_attention"),
@@ -294,8 +299,8 @@ RAY_VERL_CP2_PP2 = RayVerlHang(
 # cp 2 on two actors: the smallest world with the bug, for the tests of how a Ray job is deployed and found
 # (each actor imports torch and megatron-core: two fewer a job is ~10 CPU-s of a CI that is CPU-bound).
 RAY_VERL_CP2 = RayVerlHang(
-    overrides=_overrides(2, 1, 2),
-    layout=(1, 2, 1, 1),
+    cp=2,
+    pp=1,
     waits={
         0: ("all_reduce", "MTPLossLoggingHelper.reduce_loss_in_tracker"),
         1: ("all_gather", "ring_attention"),
