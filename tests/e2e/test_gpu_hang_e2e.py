@@ -19,10 +19,8 @@ No timing is asserted: how long ``watch`` took after the job's last completed co
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pickle
-import sys
 import time
 from pathlib import Path
 
@@ -30,15 +28,9 @@ import pytest
 
 from mtpdiag.fix.verify.launch import start_torchrun
 from support.jobs_e2e import SPINNING_JOB_ENV, run_cli
+from support.recorder import record
 
 pytestmark = pytest.mark.e2e
-
-_spec = importlib.util.spec_from_file_location(
-    "fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py"
-)
-record = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault(_spec.name, record)
-_spec.loader.exec_module(record)
 
 WORKER = str(record.NCCL_WORKER)
 SYNC_FUNCTIONS = {

@@ -5,10 +5,8 @@ Nothing here asserts on mtpdiag's diagnosis or on timing.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,14 +15,8 @@ import pytest
 from conftest import unavailable
 from mtpdiag.capture import procfs
 from mtpdiag.capture.discover import find_targets
+from support.recorder import record
 from support.settle import settled
-
-_spec = importlib.util.spec_from_file_location(
-    "fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py"
-)
-record = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault(_spec.name, record)
-_spec.loader.exec_module(record)
 
 
 def _threads(pid: int) -> dict[str, list[dict]]:

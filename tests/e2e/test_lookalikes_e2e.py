@@ -12,7 +12,6 @@ killed after its own tests. Nothing here asserts on mtpdiag's diagnosis, and not
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import linecache
 import pickle
@@ -24,14 +23,8 @@ import pytest
 
 from mtpdiag.capture import procfs
 from mtpdiag.fix.verify.launch import start_torchrun
+from support.recorder import record
 from support.settle import settled
-
-_spec = importlib.util.spec_from_file_location(
-    "fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py"
-)
-record = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault(_spec.name, record)
-_spec.loader.exec_module(record)
 
 WORKER = record.LOOKALIKES_WORKER
 GLOO = ("lookalike_dsa_indexer_gloo", "lookalike_moe_lazy_tracker_gloo")

@@ -8,10 +8,8 @@ diagnosis, and nothing on timing.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pickle
-import sys
 import time
 from pathlib import Path
 
@@ -19,14 +17,8 @@ import pytest
 
 from mtpdiag.capture import procfs
 from mtpdiag.fix.verify.launch import start_torchrun
+from support.recorder import record
 from support.settle import settled
-
-_spec = importlib.util.spec_from_file_location(
-    "fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py"
-)
-record = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault(_spec.name, record)
-_spec.loader.exec_module(record)
 
 WORKER = record.NCCL_WORKER
 # rank -> the source line of the host sync its main thread waits at (cp 2, pp 2, buggy gate)

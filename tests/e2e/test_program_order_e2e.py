@@ -14,24 +14,15 @@ Both jobs are started together and killed at the end of the module. Nothing here
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from contextlib import ExitStack
-from pathlib import Path
 
 import pytest
 
 from support.jobs_e2e import run_json
+from support.recorder import record
 
 pytestmark = pytest.mark.e2e
-
-_spec = importlib.util.spec_from_file_location(
-    "fixture_recorder", Path(__file__).parent.parent / "fixtures" / "record.py"
-)
-record = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault(_spec.name, record)
-_spec.loader.exec_module(record)
 
 STEP_SYNC, TRACKER_LOOP = "lookalike_dsa_step_sync_gloo", "tracker_loop_gloo_fr"
 PP_GROUPS = [[0, 2], [1, 3]]

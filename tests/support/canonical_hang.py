@@ -20,12 +20,12 @@ on these 2-core machines, where CI is CPU-bound: this one job stands in for thre
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from mtpdiag.fix.verify.launch import Job, start_torchrun
 from support.jobs_e2e import FR_WORKER
+from support.recorder import record
 
 STEM = "cnry-9d41"  # every canary starts with it: a truncated leak is a leak too
 SECRET_ENV = {
@@ -78,13 +78,13 @@ class CanonicalHang:
 
 
 def fr_prefix(folder: Path) -> str:
-    return str(folder / "fr" / "rank_")
+    return str(record.fr_dir(folder) / "rank_")  # where the recorded Flight Recorder scenarios dump theirs
 
 
 def start(folder: Path) -> Job:
     launcher = folder / "launch_with_secrets.py"
     launcher.write_text(LAUNCHER)
-    (folder / "fr").mkdir(exist_ok=True)
+    record.fr_dir(folder).mkdir(exist_ok=True)
     # the recorder on, and each rank's dump written 2 s after its collectives stop (examples/flight_recorder)
     recorder = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": fr_prefix(folder), "MTPDIAG_FR_STALL_S": "2"}
     env = {**SECRET_ENV, **AGENT_ENV, **recorder}
@@ -95,10 +95,5 @@ def hung(job: Job, folder: Path) -> CanonicalHang:
     """The job once every worker's main thread has been quiet for 3 s and every rank has written its dump."""
     workers = job.wait_until_stuck(quiet_s=3.0, timeout=300.0)
     assert len(workers) == 4 and os.path.exists(folder / "job.log")
-    dumps = [Path(f"{fr_prefix(folder)}{rank}") for rank in range(4)]
-    deadline = time.monotonic() + 120
-    while not all(d.is_file() for d in dumps):
-        assert job.proc.poll() is None, f"the canonical hang ended before dumping{job._log_tail()}"
-        assert time.monotonic() < deadline, f"no Flight Recorder dumps {dumps} after 120 s{job._log_tail()}"
-        time.sleep(0.25)
+    record.wait_for_dumps(record.fr_dir(folder), 4, job, timeout=120.0)
     return CanonicalHang(job=job, workers=workers, folder=folder)
