@@ -50,6 +50,7 @@ class JobSpec:
     hung: bool  # ready once stuck; otherwise once it logs progress
     flight_recorder: bool = False
     pipe: bool = False  # the job has a debug-info pipe: its dumps come on request, not by themselves
+    nproc: int = 4
 
 
 # The verl #5895 hang (tp 1, cp 2, pp 2) through the Flight Recorder wrapper, which runs the reproducer unchanged
@@ -57,7 +58,11 @@ class JobSpec:
 # (support/canonical_hang.py), read here as by the other tests that only read it.
 CANONICAL_JOB = "mtp-hang"
 JOBS = {
-    "healthy": JobSpec(GATED_WORKER, ("--scenario", "healthy", "--steps", "0", "--log-every", "200"), hung=False),
+    # Data parallelism at any size: two ranks show progress as well as four, and each rank of a job that trains
+    # flat out takes a core for as long as `watch` watches it (CI's e2e tier is bound by CPU, docs/design.md).
+    "healthy": JobSpec(
+        GATED_WORKER, ("--scenario", "healthy", "--steps", "0", "--log-every", "200"), hung=False, nproc=2
+    ),
     # The same bug with NCCL's CPU-side behaviour (examples/nccl_behaviour): every rank ends at a host sync in a
     # futex; its Flight Recorder dumps come on request through the debug-info pipe.
     "gpu-hang": JobSpec(
@@ -129,7 +134,7 @@ class JobPool:
             os.makedirs(folder / "pipes", exist_ok=True)
             env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] = str(folder / "pipes" / "rank_")
         log = folder / "job.log"
-        job = start_torchrun(spec.script, list(spec.args), 4, env=env, log_path=str(log))
+        job = start_torchrun(spec.script, list(spec.args), spec.nproc, env=env, log_path=str(log))
         try:
             if spec.hung:
                 job.wait_until_stuck(quiet_s=2.5, timeout=240)
