@@ -82,7 +82,10 @@ class StallTracker:
     stack to compare with is not enough, since a hung NCCL rank spins. ``fr_moved_at``: when the newest
     collective the Flight Recorder showed completed (when it completed, not when its dump was read);
     ``skipping``: the samples since the last stack sample took no stacks (``skipped``), so the next stacks are a
-    baseline, not a change.
+    baseline, not a change. ``held_s``: how much of the quiet spell mtpdiag's own blocking dumps held the ranks
+    stopped. A stopped rank cannot make progress, so the window does not count that time: on a loaded node a
+    py-spy that pauses a rank and then waits seconds for a CPU held a healthy job still for longer than the window
+    (CI-64: "hang after 5.3 s without progress" of a job whose 3 s steps went on as soon as it was let go).
     """
 
     started: float
@@ -95,6 +98,7 @@ class StallTracker:
     progressed: bool = False
     fr_moved_at: float | None = None
     skipping: bool = False
+    held_s: float = 0.0
 
     @staticmethod
     def start(now: float, min_progress_ns: int = MIN_PROGRESS_NS) -> StallTracker:
@@ -111,11 +115,13 @@ class StallTracker:
         stacks: Mapping[Process, Signature] | None,
         fr_at: float | None = None,
         done: float | None = None,
+        held_s: float = 0.0,
     ) -> StallTracker:
         """Fold in one sample, taken from ``now`` until ``done`` (the same moment when not given). ``stacks``
         is None when the stacks were not captured this time; ``fr_at``: when the newest collective the Flight
-        Recorder showed completed since the last sample completed (on this clock). A changed stack starts the
-        quiet window at ``done``; a collective, when it completed (never before the window's start)."""
+        Recorder showed completed since the last sample completed (on this clock); ``held_s``: how long its dumps
+        held the ranks stopped (at most). A changed stack starts the quiet window at ``done``; a collective, when
+        it completed (never before the window's start)."""
         if stacks is not None and self.stacks:
             moved = seen = dict(stacks) != dict(self.stacks)  # a spinning main thread burns CPU at one place
         elif stacks is not None and self.skipping:
@@ -137,6 +143,7 @@ class StallTracker:
                 progressed=progressed,
                 fr_moved_at=self._fr_latest(fr_at, end),
                 skipping=False,
+                held_s=_held_after(since, end, held_s),
             )
         return replace(
             self,
@@ -147,14 +154,15 @@ class StallTracker:
             progressed=progressed,
             fr_moved_at=self._fr_latest(fr_at, end),
             skipping=False,
+            held_s=self.held_s + held_s,
         )
 
     def skipped(
-        self, now: float, cpu_ns: Mapping[Target, int | None], fr_at: float | None, done: float
+        self, now: float, cpu_ns: Mapping[Target, int | None], fr_at: float | None, done: float, held_s: float = 0.0
     ) -> StallTracker:
-        """Fold in a sample that took no stacks (``stack_read`` said SKIP): a collective completed is progress,
-        from when it completed; main-thread CPU is not (with no stack to compare, a spinning rank would look
-        busy)."""
+        """Fold in a sample that took no stacks (``stack_read`` said SKIP, or py-spy got no CPU in time: then it may
+        have held the ranks stopped for ``held_s``): a collective completed is progress, from when it completed;
+        main-thread CPU is not (with no stack to compare, a spinning rank would look busy)."""
         end = max(now, done)
         since = self._fr_since(fr_at, end)
         if since is not None:
@@ -168,6 +176,7 @@ class StallTracker:
                 progressed=True,
                 fr_moved_at=self._fr_latest(fr_at, end),
                 skipping=True,
+                held_s=_held_after(since, end, held_s),
             )
         return replace(
             self,
@@ -176,6 +185,7 @@ class StallTracker:
             progressed=self.progressed or fr_at is not None,
             fr_moved_at=self._fr_latest(fr_at, end),
             skipping=True,
+            held_s=self.held_s + held_s,
         )
 
     def _fr_since(self, fr_at: float | None, end: float) -> float | None:
@@ -201,12 +211,19 @@ class StallTracker:
         """
         if self.cpu_moved(cpu_ns):
             return replace(
-                self, quiet_since=now, stack_samples_while_quiet=0, cpu_ns=dict(cpu_ns), stacks={}, progressed=True
+                self,
+                quiet_since=now,
+                stack_samples_while_quiet=0,
+                cpu_ns=dict(cpu_ns),
+                stacks={},
+                progressed=True,
+                held_s=0.0,
             )
         return replace(self, cpu_ns=dict(cpu_ns))
 
     def stalled_for(self, now: float) -> float:
-        return max(0.0, now - self.quiet_since)
+        """How long no progress was seen, not counting the time mtpdiag held the ranks stopped (``held_s``)."""
+        return max(0.0, now - self.quiet_since - self.held_s)
 
     def is_hang(self, now: float, stall_s: float) -> bool:
         return self.stack_samples_while_quiet >= 2 and self.stalled_for(now) >= stall_s
@@ -219,6 +236,11 @@ class StallTracker:
             stalled_for_s=round(self.stalled_for(now), 2),
             hang=self.is_hang(now, stall_s),
         )
+
+
+def _held_after(since: float, end: float, held_s: float) -> float:
+    """The part of a sample's hold (``held_s``, ending by ``end``) that can fall after progress seen at ``since``."""
+    return max(0.0, min(held_s, end - since))
 
 
 class StackPolicy(NamedTuple):

@@ -289,20 +289,34 @@ def sample_once(
     if not tracker.samples:
         return tracker.observe(now, cpu, None, done=done()), None
     busy = tracker.cpu_moved(cpu)
+    hold = Hold(busy)
     try:
         snapshot = take_stacks(targets, busy)
     except NothingCaptured as exc:  # py-spy got no CPU in time on any rank: a sample without stacks, in which a
         if not exc.timed_out:  # spinning rank's CPU is no progress; the next sample tries again
             raise
-        return tracker.skipped(now, cpu, None, done()), None
+        return tracker.skipped(now, cpu, None, done(), held_s=hold.ended()), None
+    held = hold.ended()
     if snapshot is None:  # the ranks changed under the dump: that is progress of a kind (a job ending)
         return tracker.observe(now, cpu, None, done=done()), None
     fr_at = on_clock(fr_progress.poll(snapshot.captures), done()) if fr_progress is not None else None
-    tracker = tracker.observe(now, cpu, stack_signatures(snapshot), fr_at=fr_at, done=done())
+    tracker = tracker.observe(now, cpu, stack_signatures(snapshot), fr_at=fr_at, done=done(), held_s=held)
     if busy:
         return tracker, snapshot
     after = read_cpu(targets)
     return tracker.after_pause(done(), after), snapshot
+
+
+class Hold:
+    """How long a stack read held the ranks stopped, at most: the whole read when it pauses them (a blocking dump,
+    ``busy`` False), nothing when it reads them running. A py-spy that paused a rank and then waited for a CPU on a
+    loaded node keeps it paused meanwhile (``StallTracker.held_s``)."""
+
+    def __init__(self, busy: bool) -> None:
+        self.busy, self.started = busy, time.monotonic()
+
+    def ended(self) -> float:
+        return 0.0 if self.busy else time.monotonic() - self.started
 
 
 def hang_report(report: Report, tracker: StallTracker, now: float, interval: float, stall: float) -> Report:

@@ -31,7 +31,16 @@ from mtpdiag.model import Report, Snapshot
 from mtpdiag.vocabulary.states import StackRead
 from mtpdiag.vocabulary.states import WatchPhase as Phase
 
-from . import LayoutOptions, ProgressSignal, diagnose_snapshot, hang_report, on_clock, sample_once, with_flight_recorder
+from . import (
+    Hold,
+    LayoutOptions,
+    ProgressSignal,
+    diagnose_snapshot,
+    hang_report,
+    on_clock,
+    sample_once,
+    with_flight_recorder,
+)
 from . import progress_report as _progress_report
 
 RELIST_S = 10.0  # spare: the ranks are listed again this often (and whenever one of them is gone)
@@ -156,20 +165,23 @@ class Watcher:
             return Sample(targets, None)
         busy = how == StackRead.RUNNING
         self._stacks_at = now
+        hold = Hold(busy)
         try:
             snapshot = self._stacks_or_none(targets, busy)
         except NothingCaptured as exc:
             if not exc.timed_out:
                 raise
-            self.tracker = self.tracker.skipped(now, cpu, fr_at, clock())  # starved: no stacks, CPU is no progress
+            # starved: no stacks, and CPU is no progress
+            self.tracker = self.tracker.skipped(now, cpu, fr_at, clock(), held_s=hold.ended())
             return Sample(targets, None)
+        held = hold.ended()
         done = clock()
         if snapshot is None:
             self.tracker = self.tracker.observe(now, cpu, None, done=done)
             return Sample(targets, None)
         if not known and self.fr_progress is not None:
             fr_at = on_clock(self.fr_progress.poll(snapshot.captures), done)  # the first request to these ranks
-        self.tracker = self.tracker.observe(now, cpu, stack_signatures(snapshot), fr_at=fr_at, done=done)
+        self.tracker = self.tracker.observe(now, cpu, stack_signatures(snapshot), fr_at=fr_at, done=done, held_s=held)
         if not busy:
             self.tracker = self.tracker.after_pause(clock(), (self.read_cpu or _read_cpu)(targets))
         self.last = snapshot

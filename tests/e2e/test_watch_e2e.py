@@ -179,10 +179,17 @@ class TestHang:
             time.sleep(0.5)
         assert len(tracker.stacks) == len(workers) and tracker.stack_samples_while_quiet == 3  # a stack a rank
         assert decisions == [False, False, False, True]  # 0, 2, 4 s quiet: not yet; 6 s: a hang
-        # watch's own sampling gives the same answer.
+        # watch's own sampling gives the same answer, once the time its blocking dumps held the ranks stopped (not
+        # counted in the window, StallTracker.held_s) is added to the clock.
         clock = [0.0, 2.0, 4.0, 6.0]
         seen = _real_samples(StallTracker.start(0.0), workers, clock)
-        assert [t.is_hang(now, 5.0) for t, now in zip(seen, clock, strict=True)] == [False, False, False, True]
+        assert [t.is_hang(now + t.held_s, 5.0) for t, now in zip(seen, clock, strict=True)] == [
+            False,
+            False,
+            False,
+            True,
+        ]
+        assert all(t.held_s > 0 for t in seen[1:])  # each stack sample paused the ranks
         assert [t.stack_samples_while_quiet for t in seen] == [0, 1, 2, 3]
 
     def test_a_py_spy_pause_is_not_progress(self, hang_job):
@@ -242,9 +249,9 @@ def healthy_job(tmp_path_factory):
 
 
 class TestHealthy:
-    def test_watch_sees_progress_and_exits_0(self, healthy_job):
+    def test_watch_sees_progress_and_exits_0(self, healthy_job, tmp_path):
         job, _ = healthy_job
-        result = _watch("--pid", str(job.pid), "--duration", "15", "--json")
+        result = _watch("--pid", str(job.pid), "--duration", "15", "--json", "--out", str(tmp_path))
         assert result.returncode == 0, result.stderr[-2000:]
         report = json.loads(result.stdout)
         assert report["progress"]["hang"] is False

@@ -230,6 +230,7 @@ def test_ranks_that_never_answer_leave_the_call_to_the_stacks_later(job):
     watcher = _watcher(world, LiveProgress(), stall=0.5)
     for now in (0.0, 1.0, 2.0):
         watcher.sample(now)
-    quiet_since = watcher.tracker.quiet_since
-    assert watcher.decide(quiet_since + 0.5 + FR_ANSWER_S - 0.1) == WatchPhase.SLOW
-    assert watcher.decide(quiet_since + 0.5 + FR_ANSWER_S) == WatchPhase.HANG
+    # the window counts from the last progress, less the time the blocking reads held the ranks (StallTracker.held_s)
+    start = watcher.tracker.quiet_since + watcher.tracker.held_s
+    assert watcher.decide(start + 0.5 + FR_ANSWER_S - 0.1) == WatchPhase.SLOW
+    assert watcher.decide(start + 0.5 + FR_ANSWER_S) == WatchPhase.HANG
