@@ -101,7 +101,7 @@ def test_inspect_reads_every_rank_while_py_spy_waits_for_a_cpu(healthy_job):
     assert all(r["stack"] is not None and r["state"] != "unreadable" for r in report["ranks"]), report["ranks"]
 
 
-def test_watch_makes_no_false_call_while_py_spy_waits_for_a_cpu(healthy_job):
+def test_watch_makes_no_false_call_while_py_spy_waits_for_a_cpu(healthy_job, tmp_path):
     """The failure of the loaded CI run, made certain: watch, a healthy job, a starved py-spy.
 
     watch sees progress by comparing samples, so it must get a few: it watches four times as long as one starved
@@ -113,6 +113,7 @@ def test_watch_makes_no_false_call_while_py_spy_waits_for_a_cpu(healthy_job):
     duration = max(20.0, 4 * (time.monotonic() - started))
     for _ in range(3):
         args = ("watch", "--pid", str(healthy_job.pid), "--duration", f"{duration:.0f}", "--timeout", "1", "--json")
+        args += ("--out", str(tmp_path))  # a false call's bundle: here, not in the repository
         result = starved(lambda args=args: run_cli_here(*args))
         assert result.returncode in (0, 4), result.stderr[-2000:]  # never a hang (1), never nothing captured (3)
         if result.returncode == 0:

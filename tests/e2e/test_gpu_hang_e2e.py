@@ -233,7 +233,9 @@ def test_watch_makes_no_false_call_on_a_healthy_job_with_3s_device_steps(tmp_pat
     with start_torchrun(WORKER, args, 2, env=env, log_path=str(log)) as job:
         record._wait_for_log(str(log), "rank 0 step 1 ", job, timeout=240)
         # 30 s: ten device steps, six of watch's 5 s stall windows
-        result = run_cli("watch", "--pid", str(job.pid), "--duration", "30", "--json", timeout=400)
+        # --out: a false call's bundle goes to this test's directory, not to the repository the other tests read
+        watch = ("watch", "--pid", str(job.pid), "--duration", "30", "--json", "--out", str(tmp_path))
+        result = run_cli(*watch, timeout=400)
         report = _json(result, 0)
         assert report["progress"]["hang"] is False and report["verdict"] == "ok"
         assert report["progress"]["samples"] >= 4  # many device steps were seen (fewer samples on a loaded box)
