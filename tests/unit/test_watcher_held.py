@@ -81,9 +81,10 @@ def test_the_main_thread_running_during_a_pause_ends_the_hold():
 @pytest.fixture
 def sleeper():
     """A real process whose main thread does not run: each sample reads its stacks blocking (a pause)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    script = "import time; print('ready', flush=True); time.sleep(600)"
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)  # past its start-up, so that its main thread is quiet
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"  # past its start-up: quiet from now
         yield proc.pid
     finally:
         proc.kill()
