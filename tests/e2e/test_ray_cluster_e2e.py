@@ -457,7 +457,10 @@ def test_a_node_whose_mtpdiag_lacks_the_ray_capture_is_one_line_and_the_rest_is_
     node_d = _raylet_of_session(session)
     try:
         # From a directory without mtpdiag: Ray puts the driver's working directory on its workers' path.
-        done = _cli(cluster, "inspect", "--ray", cluster.address, "--json", cwd=str(tmp_path))
+        # --ray-timeout as the other captures here: CI-68's loaded run took more than the default 60 s for a GPU
+        # node's capture task (the test took 65 s; ranks 2 and 3 not captured). Node D's task fails at once.
+        inspect = ("inspect", "--ray", cluster.address, "--json", "--ray-timeout", "240")
+        done = _cli(cluster, *inspect, cwd=str(tmp_path))
         assert done.returncode == 1 and done.stdout, done.stderr[-3000:]
         _check_full_diagnosis(json.loads(done.stdout), cluster)
         warnings = [ln for ln in done.stderr.splitlines() if ln.startswith("mtpdiag: warning: node ")]
