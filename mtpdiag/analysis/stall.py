@@ -228,6 +228,11 @@ class StallTracker:
     def is_hang(self, now: float, stall_s: float) -> bool:
         return self.stack_samples_while_quiet >= 2 and self.stalled_for(now) >= stall_s
 
+    def quiet_by_the_clock(self, now: float, stall_s: float) -> bool:
+        """Whether the quiet spell is a whole window by the clock, the time mtpdiag held the ranks included (and seen
+        by two stack samples): ``held_s`` may delay a hang's call, but such a spell is never progress."""
+        return self.stack_samples_while_quiet >= 2 and now - self.quiet_since >= stall_s
+
     def progress(self, now: float, interval_s: float, stall_s: float) -> Progress:
         """The report's ``progress`` section (docs/design.md)."""
         return Progress(

@@ -362,6 +362,13 @@ def _why_not_ok(tracker: StallTracker, now: float, stall: float) -> str | None:
             f"({tracker.stack_samples_while_quiet} stack samples), and the time ran out before the Flight Recorder "
             f"had watched a whole {stall:g} s window: run watch longer (--duration) to tell a hang from slow progress"
         )
+    if tracker.quiet_by_the_clock(now, stall):
+        return (
+            f"no rank's stack changed and no collective completed for the last {now - tracker.quiet_since:.1f} s "
+            f"({tracker.stack_samples_while_quiet} stack samples), {tracker.held_s:.1f} s of it with the ranks held "
+            f"stopped by mtpdiag's own dumps, and the time ran out before they had been free to run for a whole "
+            f"{stall:g} s: run watch longer (--duration) to tell a hang from slow progress"
+        )
     return None
 
 

@@ -18,8 +18,10 @@ import time
 import pytest
 
 from mtpdiag.analysis.stall import StallTracker
-from mtpdiag.pipeline import LayoutOptions
+from mtpdiag.model import replace
+from mtpdiag.pipeline import LayoutOptions, diagnose_snapshot
 from mtpdiag.pipeline.watcher import Watcher
+from mtpdiag.vocabulary.states import Verdict
 from support.captures import load_scenario
 
 CPU = {1: 0}  # a main thread that never runs
@@ -122,3 +124,22 @@ def test_a_read_of_running_ranks_holds_nothing():
     tracker = StallTracker.start(0.0).observe(0.0, CPU, None)
     busy = tracker.observe(1.0, {1: 9_000_000}, STACKS, done=1.5, held_s=0.0)
     assert busy.held_s == 0.0
+
+
+def test_a_spell_quiet_by_the_clock_is_never_ok_when_the_time_runs_out():
+    """The held time delays a hang's call; it never makes a job that was quiet for a whole window by the clock ok."""
+    from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK
+    from mtpdiag.pipeline import exit_code, progress_report
+
+    snapshot, _, _ = load_scenario("mtp_cp_pp")
+    calm = replace(
+        diagnose_snapshot(snapshot, LayoutOptions(cp=2, pp=2)), verdict=Verdict.OK, findings=(), mismatches=()
+    )
+    moved = StallTracker.start(0.0).observe(0.0, CPU, None).observe(1.0, CPU, STACKS, fr_at=1.0)
+    assert moved.progressed
+    held = moved.observe(3.0, CPU, STACKS, done=4.0, held_s=1.5).observe(5.0, CPU, STACKS, done=6.5, held_s=1.5)
+    assert not held.is_hang(6.5, 5.0) and held.quiet_by_the_clock(6.5, 5.0)  # 5.5 s by the clock, 2.5 s free
+    late = progress_report(calm, held, 6.5, 1.0, 5.0)
+    assert exit_code(late) == EXIT_INCOMPLETE and "held stopped by mtpdiag" in late.notes[-1], late.notes
+    free = moved.observe(3.0, CPU, STACKS, done=3.0).observe(4.0, CPU, STACKS, done=4.0)
+    assert not free.quiet_by_the_clock(4.5, 5.0) and exit_code(progress_report(calm, free, 4.5, 1.0, 5.0)) == EXIT_OK
