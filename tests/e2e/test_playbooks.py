@@ -25,6 +25,7 @@ import pytest
 from mtpdiag.fix.verify.launch import Job, start_torchrun
 from support import playbook_runner as pr
 from support.jobs_e2e import GATED_WORKER, ROOT, worker_pids
+from support.recorder import record
 
 PLAYBOOKS_DIR = Path(ROOT) / "playbooks"
 PLAYBOOKS = ("hang-triage.md", "mtp-cp-deadlock.md", "multi-node.md")  # the order they run in
@@ -126,10 +127,8 @@ class JobPool:
         folder.mkdir(exist_ok=True)
         env, values = {}, {}
         if spec.flight_recorder:
-            prefix = str(folder / "fr" / "rank_")
-            os.makedirs(os.path.dirname(prefix), exist_ok=True)
-            env = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": prefix, "MTPDIAG_FR_STALL_S": "2"}
-            values["FR"] = prefix
+            env = record.recorder_env(folder)
+            values["FR"] = env["TORCH_FR_DUMP_TEMP_FILE"]
         if spec.pipe:
             os.makedirs(folder / "pipes", exist_ok=True)
             env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] = str(folder / "pipes" / "rank_")

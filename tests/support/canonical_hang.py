@@ -84,10 +84,8 @@ def fr_prefix(folder: Path) -> str:
 def start(folder: Path) -> Job:
     launcher = folder / "launch_with_secrets.py"
     launcher.write_text(LAUNCHER)
-    record.fr_dir(folder).mkdir(exist_ok=True)
     # the recorder on, and each rank's dump written 2 s after its collectives stop (examples/flight_recorder)
-    recorder = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": fr_prefix(folder), "MTPDIAG_FR_STALL_S": "2"}
-    env = {**SECRET_ENV, **AGENT_ENV, **recorder}
+    env = {**SECRET_ENV, **AGENT_ENV, **record.recorder_env(folder)}
     return start_torchrun(str(launcher), list(ARGS), 4, env=env, log_path=str(folder / "job.log"))
 
 
