@@ -24,7 +24,7 @@ import pytest
 
 from mtpdiag.fix.verify.launch import Job, start_torchrun
 from support import playbook_runner as pr
-from support.jobs_e2e import GATED_WORKER, ROOT, worker_pids
+from support.jobs_e2e import HEALTHY_STEPS, ROOT, worker_pids
 from support.recorder import record
 
 PLAYBOOKS_DIR = Path(ROOT) / "playbooks"
@@ -59,10 +59,11 @@ class JobSpec:
 # (support/canonical_hang.py), read here as by the other tests that only read it.
 CANONICAL_JOB = "mtp-hang"
 JOBS = {
-    # Data parallelism at any size: two ranks show progress as well as four, and each rank of a job that trains
-    # flat out takes a core for as long as `watch` watches it (CI's e2e tier is bound by CPU, docs/design.md).
+    # Data parallelism at any size: two ranks show progress as well as four. Its steps wait for their data
+    # (support/healthy_steps.py) as a training job's do: a job that trains flat out takes a core a rank for as long
+    # as `watch` watches it (CI's e2e tier is bound by CPU, docs/design.md).
     "healthy": JobSpec(
-        GATED_WORKER, ("--scenario", "healthy", "--steps", "0", "--log-every", "200"), hung=False, nproc=2
+        HEALTHY_STEPS, ("--scenario", "healthy", "--steps", "0", "--log-every", "20"), hung=False, nproc=2
     ),
     # The same bug with NCCL's CPU-side behaviour (examples/nccl_behaviour): every rank ends at a host sync in a
     # futex; its Flight Recorder dumps come on request through the debug-info pipe.

@@ -28,46 +28,23 @@ from mtpdiag.capture.procfs import main_thread_cpu_ns
 from mtpdiag.fix.verify.launch import start_torchrun
 from mtpdiag.inputs.bundle import load_bundle
 from mtpdiag.pipeline import sample_once
-from support.jobs_e2e import GATED_WORKER, MTP_WORKER, ROOT, _wait_for_log, run_cli
+from support.jobs_e2e import HEALTHY_STEPS, MTP_WORKER, ROOT, _wait_for_log, run_cli
 
 pytestmark = pytest.mark.e2e
 
 NS_PER_TICK = 10_000_000  # USER_HZ is 100 on Linux
 
-# The healthy loop of examples/gated_collectives/worker.py with a realistic step: a data loader that
-# waits LOAD_SLEEP seconds for I/O (the main thread sleeps), then a batch of ROWS x 64, so that the
-# step's matmuls take a few ms, then the real all_reduce of the gradient.
-STEP_LAUNCHER = f'''"""gated_collectives --scenario healthy with a data-loader wait and a bigger batch per step."""
-import os, runpy, sys, time
-import torch
-
-worker = runpy.run_path({GATED_WORKER!r}, run_name="gated_collectives_worker")
-LOAD_SLEEP = float(os.environ["WATCH_TEST_LOAD_SLEEP"])
-ROWS = int(os.environ["WATCH_TEST_ROWS"])
-
-
-def load_batch(step, straggler_rank):
-    """Wait for the next batch as a data loader waits for I/O, then build it."""
-    time.sleep(LOAD_SLEEP)
-    return torch.randn(ROWS, 64)
-
-
-worker["train"].__globals__["load_batch"] = load_batch
-sys.exit(worker["main"](sys.argv[1:]))
-'''
-
-
 STEP_JOB_RANKS = 2
 
 
 def _start_step_job(tmp, load_sleep: float, steps: int):
-    launcher = tmp / "step_launcher.py"
-    launcher.write_text(STEP_LAUNCHER)
+    """The healthy loop with a realistic step (support/healthy_steps.py): a data loader that waits ``load_sleep``
+    seconds for I/O, then a batch of 2048 x 64, so that the step's matmuls take a few ms."""
     args = ["--scenario", "healthy", "--steps", str(steps), "--log-every", "1"]
-    env = {"WATCH_TEST_LOAD_SLEEP": str(load_sleep), "WATCH_TEST_ROWS": "2048"}
+    env = {"HEALTHY_LOAD_SLEEP": str(load_sleep), "HEALTHY_ROWS": "2048"}
     # Two ranks: the healthy scenario is pure data parallelism at any size, and each rank of a busy step job
     # costs a core while it runs (CI's e2e tier is bound by CPU, docs/design.md).
-    return start_torchrun(str(launcher), args, nproc=STEP_JOB_RANKS, env=env, log_path=str(tmp / "job.log"))
+    return start_torchrun(HEALTHY_STEPS, args, nproc=STEP_JOB_RANKS, env=env, log_path=str(tmp / "job.log"))
 
 
 def _watch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -239,7 +216,7 @@ class TestHang:
 @pytest.fixture(scope="class")
 def healthy_job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("watch-healthy")
-    job = _start_step_job(tmp, load_sleep=0.0, steps=0)
+    job = _start_step_job(tmp, load_sleep=0.05, steps=0)  # a step of ~10 ms computing, then a 50 ms wait for data
     try:
         workers = job.wait_for_workers(timeout=120)
         _wait_for_log(tmp / "job.log", "step", timeout=180)

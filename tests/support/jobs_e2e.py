@@ -26,6 +26,7 @@ from mtpdiag.fix.verify.launch import Job, start_torchrun
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MTP_WORKER = os.path.join(ROOT, "examples", "mtp_cp_deadlock", "worker.py")
 GATED_WORKER = os.path.join(ROOT, "examples", "gated_collectives", "worker.py")
+HEALTHY_STEPS = os.path.join(ROOT, "tests", "support", "healthy_steps.py")  # its healthy loop, waiting for data
 FR_WORKER = os.path.join(ROOT, "examples", "flight_recorder", "worker.py")  # the MTP reproducer + FR dumps
 # A job whose host syncs spin (examples/nccl_behaviour --sync spin) runs with this environment: a thread that has
 # spun for a second lowers itself to nice 19 (hostsync.c): a hung rank, not its start-up or its healthy steps. On
