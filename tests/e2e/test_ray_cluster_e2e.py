@@ -476,7 +476,9 @@ def test_a_node_whose_raylet_is_frozen_shows_its_ranks_as_not_captured(cluster):
     raylet = cluster.raylets[cluster.lost]
     os.kill(raylet, signal.SIGSTOP)
     try:
-        done = _cli(cluster, "inspect", "--ray", cluster.address, "--ray-timeout", "8", "--json")
+        # The frozen node's task never ends, so the capture lasts the whole --ray-timeout, and the other node's
+        # task must end within it: 20 s (8 until now, which a loaded node's task start and py-spy could exceed).
+        done = _cli(cluster, "inspect", "--ray", cluster.address, "--ray-timeout", "20", "--json")
     finally:
         os.kill(raylet, signal.SIGCONT)
     assert done.returncode == 1 and done.stdout, done.stderr[-3000:]
