@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The static checks CI runs before the tests: ruff (pyflakes, bugbear, isort, pyupgrade), ruff format and mypy (strict on the
-# model, the layout and the analysis), both configured in pyproject.toml and pinned in requirements-ci.txt.
+# The static checks CI runs before the tests: ruff (pyflakes, bugbear, isort, pyupgrade, complexity), ruff format and
+# mypy --strict on the whole package, configured in pyproject.toml and pinned in requirements-ci.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
