@@ -20,9 +20,9 @@ import pytest
 from mtpdiag.analysis.stall import StallTracker
 from mtpdiag.model import replace
 from mtpdiag.pipeline import LayoutOptions, diagnose_snapshot
-from mtpdiag.pipeline.watcher import Watcher
 from mtpdiag.vocabulary.states import Verdict
 from support.captures import load_scenario
+from support.watchers import watcher_of
 
 CPU = {1: 0}  # a main thread that never runs
 STACKS = {("h", 1): ((("wait", "worker.py", 7),), None)}  # the same stack at every sample
@@ -105,14 +105,7 @@ def test_the_watcher_counts_a_blocking_read_as_held(sleeper, spare):
         time.sleep(0.2)
         return snapshot
 
-    watcher = Watcher(
-        list_targets=lambda: [sleeper],
-        take_stacks=take_stacks,
-        layout=LayoutOptions(),
-        interval=1.0,
-        stall=5.0,
-        spare=spare,
-    )
+    watcher = watcher_of(lambda: [sleeper], take_stacks, spare=spare)
     for n in range(4):
         watcher.sample(float(n))
     blocking = [busy for busy in reads if not busy]

@@ -16,17 +16,11 @@ import time
 import pytest
 
 from mtpdiag.errors import NothingCaptured
-from mtpdiag.pipeline import LayoutOptions
-from mtpdiag.pipeline.watcher import JobEnded, Watcher
+from mtpdiag.pipeline.watcher import JobEnded
 from support.captures import load_scenario
+from support.watchers import watcher_of
 
 STARVED = "could not capture any of 4 target(s) (pid 1: py-spy timed out after 1s (3s in all, waiting for a CPU))"
-
-
-def _watcher(take_stacks, targets=(1, 2, 3, 4)) -> Watcher:
-    return Watcher(
-        list_targets=lambda: list(targets), take_stacks=take_stacks, layout=LayoutOptions(), interval=1.0, stall=5.0
-    )
 
 
 @pytest.fixture
@@ -53,14 +47,7 @@ def test_starved_samples_of_a_busy_rank_are_no_progress_and_the_next_sample_read
             raise NothingCaptured(STARVED, timed_out=True)
         return snapshot
 
-    watcher = Watcher(
-        list_targets=lambda: [spinning],
-        take_stacks=take_stacks,
-        layout=LayoutOptions(),
-        interval=1.0,
-        stall=5.0,
-        spare=spare,
-    )
+    watcher = watcher_of(lambda: [spinning], take_stacks, spare=spare)
     watcher.sample(0.0)  # the CPU baseline (spare: the first stacks)
     quiet_since = watcher.tracker.quiet_since
     for now in (1.0, 2.0):
@@ -77,7 +64,7 @@ def test_unreadable_for_another_reason_still_ends_the_watch():
         raise NothingCaptured("could not capture any of 4 target(s) (pid 1: permission denied)")
 
     with pytest.raises(NothingCaptured, match="permission denied"):
-        _watcher(take_stacks)._stacks_or_none([1, 2, 3, 4])
+        watcher_of(lambda: [1, 2, 3, 4], take_stacks)._stacks_or_none([1, 2, 3, 4])
 
 
 def test_the_last_look_starved_shows_the_last_sample_read_or_says_nothing_was_captured():
@@ -86,7 +73,7 @@ def test_the_last_look_starved_shows_the_last_sample_read_or_says_nothing_was_ca
     def starved(_targets, _busy):
         raise NothingCaptured(STARVED, timed_out=True)
 
-    watcher = _watcher(starved)
+    watcher = watcher_of(lambda: [1, 2, 3, 4], starved)
     with pytest.raises(NothingCaptured, match="timed out") as raised:  # never read: exit 3, never "the job ended"
         watcher.last_look()
     assert raised.value.timed_out and not isinstance(raised.value, JobEnded)
@@ -100,8 +87,6 @@ def test_ranks_that_changed_under_a_starved_dump_are_a_job_that_ends():
     def starved(_targets, _busy):
         raise NothingCaptured(STARVED, timed_out=True)
 
-    watcher = Watcher(
-        list_targets=lambda: next(listings), take_stacks=starved, layout=LayoutOptions(), interval=1.0, stall=5.0
-    )
+    watcher = watcher_of(lambda: next(listings), starved)
     with pytest.raises(JobEnded):
         watcher.last_look()
