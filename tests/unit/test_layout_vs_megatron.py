@@ -29,8 +29,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mtpdiag.fix.verify.lazy_compile import defer_torch_compile
 from mtpdiag.layout import DEFAULT_ORDER, GROUP_KINDS, LayoutError, ParallelLayout
 
+# Every xdist worker of the unit tier collects this module: megatron's 24 torch.compile decorations would cost each
+# ~2 CPU-s of its ~4.7 (torch 2.13), and no test here calls a compiled kernel.
+defer_torch_compile()
 with warnings.catch_warnings():  # megatron warns about missing Transformer Engine / Apex on import
     warnings.simplefilter("ignore")
     parallel_state = pytest.importorskip(
