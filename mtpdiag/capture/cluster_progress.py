@@ -55,7 +55,7 @@ class ClusterProgress:
 
     def poll(self, captures: tuple[RankCapture, ...]) -> float | None:  # noqa: ARG002 - ProgressSignal's
         """When the newest collective the nodes saw completed in the capture just taken completed (time.time()
-        here; ``pipeline.ProgressSignal``). The nodes polled their own ranks while they took ``captures``
+        here; ``pipeline.sampling.ProgressSignal``). The nodes polled their own ranks while they took ``captures``
         (``update``): nothing is read from them here."""
         at, self.moved_at = self.moved_at, None
         return at

@@ -1,6 +1,6 @@
 """The stages wired together, as every command runs them: capture or read → resolve the layout → diagnose →
-report (and, for ``watch``, the samples that tell a hang from slow progress). What each stage does lives in its
-package; this module only connects them, and says on stderr what the report would otherwise leave a script to
+report (``watch``'s samples, which tell a hang from slow progress, are ``sampling``). What each stage does lives in
+its package; this module only connects them, and says on stderr what the report would otherwise leave a script to
 find.
 """
 
@@ -9,12 +9,11 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -23,34 +22,12 @@ from mtpdiag.model import Report, Snapshot, replace, who_and_why
 from mtpdiag.vocabulary.states import Verdict
 
 if TYPE_CHECKING:  # watch's and --ray's parts, imported where they run
-    from mtpdiag.analysis.stall import StallTracker
     from mtpdiag.capture.ray_cluster import RayCluster
-    from mtpdiag.model import RankCapture
     from mtpdiag.model.flight_recorder import FRDump
     from mtpdiag.model.watchdog import WatchdogLog
 
 # The largest world mtpdiag diagnoses; the analysis and the reports are linear in it.
 MAX_WORLD_SIZE = 1 << 18
-
-
-class ProgressSignal(Protocol):
-    """``watch``'s Flight Recorder signal: when the newest collective seen completed since the last sample
-    completed (time.time(), the wall clock), None when none was. Read from the ranks' dumps on this host
-    (``capture.flight_recorder.LiveProgress``), or by each node's capture task while it took ``captures``
-    (``capture.cluster_progress.ClusterProgress``). Both also say ``established_at()``: when the signal could
-    first see every rank's groups move (``model.group_marks.every_rank_read_at``), which ``Watcher`` waits for
-    before it calls a hang; a signal without it is not waited for."""
-
-    def poll(self, captures: tuple[RankCapture, ...]) -> float | None: ...
-
-
-def on_clock(wall: float | None, clock_now: float) -> float | None:
-    """A wall-clock time (``ProgressSignal.poll``'s) on the watcher's own clock, whose reading now is
-    ``clock_now`` (monotonic, or a test's): the edge where a collective's completion time meets the tracker.
-    Never later than now."""
-    if wall is None:
-        return None
-    return clock_now - max(0.0, time.time() - wall)
 
 
 class LayoutOptions(msgspec.Struct, frozen=True):
@@ -245,131 +222,6 @@ def exit_code(report: Report) -> int:
     if report.verdict == Verdict.INCOMPLETE:
         return EXIT_INCOMPLETE
     return EXIT_OK
-
-
-# ---------------------------------------------------------------- watch: samples until a hang
-
-
-def sample_once(
-    tracker: StallTracker,
-    targets: list[Any],
-    now: float,
-    take_stacks: Callable[[list[Any], bool], Snapshot | None],
-    fr_progress: ProgressSignal | None = None,
-    read_cpu: Callable[[list[Any]], Mapping[Any, int | None]] | None = None,
-) -> tuple[StallTracker, Snapshot | None]:
-    """One sample: main-thread CPU first, then the stacks. ``take_stacks(targets, nonblocking)``.
-
-    When no main thread moved, the stacks are a blocking dump (one short pause per rank) and the CPU read
-    after it is the next baseline. When one moved, they are read without pausing anyone (``--nonblocking``):
-    a rank that burns CPU may be working, or spinning at a host sync; only its stack can tell.
-    Returns the updated tracker and the snapshot (None at the first sample, which is the CPU baseline).
-    With ``fr_progress`` (the job set TORCH_NCCL_DEBUG_INFO_PIPE_FILE), a collective completed since the last
-    sample is progress too (``--ray``: polled on the nodes during ``take_stacks``), and starts the quiet window
-    when it completed. Other progress seen in this sample starts it when the sample ends (``now`` plus the time
-    it took), not when it began.
-    ``read_cpu(targets)`` reads the CPU elsewhere (``--ray``: on every node); by default the targets are pids of
-    this host.
-    """
-    from mtpdiag.analysis.stall import stack_signatures
-    from mtpdiag.capture import procfs
-
-    if read_cpu is None:
-
-        def read_cpu(pids: list[Any]) -> Mapping[Any, int | None]:
-            return {p: procfs.main_thread_cpu_ns(p) for p in pids}
-
-    started = time.monotonic()
-
-    def done() -> float:
-        """When the sample's readings ended, on the caller's clock (``now`` is when they began)."""
-        return now + (time.monotonic() - started)
-
-    cpu = read_cpu(targets)
-    if not tracker.samples:
-        return tracker.observe(now, cpu, None, done=done()), None
-    busy = tracker.cpu_moved(cpu)
-    hold = Hold(busy)
-    try:
-        snapshot = take_stacks(targets, busy)
-    except NothingCaptured as exc:  # py-spy got no CPU in time on any rank: a sample without stacks, in which a
-        if not exc.timed_out:  # spinning rank's CPU is no progress; the next sample tries again
-            raise
-        return tracker.skipped(now, cpu, None, done(), held_s=hold.ended()), None
-    held = hold.ended()
-    if snapshot is None:  # the ranks changed under the dump: that is progress of a kind (a job ending)
-        return tracker.observe(now, cpu, None, done=done()), None
-    fr_at = on_clock(fr_progress.poll(snapshot.captures), done()) if fr_progress is not None else None
-    tracker = tracker.observe(now, cpu, stack_signatures(snapshot), fr_at=fr_at, done=done(), held_s=held)
-    if busy:
-        return tracker, snapshot
-    after = read_cpu(targets)
-    return tracker.after_pause(done(), after), snapshot
-
-
-class Hold:
-    """How long a stack read held the ranks stopped, at most: the whole read when it pauses them (a blocking dump,
-    ``busy`` False), nothing when it reads them running. A py-spy that paused a rank and then waited for a CPU on a
-    loaded node keeps it paused meanwhile (``StallTracker.held_s``)."""
-
-    def __init__(self, busy: bool) -> None:
-        self.busy, self.started = busy, time.monotonic()
-
-    def ended(self) -> float:
-        return 0.0 if self.busy else time.monotonic() - self.started
-
-
-def hang_report(report: Report, tracker: StallTracker, now: float, interval: float, stall: float) -> Report:
-    """The diagnosis of the last sample; a hang is a problem even when the stacks explain nothing."""
-    stalled = (
-        f"no rank's stack changed and no collective completed for {tracker.stalled_for(now):.1f} s "
-        f"({tracker.stack_samples_while_quiet} stack samples)"
-    )
-    return replace(
-        report, verdict=Verdict.PROBLEM, notes=(*report.notes, stalled), progress=tracker.progress(now, interval, stall)
-    )
-
-
-def progress_report(report: Report, tracker: StallTracker, now: float, interval: float, stall: float) -> Report:
-    """The time is up without a hang. When the job was seen to move, a momentary stack sample is not a
-    diagnosis, so no findings are claimed: ok. When it was never seen to move (a watch shorter than the stall
-    window, or samples that took that long), it is not called ok: the last sample's diagnosis stands, at least
-    incomplete, with what to do. Nor is it ok when the time ran out in a window without progress that was not
-    called a hang yet (``Watcher`` waits for the Flight Recorder to have watched a whole window too)."""
-    progress = tracker.progress(now, interval, stall)
-    not_ok = _why_not_ok(tracker, now, stall)
-    if not_ok is not None:
-        verdict = Verdict.INCOMPLETE if report.verdict == Verdict.OK else report.verdict
-        return replace(report, verdict=verdict, notes=(*report.notes, not_ok), progress=progress)
-    note = (
-        f"the job made progress: in {tracker.samples} samples over {now - tracker.started:.1f} s, "
-        f"no {stall:g} s window passed without a stack changing or a collective completing"
-    )
-    return replace(report, verdict=Verdict.OK, findings=(), mismatches=(), notes=(note,), progress=progress)
-
-
-def _why_not_ok(tracker: StallTracker, now: float, stall: float) -> str | None:
-    """Why a watch whose time ran out cannot say the job made progress, with what to do; None when it can."""
-    if not tracker.progressed:
-        return (
-            f"no progress seen in {tracker.samples} samples over {now - tracker.started:.1f} s, and no "
-            f"{stall:g} s window watched to its end either: run watch longer (--duration) to tell a hang "
-            f"from slow progress"
-        )
-    if tracker.is_hang(now, stall):
-        return (
-            f"no rank's stack changed and no collective completed for the last {tracker.stalled_for(now):.1f} s "
-            f"({tracker.stack_samples_while_quiet} stack samples), and the time ran out before the Flight Recorder "
-            f"had watched a whole {stall:g} s window: run watch longer (--duration) to tell a hang from slow progress"
-        )
-    if tracker.quiet_by_the_clock(now, stall):
-        return (
-            f"no rank's stack changed and no collective completed for the last {now - tracker.quiet_since:.1f} s "
-            f"({tracker.stack_samples_while_quiet} stack samples), {tracker.held_s:.1f} s of it with the ranks held "
-            f"stopped by mtpdiag's own dumps, and the time ran out before they had been free to run for a whole "
-            f"{stall:g} s: run watch longer (--duration) to tell a hang from slow progress"
-        )
-    return None
 
 
 def hang_bundle_path(out: Path | None, snapshot: Snapshot) -> str:

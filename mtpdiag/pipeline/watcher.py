@@ -25,23 +25,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtpdiag.analysis.stall import RUN_POLICY, StackPolicy, StallTracker, is_pause, stack_read, stack_signatures
+from mtpdiag.analysis.stall import RUN_POLICY, StackPolicy, StallTracker, is_pause, stack_read
 from mtpdiag.errors import InputError, NothingCaptured
 from mtpdiag.model import Report, Snapshot
 from mtpdiag.vocabulary.states import StackRead
 from mtpdiag.vocabulary.states import WatchPhase as Phase
 
-from . import (
-    Hold,
-    LayoutOptions,
-    ProgressSignal,
-    diagnose_snapshot,
-    hang_report,
-    on_clock,
-    sample_once,
-    with_flight_recorder,
-)
-from . import progress_report as _progress_report
+from . import LayoutOptions, diagnose_snapshot, with_flight_recorder
+from .sampling import ProgressSignal, StackReading, hang_report, on_clock, read_stacks_into, sample_once
+from .sampling import progress_report as _progress_report
 
 RELIST_S = 10.0  # spare: the ranks are listed again this often (and whenever one of them is gone)
 # How much longer than the window a hang waits for the ranks with a debug-info pipe to answer a first time (two of
@@ -105,7 +97,7 @@ class Watcher:
     # ------------------------------------------------------------------ step 1: sample
 
     def sample(self, now: float) -> Sample:
-        """List the ranks and take one sample (``pipeline.sample_once``, or ``spare``'s). The first listing's
+        """List the ranks and take one sample (``sampling.sample_once``, or ``spare``'s). The first listing's
         InputError is the caller's (a wrong pid); later, no ranks left is ``JobEnded``."""
         if self.spare and self.local_fr and self.tracker.samples:
             return self._spare_sample(now)
@@ -165,27 +157,21 @@ class Watcher:
             return Sample(targets, None)
         busy = how == StackRead.RUNNING
         self._stacks_at = now
-        hold = Hold(busy)
-        try:
-            snapshot = self._stacks_or_none(targets, busy)
-        except NothingCaptured as exc:
-            if not exc.timed_out:
-                raise
-            # starved: no stacks, and CPU is no progress
-            self.tracker = self.tracker.skipped(now, cpu, fr_at, clock(), held_s=hold.ended())
-            return Sample(targets, None)
-        held = hold.ended()
-        done = clock()
-        if snapshot is None:
-            self.tracker = self.tracker.observe(now, cpu, None, done=done)
-            return Sample(targets, None)
-        if not known and self.fr_progress is not None:
-            fr_at = on_clock(self.fr_progress.poll(snapshot.captures), done)  # the first request to these ranks
-        self.tracker = self.tracker.observe(now, cpu, stack_signatures(snapshot), fr_at=fr_at, done=done, held_s=held)
-        if not busy:
-            self.tracker = self.tracker.after_pause(clock(), (self.read_cpu or _read_cpu)(targets))
-        self.last = snapshot
+        self.tracker, snapshot = read_stacks_into(
+            self.tracker,
+            StackReading(now, started, cpu, busy),
+            lambda: self._stacks_or_none(targets, busy),
+            lambda: (self.read_cpu or _read_cpu)(targets),
+            fr_at=fr_at,
+            fr_poll=None if known or self.fr_progress is None else self._first_fr_poll,
+        )
+        self.last = snapshot or self.last
         return Sample(targets, snapshot)
+
+    def _first_fr_poll(self, snapshot: Snapshot) -> float | None:
+        """The first request to new ranks' Flight Recorder pipes, which their stacks told where to find."""
+        assert self.fr_progress is not None
+        return self.fr_progress.poll(snapshot.captures)
 
     def _stacks_or_none(self, targets: list[Any], busy: bool = False) -> Snapshot | None:
         """The stacks, or None when the ranks changed under the dump (a job that is ending: a worker exited, or

@@ -27,7 +27,7 @@ from mtpdiag.capture import capture, procfs
 from mtpdiag.capture.procfs import main_thread_cpu_ns
 from mtpdiag.fix.verify.launch import start_torchrun
 from mtpdiag.inputs.bundle import load_bundle
-from mtpdiag.pipeline import sample_once
+from mtpdiag.pipeline.sampling import sample_once
 from support.jobs_e2e import HEALTHY_STEPS, MTP_WORKER, ROOT, _wait_for_log, run_cli
 
 pytestmark = pytest.mark.e2e

@@ -186,7 +186,8 @@ def test_a_watch_that_never_saw_the_job_move_is_not_ok():
     """The time ran out before any progress was seen against a baseline: the last sample's diagnosis stands,
     at least incomplete (exit 4), with a note to watch longer; once progress was seen, ok."""
     from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM
-    from mtpdiag.pipeline import LayoutOptions, diagnose_snapshot, exit_code, progress_report
+    from mtpdiag.pipeline import LayoutOptions, diagnose_snapshot, exit_code
+    from mtpdiag.pipeline.sampling import progress_report
 
     bundle = load_bundle(os.path.join(CAPTURES, "mtp_cp_pp", "bundle.json"))
     cpu, stacks, _ = _recorded("mtp_cp_pp")

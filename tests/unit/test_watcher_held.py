@@ -122,7 +122,8 @@ def test_a_read_of_running_ranks_holds_nothing():
 def test_a_spell_quiet_by_the_clock_is_never_ok_when_the_time_runs_out():
     """The held time delays a hang's call; it never makes a job that was quiet for a whole window by the clock ok."""
     from mtpdiag.errors import EXIT_INCOMPLETE, EXIT_OK
-    from mtpdiag.pipeline import exit_code, progress_report
+    from mtpdiag.pipeline import exit_code
+    from mtpdiag.pipeline.sampling import progress_report
 
     snapshot, _, _ = load_scenario("mtp_cp_pp")
     calm = replace(
