@@ -389,6 +389,11 @@ RAY_TEST_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "300",
     "RAY_prestart_worker_first_driver": "0",
+    # Ray's own telemetry, which mtpdiag reads none of: each node's dashboard agent gathers every worker's process
+    # stats every 5 s and records metrics every 5 s. Once a minute, an idle one-node head took 1.5 CPU-s in 30 s
+    # instead of 2.6-3.0 (Ray 2.49, these 2-core machines).
+    "REPORTER_UPDATE_INTERVAL_MS": "60000",
+    "METRICS_RECORD_INTERVAL_S": "60",
 }
 
 # What Ray's job server answers while its agent on the head is still starting (``ray start`` returns before it
