@@ -82,6 +82,7 @@ class Watcher:
     tracker: StallTracker = field(init=False)
     last: Snapshot | None = field(default=None, init=False)
     reads: dict[StackRead, int] = field(default_factory=dict, init=False)  # spare: how each sample read stacks
+    starved: int = field(default=0, init=False)  # spare: reads in which py-spy got no CPU in time on any rank
     fr_requested: bool = field(default=False, init=False)  # the last call asked the job for fresh dumps
     _quiet_report: tuple[tuple[float, int], Report] | None = field(default=None, init=False)
     _listed: tuple[float, list[Any]] | None = field(default=None, init=False)  # spare: when, and the ranks
@@ -151,8 +152,8 @@ class Watcher:
             how = stack_read(self.tracker, now, cpu_moved, fr_at, self.armed, self._stacks_at, self._policy)
         else:  # new ranks: their stacks tell who they are (and where the Flight Recorder's pipes are)
             how = StackRead.RUNNING if cpu_moved else StackRead.PAUSED
-        self.reads[how] = self.reads.get(how, 0) + 1
         if how == StackRead.SKIP:
+            self.reads[how] = self.reads.get(how, 0) + 1
             self.tracker = self.tracker.skipped(now, cpu, fr_at, clock())
             return Sample(targets, None)
         busy = how == StackRead.RUNNING
@@ -160,13 +161,24 @@ class Watcher:
         self.tracker, snapshot = read_stacks_into(
             self.tracker,
             StackReading(now, started, cpu, busy),
-            lambda: self._stacks_or_none(targets, busy),
+            lambda: self._counted_read(targets, how),
             lambda: (self.read_cpu or _read_cpu)(targets),
             fr_at=fr_at,
             fr_poll=None if known or self.fr_progress is None else self._first_fr_poll,
         )
         self.last = snapshot or self.last
         return Sample(targets, snapshot)
+
+    def _counted_read(self, targets: list[Any], how: StackRead) -> Snapshot | None:
+        """The stacks, read as ``how`` says, counted once read (``sampling_summary``); a read starved of CPU is
+        counted apart."""
+        try:
+            snapshot = self._stacks_or_none(targets, how == StackRead.RUNNING)
+        except NothingCaptured as exc:
+            self.starved += exc.timed_out
+            raise
+        self.reads[how] = self.reads.get(how, 0) + 1
+        return snapshot
 
     def _first_fr_poll(self, snapshot: Snapshot) -> float | None:
         """The first request to new ranks' Flight Recorder pipes, which their stacks told where to find."""
@@ -299,6 +311,7 @@ def sampling_summary(watcher: Watcher) -> str:
         f"sampling: {watcher.tracker.samples} samples, stacks read at {took} "
         f"({reads.get(StackRead.RUNNING, 0)} without pausing the ranks, {reads.get(StackRead.PAUSED, 0)} with a "
         f"short pause), skipped at {reads.get(StackRead.SKIP, 0)}"
+        + (f", starved of CPU at {watcher.starved} (py-spy got none in time on any rank)" if watcher.starved else "")
     )
 
 

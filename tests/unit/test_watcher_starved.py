@@ -16,7 +16,7 @@ import time
 import pytest
 
 from mtpdiag.errors import NothingCaptured
-from mtpdiag.pipeline.watcher import JobEnded
+from mtpdiag.pipeline.watcher import JobEnded, sampling_summary
 from support.captures import load_scenario
 from support.watchers import watcher_of
 
@@ -57,6 +57,10 @@ def test_starved_samples_of_a_busy_rank_are_no_progress_and_the_next_sample_read
     assert watcher.sample(3.0).snapshot is snapshot and watcher.last is snapshot
     assert len(tries) == 3  # every sample after the baseline asked for stacks
     assert watcher.reads if spare else not watcher.reads  # run's sparing path was the one taken
+    if spare:  # events.log counts the starved reads apart from the stacks read
+        summary = sampling_summary(watcher)
+        assert "stacks read at 1 (" in summary, summary
+        assert summary.endswith("starved of CPU at 2 (py-spy got none in time on any rank)"), summary
 
 
 def test_unreadable_for_another_reason_still_ends_the_watch():
