@@ -44,10 +44,11 @@ E2E = Path(__file__).resolve().parent / "e2e"
 # lasts as long as its longest group: one timing group was 1045 of its 1049 s). The starved-py-spy module
 # (test_capture_under_load_e2e) makes its own load and is a group of its own, as any module, and so is
 # test_run_multinode_e2e (its two `run`s on 2-rank jobs, 65 s of CI-35's timing-run, whose chain ended the tier
-# with the CPU idle).
+# with the CPU idle). CI-76's chains: gpu_hang 369 s + watch 103 + nccl_behaviour 102 = 574 s, ended the tier with
+# the other workers done 7-54 s before it; run 373. watch's tests (`watch` itself) now follow run's: 471 and 476.
 TIMING_GROUPS = {
-    "timing-watch": frozenset({"test_watch_e2e", "test_gpu_hang_e2e", "test_nccl_behaviour_e2e"}),
-    "timing-run": frozenset({"test_run_e2e"}),
+    "timing-watch": frozenset({"test_gpu_hang_e2e", "test_nccl_behaviour_e2e"}),
+    "timing-run": frozenset({"test_run_e2e", "test_watch_e2e"}),
 }
 
 # The e2e groups that take longest, longest first (CI-22 and the stress runs at f9ed6c1, the group's summed test
