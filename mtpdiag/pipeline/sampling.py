@@ -58,13 +58,7 @@ def sample_once(
     ``read_cpu(targets)`` reads the CPU elsewhere (``--ray``: on every node); by default the targets are pids of
     this host.
     """
-    from mtpdiag.capture import procfs
-
-    if read_cpu is None:
-
-        def read_cpu(pids: list[Any]) -> Mapping[Any, int | None]:
-            return {p: procfs.main_thread_cpu_ns(p) for p in pids}
-
+    read_cpu = read_cpu or host_cpu
     started = time.monotonic()
     cpu = read_cpu(targets)
     if not tracker.samples:
@@ -77,6 +71,13 @@ def sample_once(
         lambda: read_cpu(targets),
         fr_poll=None if fr_progress is None else lambda snapshot: fr_progress.poll(snapshot.captures),
     )
+
+
+def host_cpu(pids: list[Any]) -> dict[Any, int | None]:
+    """Main-thread CPU of this host's pids (``procfs``), None for one that is gone: the default CPU reading."""
+    from mtpdiag.capture import procfs
+
+    return {p: procfs.main_thread_cpu_ns(p) for p in pids}
 
 
 class StackReading(NamedTuple):

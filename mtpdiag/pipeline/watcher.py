@@ -32,7 +32,7 @@ from mtpdiag.vocabulary.states import StackRead
 from mtpdiag.vocabulary.states import WatchPhase as Phase
 
 from . import LayoutOptions, diagnose_snapshot, with_flight_recorder
-from .sampling import ProgressSignal, StackReading, hang_report, on_clock, read_stacks_into, sample_once
+from .sampling import ProgressSignal, StackReading, hang_report, host_cpu, on_clock, read_stacks_into, sample_once
 from .sampling import progress_report as _progress_report
 
 RELIST_S = 10.0  # spare: the ranks are listed again this often (and whenever one of them is gone)
@@ -122,7 +122,7 @@ class Watcher:
     def _cpu_of_ranks(self, now: float) -> tuple[list[Any], dict[Any, int | None]]:
         """The ranks (listed again every ``RELIST_S``, before the job armed, or when one is gone) and their
         main-thread CPU."""
-        read = self.read_cpu or _read_cpu
+        read = self.read_cpu or host_cpu
         if self._listed is not None and self.armed and now - self._listed[0] < RELIST_S:
             targets = self._listed[1]
             cpu = dict(read(targets))
@@ -162,7 +162,7 @@ class Watcher:
             self.tracker,
             StackReading(now, started, cpu, busy),
             lambda: self._counted_read(targets, how),
-            lambda: (self.read_cpu or _read_cpu)(targets),
+            lambda: (self.read_cpu or host_cpu)(targets),
             fr_at=fr_at,
             fr_poll=None if known or self.fr_progress is None else self._first_fr_poll,
         )
@@ -313,10 +313,3 @@ def sampling_summary(watcher: Watcher) -> str:
         f"short pause), skipped at {reads.get(StackRead.SKIP, 0)}"
         + (f", starved of CPU at {watcher.starved} (py-spy got none in time on any rank)" if watcher.starved else "")
     )
-
-
-def _read_cpu(pids: list[Any]) -> dict[Any, int | None]:
-    """Main-thread CPU of this host's pids (``procfs``), None for one that is gone."""
-    from mtpdiag.capture import procfs
-
-    return {p: procfs.main_thread_cpu_ns(p) for p in pids}
