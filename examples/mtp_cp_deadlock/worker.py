@@ -18,9 +18,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-from mtpdiag.fix.verify.lazy_compile import defer_torch_compile
+from mtpdiag.fix.verify.cpu_rank import prepare_cpu_rank
 
-defer_torch_compile()  # before megatron-core, whose kernels' torch.compile then waits for their first call
+prepare_cpu_rank()  # before megatron-core: torch.compile at first call, one gloo device (cpu_rank.py)
 
 from megatron.core import parallel_state as mpu  # noqa: E402
 from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper  # noqa: E402

@@ -46,6 +46,7 @@ from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions, _
 from torch.futures import Future
 
 from device import Stream, close_stream, current_stream
+from mtpdiag.fix.verify.gloo_device import gloo_group
 from recorder import RECORDER, Entry, ProcessGroupStatus
 
 BACKEND = "ncclcpu"
@@ -160,7 +161,7 @@ class ProcessGroupNCCLOnCPU(dist.ProcessGroup):
         """getNCCLComm(): the communicator is created on the group's first op and blocks until every
         member creates it (ncclCommInitRank); gloo's constructor connects its members the same way."""
         if self._comm is None:
-            self._comm = dist.ProcessGroupGloo(self.store, self.rank(), self.size(), GLOO_TIMEOUT)
+            self._comm = gloo_group(self.store, self.rank(), self.size(), GLOO_TIMEOUT)  # on the rank's one device
         return self._comm
 
     # ------------------------------------------------------------------ recording and queueing

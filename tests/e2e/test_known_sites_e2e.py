@@ -24,6 +24,8 @@ pytestmark = pytest.mark.e2e
 WORKER = textwrap.dedent('''
     import torch
     import torch.distributed as dist
+    from mtpdiag.fix.verify.cpu_rank import prepare_cpu_rank
+    prepare_cpu_rank()  # as the reproducers' ranks do
     from megatron.core import parallel_state as mpu
     from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexerLossLoggingHelper
 

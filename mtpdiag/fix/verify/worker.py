@@ -30,9 +30,9 @@ warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from mtpdiag.fix.verify.lazy_compile import defer_torch_compile  # noqa: E402
+from mtpdiag.fix.verify.cpu_rank import prepare_cpu_rank  # noqa: E402
 
-defer_torch_compile()  # before megatron-core, whose kernels' torch.compile then waits for their first call
+prepare_cpu_rank()  # before megatron-core: torch.compile at first call, one gloo device (cpu_rank.py)
 
 from megatron.core import parallel_state as mpu  # noqa: E402
 from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper  # noqa: E402
