@@ -26,6 +26,9 @@ print(loops, sums)
 """
 
 
+_SHARED = "from mtpdiag.fix.verify.gloo_device import share_gloo_device; share_gloo_device()"
+
+
 def _world(tmp_path, before: str = "", after: str = "") -> str:
     result = subprocess.run(
         [sys.executable, "-c", _WORLD.format(before=before, after=after), str(tmp_path / "store")],
@@ -40,8 +43,7 @@ def _world(tmp_path, before: str = "", after: str = "") -> str:
 def test_torch_gives_each_gloo_group_a_polling_thread_and_shared_they_have_one(tmp_path):
     ones = "[[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]"
     assert _world(tmp_path) == f"4 {ones}"  # the premise: the world's group and three more, a device each
-    shared = "from mtpdiag.fix.verify.gloo_device import share_gloo_device; share_gloo_device()"
-    assert _world(tmp_path, before=shared) == f"1 {ones}"
+    assert _world(tmp_path, before=_SHARED) == f"1 {ones}"
 
 
 def test_a_group_built_directly_joins_the_same_device_and_reduces(tmp_path):
@@ -51,5 +53,4 @@ def test_a_group_built_directly_joins_the_same_device_and_reduces(tmp_path):
         "timedelta(seconds=60))\n"
         "tensor = torch.full((2,), 3.0); direct.allreduce([tensor]).wait(); assert tensor.tolist() == [3.0, 3.0]"
     )
-    shared = "from mtpdiag.fix.verify.gloo_device import share_gloo_device; share_gloo_device()"
-    assert _world(tmp_path, before=shared, after=direct).startswith("1 ")
+    assert _world(tmp_path, before=_SHARED, after=direct).startswith("1 ")
